@@ -1,0 +1,86 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+// Targets are split by role (see docs/architecture.md): a core of value types with no I/O,
+// then store, transfer and RPC, then the daemon services, and two thin executables.
+let package = Package(
+    name: "dld",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "dld", targets: ["dld"]),
+        .executable(name: "dlctl", targets: ["dlctl"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+    ],
+    targets: [
+        // Plain value types: jobs, states, transitions, errors, policies. No I/O.
+        .target(name: "DLCore"),
+        // The job table: GRDB DatabasePool, migrations, the one serialized writer.
+        .target(
+            name: "DLStore",
+            dependencies: ["DLCore", .product(name: "GRDB", package: "GRDB.swift")]
+        ),
+        // HTTP transfers into files: AsyncHTTPClient, redirects, pwrite, atomic publish.
+        .target(
+            name: "DLTransfer",
+            dependencies: [
+                "DLCore",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // JSON-RPC wire types and line framing, shared by daemon and client; the client itself.
+        .target(name: "DLRPC", dependencies: ["DLCore"]),
+        // The daemon services: control server, scheduler/engine, config, paths, lock.
+        .target(
+            name: "DLDaemon",
+            dependencies: [
+                "DLCore", "DLStore", "DLTransfer", "DLRPC",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        // Test origin server (deterministic bytes, Range, throttling, faults) and daemon launcher.
+        .target(
+            name: "DLTestSupport",
+            dependencies: [
+                "DLRPC",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ]
+        ),
+        .executableTarget(
+            name: "dld",
+            dependencies: ["DLDaemon", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+        ),
+        .executableTarget(
+            name: "dlctl",
+            dependencies: ["DLRPC", "DLCore", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+        ),
+        // The test origin as a program, for `make bench` when nginx is not installed.
+        .executableTarget(
+            name: "dld-origin",
+            dependencies: ["DLTestSupport", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+        ),
+        .testTarget(name: "DLCoreTests", dependencies: ["DLCore"]),
+        .testTarget(name: "DLStoreTests", dependencies: ["DLStore", "DLCore"]),
+        .testTarget(name: "DLRPCTests", dependencies: ["DLRPC", "DLDaemon", "DLCore"]),
+        .testTarget(
+            name: "EndToEndTests",
+            dependencies: ["DLTestSupport", "DLRPC", "DLCore"]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

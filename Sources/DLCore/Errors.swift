@@ -1,0 +1,32 @@
+/// The application errors of the protocol: a stable snake_case `code` for scripts and a message
+/// for people. The numeric JSON-RPC codes live in DLRPC; this is the vocabulary.
+public struct DLError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var code: Code
+    public var message: String
+
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "\(message) (\(code.rawValue))" }
+
+    public enum Code: String, Sendable, CaseIterable {
+        case parseError = "parse_error"
+        case invalidRequest = "invalid_request"
+        case methodNotFound = "method_not_found"
+        case invalidParams = "invalid_params"
+        case internalError = "internal_error"
+        case lineTooLong = "line_too_long"
+        case jobNotFound = "job_not_found"
+        case invalidState = "invalid_state"
+        case destinationExists = "destination_exists"
+        case destinationInvalid = "destination_invalid"
+        case invalidURL = "invalid_url"
+        case keyConflict = "key_conflict"
+        case shuttingDown = "shutting_down"
+        case storageError = "storage_error"
+    }
+
+    public static func invalidParams(_ message: String) -> DLError { DLError(.invalidParams, message) }
+}

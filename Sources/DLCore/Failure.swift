@@ -1,0 +1,72 @@
+import Foundation
+
+/// How a failure is handled.
+public enum FailureKind: Sendable, Equatable {
+    /// Waiting clears it: retried with backoff, the job shows `waiting(reason)`.
+    case transient(WaitReason)
+    /// Retrying will not help: the job fails.
+    case permanent
+}
+
+/// A classified failure of one transfer attempt.
+public struct TransferFailure: Error, Sendable, Equatable {
+    public var kind: FailureKind
+    public var error: JobError
+    /// What the server asked for with `Retry-After`, in seconds.
+    public var retryAfter: TimeInterval?
+
+    public init(_ kind: FailureKind, _ code: String, _ message: String, retryAfter: TimeInterval? = nil) {
+        self.kind = kind
+        self.error = JobError(code: code, message: message)
+        self.retryAfter = retryAfter
+    }
+}
+
+/// Which HTTP statuses are worth retrying.
+public enum HTTPFailurePolicy {
+    /// Request Timeout, Too Many Requests and server errors pass; other client errors do not.
+    public static func kind(forStatus status: Int) -> FailureKind {
+        switch status {
+        case 408, 429, 500...599: return .transient(.retry)
+        default: return .permanent
+        }
+    }
+
+    /// `Retry-After` as seconds from `now`: either delta-seconds or an HTTP-date.
+    public static func retryAfter(_ value: String?, now: Date) -> TimeInterval? {
+        guard let value = value?.trimmingCharacters(in: .whitespaces), !value.isEmpty else { return nil }
+        if let seconds = Int(value) { return seconds >= 0 ? TimeInterval(seconds) : nil }
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
+        guard let date = formatter.date(from: value) else { return nil }
+        return max(0, date.timeIntervalSince(now))
+    }
+}
+
+/// How the engine answers a failed attempt: wait and retry, or give up. Pure.
+public enum RetryDecision: Sendable, Equatable {
+    case wait(WaitReason, until: Date)
+    case fail(JobError)
+
+    /// - Parameters:
+    ///   - attempts: attempts counted so far, this one included (reset to 1 when it made progress).
+    ///   - unit: a random draw in [0, 1) for the jitter.
+    public static func decide(
+        _ failure: TransferFailure, attempts: Int, policy: BackoffPolicy, now: Date, unit: Double
+    ) -> RetryDecision {
+        switch failure.kind {
+        case .permanent:
+            return .fail(failure.error)
+        case .transient(let reason):
+            if policy.shouldGiveUp(attempts: attempts) {
+                return .fail(JobError(
+                    code: "retries_exhausted",
+                    message: "gave up after \(attempts) attempts without progress; last error: \(failure.error.message) (\(failure.error.code))"))
+            }
+            let delay = policy.delay(afterAttempt: attempts, retryAfter: failure.retryAfter, unit: unit)
+            return .wait(reason, until: now.addingTimeInterval(delay))
+        }
+    }
+}

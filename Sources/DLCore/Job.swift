@@ -1,0 +1,145 @@
+import Foundation
+
+public typealias JobID = Int64
+
+/// Where a job is in its life. See docs/architecture.md for the diagram.
+public enum JobState: String, Sendable, CaseIterable, Codable {
+    /// Waiting for a free slot of the scheduler.
+    case queued
+    /// A transfer is under way and holds a slot.
+    case running
+    /// Not running for a reason the daemon will clear by itself (`WaitReason`), at `nextAttemptAt`.
+    case waiting
+    /// Stopped by the user; never holds a slot and never blocks the queue.
+    case paused
+    /// The file is under its final name, complete.
+    case completed
+    /// Stopped for a reason that retrying would not fix; `error` says which.
+    case failed
+    /// Stopped by the user for good; its partial data is removed.
+    case canceled
+
+    /// A job in one of these states will never run again unless the user asks.
+    public var isFinished: Bool {
+        switch self {
+        case .completed, .failed, .canceled: return true
+        case .queued, .running, .waiting, .paused: return false
+        }
+    }
+}
+
+/// Why a `waiting` job is not running.
+public enum WaitReason: String, Sendable, CaseIterable, Codable {
+    /// A transient server or protocol failure; retried with backoff.
+    case retry
+    /// The network or the server could not be reached; retried with backoff.
+    case network
+    /// Not enough free space on the destination's filesystem.
+    case diskSpace = "disk_space"
+}
+
+/// The last problem a job had, with a stable snake_case code for scripts.
+public struct JobError: Sendable, Equatable, Codable {
+    public var code: String
+    public var message: String
+
+    public init(code: String, message: String) {
+        self.code = code
+        self.message = message
+    }
+}
+
+/// One header a client asked to be sent with a job's requests.
+public struct HeaderField: Sendable, Equatable, Codable {
+    public var name: String
+    public var value: String
+
+    public init(name: String, value: String) {
+        self.name = name
+        self.value = value
+    }
+}
+
+/// What the origin told us about the resource, kept so that a resume can prove it is
+/// continuing the same bytes (`If-Range`).
+public struct Validators: Sendable, Equatable, Codable {
+    /// A strong ETag, with its quotes. Weak ETags are not kept: they cannot validate a range.
+    public var etag: String?
+    public var lastModified: String?
+    public var acceptsRanges: Bool
+
+    public init(etag: String? = nil, lastModified: String? = nil, acceptsRanges: Bool = false) {
+        self.etag = etag
+        self.lastModified = lastModified
+        self.acceptsRanges = acceptsRanges
+    }
+
+    /// The value for `If-Range`: the strong ETag, else Last-Modified.
+    public var ifRange: String? { etag ?? lastModified }
+}
+
+/// A row of the job table, as a value.
+public struct Job: Sendable, Equatable {
+    public var id: JobID
+    public var url: String
+    public var path: String
+    public var state: JobState
+    public var waitReason: WaitReason?
+    public var priority: Int
+    /// Total size in bytes; nil while unknown.
+    public var size: Int64?
+    /// Bytes committed: on disk, synced, and recorded. The resume offset.
+    public var received: Int64
+    public var error: JobError?
+    /// Attempts since the last progress (reset whenever bytes arrive).
+    public var attempts: Int
+    public var createdAt: Date
+    public var updatedAt: Date
+    public var finishedAt: Date?
+    public var nextAttemptAt: Date?
+    public var key: String?
+    /// The client's JSON text, kept as given (already validated as JSON).
+    public var meta: String?
+    public var headers: [HeaderField]
+    public var overwrite: Bool
+    /// The URL the last transfer ended up at after redirects.
+    public var finalURL: String?
+    public var validators: Validators
+
+    public init(
+        id: JobID = 0, url: String, path: String, state: JobState = .queued,
+        waitReason: WaitReason? = nil, priority: Int = 0, size: Int64? = nil,
+        received: Int64 = 0, error: JobError? = nil, attempts: Int = 0,
+        createdAt: Date, updatedAt: Date, finishedAt: Date? = nil, nextAttemptAt: Date? = nil,
+        key: String? = nil, meta: String? = nil, headers: [HeaderField] = [],
+        overwrite: Bool = false, finalURL: String? = nil, validators: Validators = Validators()
+    ) {
+        self.id = id
+        self.url = url
+        self.path = path
+        self.state = state
+        self.waitReason = waitReason
+        self.priority = priority
+        self.size = size
+        self.received = received
+        self.error = error
+        self.attempts = attempts
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+        self.finishedAt = finishedAt
+        self.nextAttemptAt = nextAttemptAt
+        self.key = key
+        self.meta = meta
+        self.headers = headers
+        self.overwrite = overwrite
+        self.finalURL = finalURL
+        self.validators = validators
+    }
+
+    /// Where the bytes go until the file is complete: beside the destination, so that the
+    /// final rename never crosses a filesystem.
+    public var partialPath: String { path + ".part" }
+
+    /// The file name shown to people.
+    public var name: String { (path as NSString).lastPathComponent }
+}

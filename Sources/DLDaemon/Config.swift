@@ -1,0 +1,139 @@
+import DLCore
+import DLRPC
+import Foundation
+import Logging
+
+/// The daemon's effective configuration: defaults from XDG, then the config file, then flags.
+/// Every key is documented in docs/configuration.md.
+public struct DaemonConfig: Sendable, Equatable {
+    public var socket: String
+    public var stateDir: String
+    public var downloadDir: String
+    public var maxActive: Int = 3
+    public var logLevel: Logger.Level = .info
+    public var maxAttempts: Int = 10
+    public var retryBase: Double = 2
+    public var retryMaxDelay: Double = 600
+    public var connectTimeout: Int = 20
+    public var readTimeout: Int = 60
+    public var maxLineBytes: Int = 1 << 20
+    public var maxConnections: Int = 64
+    /// The file that was read, if any.
+    public var configFile: String?
+
+    /// XDG defaults for this environment.
+    public static func defaults(environment: [String: String] = ProcessInfo.processInfo.environment) -> DaemonConfig {
+        let home = environment["HOME"].flatMap { $0.hasPrefix("/") ? $0 : nil } ?? NSHomeDirectory()
+        func xdg(_ name: String, _ fallback: String) -> String {
+            if let value = environment[name], value.hasPrefix("/") { return value }
+            return home + "/" + fallback
+        }
+        return DaemonConfig(
+            socket: SocketPath.defaultPath(environment: environment),
+            stateDir: xdg("XDG_STATE_HOME", ".local/state") + "/dld",
+            downloadDir: environment["XDG_DOWNLOAD_DIR"].flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/Downloads")
+    }
+
+    public static func defaultConfigFile(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
+        let home = environment["HOME"].flatMap { $0.hasPrefix("/") ? $0 : nil } ?? NSHomeDirectory()
+        let base = environment["XDG_CONFIG_HOME"].flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/.config"
+        return base + "/dld/config.toml"
+    }
+
+    /// Reads a config file over these values. Unknown keys and wrong types are errors that name
+    /// the line: a typo must not be ignored.
+    public mutating func apply(file path: String) throws {
+        let text: String
+        do {
+            text = try String(contentsOfFile: path, encoding: .utf8)
+        } catch {
+            throw DaemonError("cannot read config file \(path): \(error.localizedDescription)")
+        }
+        let entries: [(key: String, value: TOMLLite.Value, line: Int)]
+        do {
+            entries = try TOMLLite.parse(text)
+        } catch {
+            throw DaemonError("\(path): \(error)")
+        }
+        for entry in entries {
+            do {
+                try set(entry.key, entry.value)
+            } catch let error as DaemonError {
+                throw DaemonError("\(path): line \(entry.line): \(error.description)")
+            }
+        }
+        configFile = path
+    }
+
+    public static let keys = [
+        "socket", "state_dir", "download_dir", "max_active", "log_level", "max_attempts", "retry_base",
+        "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections",
+    ]
+
+    mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
+        func string() throws -> String {
+            guard case .string(let s) = value else { throw DaemonError("\(key) must be a string") }
+            return s
+        }
+        func path() throws -> String {
+            let s = try string()
+            guard s.hasPrefix("/") else { throw DaemonError("\(key) must be an absolute path") }
+            return s
+        }
+        func int(_ range: ClosedRange<Int64>) throws -> Int {
+            guard case .integer(let i) = value, range.contains(i) else {
+                throw DaemonError("\(key) must be an integer from \(range.lowerBound) to \(range.upperBound)")
+            }
+            return Int(i)
+        }
+        func seconds() throws -> Double {
+            switch value {
+            case .integer(let i) where i >= 0: return Double(i)
+            case .float(let d) where d >= 0: return d
+            default: throw DaemonError("\(key) must be a number of seconds ≥ 0")
+            }
+        }
+        switch key {
+        case "socket": socket = try path()
+        case "state_dir": stateDir = try path()
+        case "download_dir": downloadDir = try path()
+        case "max_active": maxActive = try int(1...64)
+        case "log_level":
+            guard let level = Logger.Level(rawValue: try string()) else {
+                throw DaemonError("log_level must be one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
+            }
+            logLevel = level
+        case "max_attempts": maxAttempts = try int(1...1_000_000)
+        case "retry_base": retryBase = try seconds()
+        case "retry_max_delay": retryMaxDelay = try seconds()
+        case "connect_timeout": connectTimeout = try int(1...3600)
+        case "read_timeout": readTimeout = try int(1...86400)
+        case "max_line_bytes": maxLineBytes = try int(1024...(64 << 20))
+        case "max_connections": maxConnections = try int(1...10_000)
+        default:
+            throw DaemonError("unknown key \(key); keys: \(Self.keys.joined(separator: ", "))")
+        }
+    }
+
+    /// The configuration as a TOML file that would reproduce it (`dld --print-config`).
+    public func rendered() -> String {
+        func quote(_ s: String) -> String {
+            "\"" + s.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""
+        }
+        func number(_ d: Double) -> String { d.rounded() == d ? String(Int64(d)) : String(d) }
+        var lines = ["# effective dld configuration" + (configFile.map { " (file: \($0))" } ?? " (no config file)")]
+        lines.append("socket = \(quote(socket))")
+        lines.append("state_dir = \(quote(stateDir))")
+        lines.append("download_dir = \(quote(downloadDir))")
+        lines.append("max_active = \(maxActive)")
+        lines.append("log_level = \(quote(logLevel.rawValue))")
+        lines.append("max_attempts = \(maxAttempts)")
+        lines.append("retry_base = \(number(retryBase))")
+        lines.append("retry_max_delay = \(number(retryMaxDelay))")
+        lines.append("connect_timeout = \(connectTimeout)")
+        lines.append("read_timeout = \(readTimeout)")
+        lines.append("max_line_bytes = \(maxLineBytes)")
+        lines.append("max_connections = \(maxConnections)")
+        return lines.joined(separator: "\n") + "\n"
+    }
+}

@@ -1,0 +1,186 @@
+import DLCore
+import DLRPC
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+
+/// Splits the byte stream into lines of at most `maxLength` bytes (without the newline; a
+/// trailing CR is dropped). A longer line is an error: the connection gets one error response
+/// and is closed, because the rest of that line cannot be told from the next request.
+struct LineDecoder: ByteToMessageDecoder {
+    typealias InboundOut = ByteBuffer
+    struct LineTooLong: Error {}
+
+    let maxLength: Int
+    private var scanned = 0
+
+    init(maxLength: Int) { self.maxLength = maxLength }
+
+    mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+        let view = buffer.readableBytesView
+        let start = view.index(view.startIndex, offsetBy: min(scanned, view.count))
+        guard let newline = view[start...].firstIndex(of: UInt8(ascii: "\n")) else {
+            scanned = view.count
+            if view.count > maxLength { throw LineTooLong() }
+            return .needMoreData
+        }
+        scanned = 0
+        var length = newline - view.startIndex
+        guard length <= maxLength + 1 else { throw LineTooLong() }
+        guard var line = buffer.readSlice(length: length) else { return .needMoreData }
+        buffer.moveReaderIndex(forwardBy: 1)
+        if length > 0, line.getInteger(at: line.readerIndex + length - 1, as: UInt8.self) == UInt8(ascii: "\r") {
+            length -= 1
+            line = line.getSlice(at: line.readerIndex, length: length) ?? line
+        }
+        guard length <= maxLength else { throw LineTooLong() }
+        context.fireChannelRead(wrapInboundOut(line))
+        return .continue
+    }
+
+    mutating func decodeLast(context: ChannelHandlerContext, buffer: inout ByteBuffer, seenEOF: Bool) throws -> DecodingState {
+        while try decode(context: context, buffer: &buffer) == .continue {}
+        // A last request without its newline is still served.
+        if buffer.readableBytes > 0, buffer.readableBytes <= maxLength, let rest = buffer.readSlice(length: buffer.readableBytes) {
+            context.fireChannelRead(wrapInboundOut(rest))
+        }
+        return .needMoreData
+    }
+}
+
+/// The control socket: a Unix stream socket, one task per connection, requests on a connection
+/// answered in order. Only the daemon's own uid is served.
+public final class ControlServer: Sendable {
+    public struct Limits: Sendable {
+        public var maxLineBytes = 1 << 20
+        public var maxConnections = 64
+        public init() {}
+    }
+
+    let path: String
+    let dispatcher: Dispatcher
+    let limits: Limits
+    let logger: Logger
+    /// Called once a `shutdown` request has been answered.
+    let onShutdown: @Sendable () -> Void
+    private let connections = Mutex(0)
+
+    public init(path: String, dispatcher: Dispatcher, limits: Limits = Limits(), logger: Logger,
+                onShutdown: @escaping @Sendable () -> Void) {
+        self.path = path
+        self.dispatcher = dispatcher
+        self.limits = limits
+        self.logger = logger
+        self.onShutdown = onShutdown
+    }
+
+    /// Binds the socket (mode 0600). Fails if another process answers on it already; a stale
+    /// socket file left by a dead daemon is replaced.
+    public func bind() async throws -> NIOAsyncChannel<NIOAsyncChannel<ByteBuffer, ByteBuffer>, Never> {
+        let probe = RPCClient(socketPath: path)
+        if (try? probe.connect()) != nil {
+            probe.close()
+            throw DaemonError("another process is listening on \(path); is dld already running?")
+        }
+        let maxLine = limits.maxLineBytes
+        let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.backlog, value: 128)
+            .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true) { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(LineDecoder(maxLength: maxLine)))
+                    return try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+                }
+            }
+        chmod(path, 0o600)
+        return server
+    }
+
+    /// Serves until the server channel is closed, then closes the connections.
+    public func serve(_ server: NIOAsyncChannel<NIOAsyncChannel<ByteBuffer, ByteBuffer>, Never>) async throws {
+        try await withThrowingDiscardingTaskGroup { group in
+            try await server.executeThenClose { inbound in
+                for try await connection in inbound {
+                    group.addTask { await self.handle(connection) }
+                }
+            }
+            // The listening socket is closed: idle clients must not keep the daemon alive.
+            group.cancelAll()
+        }
+    }
+
+    private func handle(_ connection: NIOAsyncChannel<ByteBuffer, ByteBuffer>) async {
+        let count = connections.withLock { value -> Int in
+            value += 1
+            return value
+        }
+        defer { connections.withLock { $0 -= 1 } }
+        do {
+            try await connection.executeThenClose { inbound, outbound in
+                guard count <= limits.maxConnections else {
+                    logger.warning("connection refused: too many open connections", metadata: ["limit": "\(limits.maxConnections)"])
+                    let error = RPCResponse(id: .null, result: .failure(RPCError(DLError(.invalidRequest, "too many connections (limit \(limits.maxConnections))"))))
+                    try await outbound.write(Self.line(error.json.serialized()))
+                    return
+                }
+                guard await self.peerIsOwner(connection.channel) else {
+                    let error = RPCResponse(id: .null, result: .failure(RPCError(DLError(.invalidRequest, "permission denied: only the daemon's own user may connect"))))
+                    try await outbound.write(Self.line(error.json.serialized()))
+                    return
+                }
+                do {
+                    for try await line in inbound {
+                        let reply = await dispatcher.handle(line: Data(line.readableBytesView))
+                        if let response = reply.data {
+                            try await outbound.write(Self.line(response))
+                        }
+                        if reply.shutdown { onShutdown() }
+                    }
+                } catch is LineDecoder.LineTooLong {
+                    let error = RPCResponse(id: .null, result: .failure(RPCError(DLError(.lineTooLong, "request line longer than \(limits.maxLineBytes) bytes; closing the connection"))))
+                    try await outbound.write(Self.line(error.json.serialized()))
+                }
+            }
+        } catch {
+            logger.debug("connection ended with an error", metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// SO_PEERCRED: the uid of the process at the other end, checked against ours.
+    private func peerIsOwner(_ channel: any Channel) async -> Bool {
+        guard let provider = channel as? any SocketOptionProvider else { return true }
+        do {
+            let credentials: PeerCredentials = try await provider.unsafeGetSocketOption(
+                level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED)
+            ).get()
+            if credentials.uid == getuid() { return true }
+            logger.warning("connection refused: peer is another user", metadata: ["uid": "\(credentials.uid)", "pid": "\(credentials.pid)"])
+            return false
+        } catch {
+            logger.warning("connection refused: peer credentials unreadable", metadata: ["error": "\(error)"])
+            return false
+        }
+    }
+
+    private static func line(_ data: Data) -> ByteBuffer {
+        var buffer = ByteBuffer()
+        buffer.reserveCapacity(data.count + 1)
+        buffer.writeBytes(data)
+        buffer.writeInteger(UInt8(ascii: "\n"))
+        return buffer
+    }
+}
+
+/// `struct ucred` of <sys/socket.h>, which Swift's Glibc module does not export.
+struct PeerCredentials: Sendable {
+    var pid: Int32 = 0
+    var uid: UInt32 = 0
+    var gid: UInt32 = 0
+}
+
+/// A start-up problem, said in one line.
+public struct DaemonError: Error, CustomStringConvertible, Sendable {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}

@@ -1,0 +1,70 @@
+import DLCore
+import Foundation
+
+/// What a running transfer adds to a job's row: live counters that are not in the table yet.
+public struct LiveProgress: Sendable, Equatable {
+    public var received: Int64
+    public var size: Int64?
+    /// Bytes per second over the last second or so.
+    public var speed: Double
+
+    public init(received: Int64, size: Int64?, speed: Double) {
+        self.received = received
+        self.size = size
+        self.speed = speed
+    }
+}
+
+/// The protocol's view of a job (see docs/protocol.md, "The job object").
+public enum JobJSON {
+    /// Header names whose values are secrets: stored, never shown.
+    public static let secretHeaders: Set<String> = ["authorization", "cookie", "proxy-authorization"]
+
+    public static func encode(_ job: Job, live: LiveProgress? = nil) -> JSONValue {
+        let received = max(live?.received ?? job.received, job.received)
+        let size = live?.size ?? job.size
+        var object: [String: JSONValue] = [
+            "id": .int(job.id),
+            "url": .string(redactURL(job.url)),
+            "path": .string(job.path),
+            "name": .string(job.name),
+            "state": .string(job.state.rawValue),
+            "priority": .int(Int64(job.priority)),
+            "received": .int(received),
+            "attempts": .int(Int64(job.attempts)),
+            "created_at": timestamp(job.createdAt),
+            "updated_at": timestamp(job.updatedAt),
+            "overwrite": .bool(job.overwrite),
+        ]
+        object["wait_reason"] = job.waitReason.map { .string($0.rawValue) } ?? .null
+        object["size"] = size.map { .int($0) } ?? .null
+        if let size, size > 0 {
+            object["progress"] = .double((Double(received) / Double(size) * 1000).rounded() / 1000)
+        } else {
+            object["progress"] = job.state == .completed ? .double(1) : .null
+        }
+        object["speed"] = live.map { .int(Int64($0.speed.rounded())) } ?? .int(0)
+        object["error"] = job.error.map { ["code": .string($0.code), "message": .string($0.message)] } ?? .null
+        object["finished_at"] = job.finishedAt.map(timestamp) ?? .null
+        object["next_attempt_at"] = job.nextAttemptAt.map(timestamp) ?? .null
+        object["key"] = job.key.map { .string($0) } ?? .null
+        object["meta"] = job.meta.flatMap { try? JSONValue.parse(Data($0.utf8)) } ?? .null
+        object["headers"] = .array(job.headers.map { header in
+            let shown = secretHeaders.contains(header.name.lowercased()) ? "<redacted>" : header.value
+            return ["name": .string(header.name), "value": .string(shown)]
+        })
+        object["final_url"] = job.finalURL.map { .string(redactURL($0)) } ?? .null
+        return .object(object)
+    }
+
+    public static func timestamp(_ date: Date) -> JSONValue {
+        .string(date.formatted(.iso8601))
+    }
+
+    /// `https://user:secret@host/x` → `https://user:***@host/x`.
+    public static func redactURL(_ url: String) -> String {
+        guard var components = URLComponents(string: url), components.password != nil else { return url }
+        components.password = "***"
+        return components.string ?? url
+    }
+}

@@ -1,0 +1,93 @@
+import DLCore
+import Foundation
+
+/// Typed access to a request's named params. Unknown names are rejected up front, because a
+/// typo such as `priorty` must not pass silently.
+public struct Params: Sendable {
+    public let values: [String: JSONValue]
+
+    public init(_ values: [String: JSONValue], allowed: Set<String>) throws(DLError) {
+        let unknown = values.keys.filter { !allowed.contains($0) }.sorted()
+        if !unknown.isEmpty {
+            let list = unknown.map { "\"\($0)\"" }.joined(separator: ", ")
+            let known = allowed.sorted().joined(separator: ", ")
+            throw .invalidParams("unknown param \(list); this method takes: \(known.isEmpty ? "no params" : known)")
+        }
+        self.values = values
+    }
+
+    public func has(_ key: String) -> Bool {
+        if let value = values[key], !value.isNull { return true }
+        return false
+    }
+
+    public func string(_ key: String) throws(DLError) -> String? {
+        guard let value = values[key], !value.isNull else { return nil }
+        guard let s = value.stringValue else { throw mistyped(key, "a string", value) }
+        return s
+    }
+
+    public func requiredString(_ key: String) throws(DLError) -> String {
+        guard let s = try string(key) else { throw .invalidParams("missing param \"\(key)\"") }
+        return s
+    }
+
+    public func int(_ key: String, in range: ClosedRange<Int64> = Int64.min...Int64.max) throws(DLError) -> Int64? {
+        guard let value = values[key], !value.isNull else { return nil }
+        guard let i = value.int64Value else { throw mistyped(key, "an integer", value) }
+        guard range.contains(i) else {
+            throw .invalidParams("param \"\(key)\" must be between \(range.lowerBound) and \(range.upperBound), got \(i)")
+        }
+        return i
+    }
+
+    public func bool(_ key: String) throws(DLError) -> Bool? {
+        guard let value = values[key], !value.isNull else { return nil }
+        guard let b = value.boolValue else { throw mistyped(key, "true or false", value) }
+        return b
+    }
+
+    public func array(_ key: String) throws(DLError) -> [JSONValue]? {
+        guard let value = values[key], !value.isNull else { return nil }
+        guard let a = value.arrayValue else { throw mistyped(key, "an array", value) }
+        return a
+    }
+
+    public func object(_ key: String) throws(DLError) -> [String: JSONValue]? {
+        guard let value = values[key], !value.isNull else { return nil }
+        guard let o = value.objectValue else { throw mistyped(key, "an object", value) }
+        return o
+    }
+
+    /// `id`, `ids` or `all: true`: exactly one of them.
+    public func selection() throws(DLError) -> JobSelection {
+        let given = ["id", "ids", "all"].filter { has($0) }
+        guard given.count == 1 else {
+            throw .invalidParams(given.isEmpty ? "give one of \"id\", \"ids\" or \"all\"" : "give only one of \"id\", \"ids\" or \"all\"")
+        }
+        if let id = try int("id", in: 1...Int64.max) { return .ids([id]) }
+        if let ids = try array("ids") {
+            var out: [JobID] = []
+            for element in ids {
+                guard let id = element.int64Value, id >= 1 else {
+                    throw .invalidParams("param \"ids\" must be an array of job ids (positive integers)")
+                }
+                out.append(id)
+            }
+            guard !out.isEmpty else { throw .invalidParams("param \"ids\" must not be empty") }
+            return .ids(out)
+        }
+        guard try bool("all") == true else { throw .invalidParams("param \"all\" must be true when given") }
+        return .all
+    }
+
+    private func mistyped(_ key: String, _ expected: String, _ value: JSONValue) -> DLError {
+        .invalidParams("param \"\(key)\" must be \(expected), not \(value.typeName)")
+    }
+}
+
+/// Which jobs a command applies to.
+public enum JobSelection: Sendable, Equatable {
+    case ids([JobID])
+    case all
+}

@@ -1,0 +1,311 @@
+import DLCore
+import Foundation
+import GRDB
+
+/// A job to create; the store gives it an id and timestamps.
+public struct NewJob: Sendable, Equatable {
+    public var url: String
+    public var path: String
+    public var priority: Int
+    public var key: String?
+    public var meta: String?
+    public var headers: [HeaderField]
+    public var overwrite: Bool
+    public var state: JobState
+
+    public init(
+        url: String, path: String, priority: Int = 0, key: String? = nil, meta: String? = nil,
+        headers: [HeaderField] = [], overwrite: Bool = false, state: JobState = .queued
+    ) {
+        self.url = url
+        self.path = path
+        self.priority = priority
+        self.key = key
+        self.meta = meta
+        self.headers = headers
+        self.overwrite = overwrite
+        self.state = state
+    }
+}
+
+/// What `insert` did for one requested job.
+public struct InsertOutcome: Sendable, Equatable {
+    public var job: Job
+    /// False when a job with the same `key` already existed and was returned instead.
+    public var created: Bool
+
+    public init(job: Job, created: Bool) {
+        self.job = job
+        self.created = created
+    }
+}
+
+/// Why a write was refused for a reason of the data (not of SQLite).
+public enum StoreError: Error, Sendable, Equatable {
+    /// Another unfinished job already writes to this path.
+    case pathInUse(path: String, by: JobID)
+}
+
+/// The job table. One `DatabasePool` per file (WAL); every write goes through GRDB's single
+/// serialized writer, and every state change is one transaction. The writer runs with
+/// `synchronous=FULL`, so a committed state survives power loss, not just a crash.
+public final class JobStore: Sendable {
+    let pool: DatabasePool
+    public let path: String
+
+    public init(path: String) throws {
+        self.path = path
+        var configuration = Configuration()
+        configuration.label = "dld.jobs"
+        // Another process holding a write lock (there should be none) is waited for, not failed on.
+        configuration.busyMode = .timeout(5)
+        pool = try DatabasePool(path: path, configuration: configuration)
+        // DatabasePool opens its writer with synchronous=NORMAL, which can lose the last
+        // transactions on power loss. A command is answered only after its commit, so the
+        // commit must be durable: FULL, on the one writer connection, outside a transaction.
+        try pool.writeWithoutTransaction { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+        }
+        try Self.migrator.migrate(pool)
+    }
+
+    /// Schema history. A migration that has shipped is never edited; add a new one.
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1-jobs") { db in
+            try db.execute(sql: """
+                CREATE TABLE jobs (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    url TEXT NOT NULL,
+                    path TEXT NOT NULL,
+                    state TEXT NOT NULL,
+                    wait_reason TEXT,
+                    priority INTEGER NOT NULL DEFAULT 0,
+                    size INTEGER,
+                    received INTEGER NOT NULL DEFAULT 0,
+                    error_code TEXT,
+                    error_message TEXT,
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    created_at REAL NOT NULL,
+                    updated_at REAL NOT NULL,
+                    finished_at REAL,
+                    next_attempt_at REAL,
+                    key TEXT UNIQUE,
+                    meta TEXT,
+                    headers TEXT NOT NULL DEFAULT '[]',
+                    overwrite INTEGER NOT NULL DEFAULT 0,
+                    final_url TEXT,
+                    etag TEXT,
+                    last_modified TEXT,
+                    accepts_ranges INTEGER NOT NULL DEFAULT 0
+                );
+                CREATE INDEX jobs_by_state ON jobs(state, priority DESC, id);
+                CREATE INDEX jobs_by_path ON jobs(path);
+                """)
+        }
+        return migrator
+    }
+
+    /// The value of `PRAGMA synchronous` on the writer (2 = FULL), for tests and diagnostics.
+    public func writerSynchronousMode() throws -> Int {
+        try pool.writeWithoutTransaction { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1 }
+    }
+
+    // MARK: Writes
+
+    /// Creates jobs in one transaction. A job whose `key` exists already returns the existing
+    /// job. A path that an unfinished job already writes to is refused, and then nothing is
+    /// created.
+    public func insert(_ jobs: [NewJob], now: Date) async throws -> [InsertOutcome] {
+        try await pool.write { db in
+            var outcomes: [InsertOutcome] = []
+            for new in jobs {
+                if let key = new.key,
+                    let row = try Row.fetchOne(db, sql: "SELECT * FROM jobs WHERE key = ?", arguments: [key])
+                {
+                    outcomes.append(InsertOutcome(job: try Self.job(from: row), created: false))
+                    continue
+                }
+                if let other = try JobID.fetchOne(
+                    db,
+                    sql: "SELECT id FROM jobs WHERE path = ? AND state NOT IN ('completed', 'failed', 'canceled') LIMIT 1",
+                    arguments: [new.path])
+                {
+                    throw StoreError.pathInUse(path: new.path, by: other)
+                }
+                var job = Job(
+                    url: new.url, path: new.path, state: new.state, priority: new.priority,
+                    createdAt: now, updatedAt: now, key: new.key, meta: new.meta,
+                    headers: new.headers, overwrite: new.overwrite)
+                try db.execute(
+                    sql: """
+                        INSERT INTO jobs (url, path, state, priority, created_at, updated_at, key, meta, headers, overwrite)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        """,
+                    arguments: [
+                        job.url, job.path, job.state.rawValue, job.priority, now.timeIntervalSince1970,
+                        now.timeIntervalSince1970, job.key, job.meta, Self.encodeHeaders(job.headers), job.overwrite,
+                    ])
+                job.id = db.lastInsertedRowID
+                outcomes.append(InsertOutcome(job: job, created: true))
+            }
+            return outcomes
+        }
+    }
+
+    /// Writes whole rows (their state, error, counters) in one transaction.
+    public func save(_ jobs: [Job]) async throws {
+        guard !jobs.isEmpty else { return }
+        try await pool.write { db in
+            for job in jobs { try Self.update(job, in: db) }
+        }
+    }
+
+    public func save(_ job: Job) async throws { try await save([job]) }
+
+    /// Deletes rows in one transaction.
+    public func delete(_ ids: [JobID]) async throws {
+        guard !ids.isEmpty else { return }
+        try await pool.write { db in
+            for id in ids { try db.execute(sql: "DELETE FROM jobs WHERE id = ?", arguments: [id]) }
+        }
+    }
+
+    // MARK: Reads (concurrent with the writer: WAL snapshots)
+
+    public func fetch(_ id: JobID) async throws -> Job? {
+        try await pool.read { db in
+            try Row.fetchOne(db, sql: "SELECT * FROM jobs WHERE id = ?", arguments: [id]).map(Self.job(from:))
+        }
+    }
+
+    /// The jobs with these ids that exist, in the order asked.
+    public func fetch(_ ids: [JobID]) async throws -> [Job] {
+        try await pool.read { db in
+            try ids.compactMap { id in
+                try Row.fetchOne(db, sql: "SELECT * FROM jobs WHERE id = ?", arguments: [id]).map(Self.job(from:))
+            }
+        }
+    }
+
+    /// A page of jobs by ascending id, optionally only in some states.
+    public func list(states: [JobState]? = nil, afterID: JobID = 0, limit: Int = Int.max) async throws -> [Job] {
+        try await pool.read { db in
+            var sql = "SELECT * FROM jobs WHERE id > ?"
+            var arguments: StatementArguments = [afterID]
+            if let states {
+                sql += " AND state IN (\(states.map { _ in "?" }.joined(separator: ",")))"
+                for state in states { _ = arguments.append(contentsOf: [state.rawValue]) }
+            }
+            sql += " ORDER BY id LIMIT ?"
+            _ = arguments.append(contentsOf: [min(limit, Int(Int32.max))])
+            return try Row.fetchAll(db, sql: sql, arguments: arguments).map(Self.job(from:))
+        }
+    }
+
+    /// Queued jobs in the scheduler's order, at most `limit`.
+    public func queued(limit: Int) async throws -> [QueueEntry] {
+        try await pool.read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT id, priority FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id LIMIT ?",
+                arguments: [limit]
+            ).map { QueueEntry(id: $0["id"], priority: $0["priority"]) }
+        }
+    }
+
+    public func counts() async throws -> [JobState: Int] {
+        try await pool.read { db in
+            var counts: [JobState: Int] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT state, COUNT(*) AS n FROM jobs GROUP BY state") {
+                if let state = JobState(rawValue: row["state"]) { counts[state] = row["n"] }
+            }
+            return counts
+        }
+    }
+
+    /// The earliest `next_attempt_at` of a waiting job.
+    public func nextWakeUp() async throws -> Date? {
+        try await pool.read { db in
+            try Double.fetchOne(db, sql: "SELECT MIN(next_attempt_at) FROM jobs WHERE state = 'waiting'")
+                .map(Date.init(timeIntervalSince1970:))
+        }
+    }
+
+    // MARK: Rows
+
+    private static func update(_ job: Job, in db: Database) throws {
+        try db.execute(
+            sql: """
+                UPDATE jobs SET url = ?, path = ?, state = ?, wait_reason = ?, priority = ?, size = ?,
+                    received = ?, error_code = ?, error_message = ?, attempts = ?, updated_at = ?,
+                    finished_at = ?, next_attempt_at = ?, key = ?, meta = ?, headers = ?, overwrite = ?,
+                    final_url = ?, etag = ?, last_modified = ?, accepts_ranges = ?
+                WHERE id = ?
+                """,
+            arguments: [
+                job.url, job.path, job.state.rawValue, job.waitReason?.rawValue, job.priority, job.size,
+                job.received, job.error?.code, job.error?.message, job.attempts, job.updatedAt.timeIntervalSince1970,
+                job.finishedAt?.timeIntervalSince1970, job.nextAttemptAt?.timeIntervalSince1970, job.key, job.meta,
+                encodeHeaders(job.headers), job.overwrite, job.finalURL, job.validators.etag,
+                job.validators.lastModified, job.validators.acceptsRanges, job.id,
+            ])
+    }
+
+    static func job(from row: Row) throws -> Job {
+        let stateText: String = row["state"]
+        let errorCode: String? = row["error_code"]
+        let errorMessage: String? = row["error_message"]
+        let waitReason: String? = row["wait_reason"]
+        let finished: Double? = row["finished_at"]
+        let nextAttempt: Double? = row["next_attempt_at"]
+        let headersText: String = row["headers"]
+        return Job(
+            id: row["id"], url: row["url"], path: row["path"],
+            // An unknown state can only come from a newer dld; show it as failed, never crash.
+            state: JobState(rawValue: stateText) ?? .failed,
+            waitReason: waitReason.flatMap(WaitReason.init(rawValue:)),
+            priority: row["priority"], size: row["size"], received: row["received"],
+            error: errorCode.map { JobError(code: $0, message: errorMessage ?? "") },
+            attempts: row["attempts"],
+            createdAt: Date(timeIntervalSince1970: row["created_at"]),
+            updatedAt: Date(timeIntervalSince1970: row["updated_at"]),
+            finishedAt: finished.map(Date.init(timeIntervalSince1970:)),
+            nextAttemptAt: nextAttempt.map(Date.init(timeIntervalSince1970:)),
+            key: row["key"], meta: row["meta"], headers: decodeHeaders(headersText),
+            overwrite: row["overwrite"], finalURL: row["final_url"],
+            validators: Validators(etag: row["etag"], lastModified: row["last_modified"], acceptsRanges: row["accepts_ranges"]))
+    }
+
+    private static func encodeHeaders(_ headers: [HeaderField]) -> String {
+        (try? JSONEncoder().encode(headers)).map { String(decoding: $0, as: UTF8.self) } ?? "[]"
+    }
+
+    private static func decodeHeaders(_ text: String) -> [HeaderField] {
+        (try? JSONDecoder().decode([HeaderField].self, from: Data(text.utf8))) ?? []
+    }
+}
+
+extension JobStore {
+    /// The job with this client key, if any.
+    public func fetch(key: String) async throws -> Job? {
+        try await pool.read { db in
+            try Row.fetchOne(db, sql: "SELECT * FROM jobs WHERE key = ?", arguments: [key]).map(Self.job(from:))
+        }
+    }
+
+    /// Records a running transfer's synced progress: only its counters and validators, in one
+    /// small transaction. Callers sync the bytes first (durability rule 2).
+    public func checkpoint(
+        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?
+    ) async throws {
+        try await pool.write { db in
+            try db.execute(
+                sql: """
+                    UPDATE jobs SET received = ?, size = ?, etag = ?, last_modified = ?, accepts_ranges = ?,
+                        final_url = COALESCE(?, final_url)
+                    WHERE id = ? AND state = 'running'
+                    """,
+                arguments: [received, size, validators.etag, validators.lastModified, validators.acceptsRanges, finalURL, id])
+        }
+    }
+}

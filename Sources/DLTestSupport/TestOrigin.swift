@@ -1,0 +1,776 @@
+// TestOrigin: an HTTP/1.1 origin server on loopback for end-to-end tests and benchmarks.
+//
+// Every body it serves is a window onto one deterministic byte stream (`TestOrigin.byte(at:)`),
+// so tests can compute expected content and digests without storing it. Routes:
+//
+//   /bytes/<N>                    N deterministic bytes; Range, If-Range, HEAD.
+//                                 Query: rate, etag, norange, drop_after, stall_after, length, name.
+//   /status/<CODE>                that status and a short text body; query retry_after.
+//   /redirect/<K>?to=<url>        302 chain of K more hops, then Location: <url>.
+//   /loop                         302 Location: /loop, forever.
+//   /fail_first/<M>/bytes/<N>     503 + Retry-After: 1 for the first M requests to that path.
+//   anything else                 404.
+//
+// Bodies are streamed from a precomputed table as zero-copy ByteBuffer slices, respecting
+// channel writability, so memory stays flat whatever the size.
+
+import Foundation
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+
+// MARK: - Public API
+
+/// One request as the origin saw it: method, path+query, and headers with lowercased names.
+public struct RecordedRequest: Sendable {
+    public let method: String
+    public let uri: String
+    public let headers: [(String, String)]
+
+    public init(method: String, uri: String, headers: [(String, String)]) {
+        self.method = method
+        self.uri = uri
+        self.headers = headers
+    }
+
+    /// The path part of `uri` (without the query).
+    public var path: String {
+        if let q = uri.firstIndex(of: "?") { return String(uri[..<q]) }
+        return uri
+    }
+
+    /// The first value of a header (name compared case-insensitively).
+    public func header(_ name: String) -> String? {
+        let wanted = name.lowercased()
+        return headers.first { $0.0 == wanted }?.1
+    }
+}
+
+public enum TestOriginError: Error, Sendable {
+    case noLocalAddress
+}
+
+public final class TestOrigin: Sendable {
+    private let group: MultiThreadedEventLoopGroup
+    private let channel: any Channel
+    private let state: OriginState
+    private let host: String
+
+    /// The port the origin listens on.
+    public let port: Int
+
+    private init(group: MultiThreadedEventLoopGroup, channel: any Channel, state: OriginState, host: String, port: Int) {
+        self.group = group
+        self.channel = channel
+        self.state = state
+        self.host = host
+        self.port = port
+    }
+
+    /// Starts listening on 127.0.0.1 with an OS-chosen port (or `port` if non-zero).
+    public static func start(host: String = "127.0.0.1", port: Int = 0) async throws -> TestOrigin {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let state = OriginState()
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 256)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
+            .childChannelOption(.writeBufferWaterMark, value: .init(low: 256 * 1024, high: 1024 * 1024))
+            .childChannelOption(.maxMessagesPerRead, value: 16)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                    try channel.pipeline.syncOperations.addHandler(OriginHandler(state: state))
+                }
+            }
+        do {
+            let channel = try await bootstrap.bind(host: host, port: port).get()
+            guard let boundPort = channel.localAddress?.port else {
+                try? await channel.close().get()
+                throw TestOriginError.noLocalAddress
+            }
+            return TestOrigin(group: group, channel: channel, state: state, host: host, port: boundPort)
+        } catch {
+            try? await group.shutdownGracefully()
+            throw error
+        }
+    }
+
+    /// "http://127.0.0.1:PORT"
+    public var baseURL: String {
+        let h = host.contains(":") ? "[\(host)]" : host
+        return "http://\(h):\(port)"
+    }
+
+    /// Total response BODY bytes written to clients so far (all routes).
+    public var bytesServed: Int64 {
+        state.box.withLockedValue { $0.bytesServed }
+    }
+
+    /// Every request seen so far, in order.
+    public var requests: [RecordedRequest] {
+        state.box.withLockedValue { $0.requests }
+    }
+
+    /// Stops listening and closes every open connection (including stalled ones). Idempotent.
+    public func shutdown() async throws {
+        let first = state.box.withLockedValue { values -> Bool in
+            defer { values.isShutdown = true }
+            return !values.isShutdown
+        }
+        guard first else { return }
+        try? await channel.close().get()
+        try await group.shutdownGracefully()
+    }
+
+    /// The byte at offset i of every deterministic body.
+    public static func byte(at offset: Int64) -> UInt8 {
+        let period = Int64(Pattern.period)
+        var index = offset % period
+        if index < 0 { index += period }
+        return Pattern.value(Int(index))
+    }
+
+    /// Convenience: the first n deterministic bytes.
+    public static func bytes(count: Int) -> [UInt8] {
+        bytes(from: 0, count: count)
+    }
+
+    /// Convenience: `count` deterministic bytes starting at `offset`.
+    public static func bytes(from offset: Int64, count: Int) -> [UInt8] {
+        guard count > 0 else { return [] }
+        var out = [UInt8]()
+        out.reserveCapacity(count)
+        let period = Int64(Pattern.period)
+        var index = Int(((offset % period) + period) % period)
+        Pattern.table.withUnsafeReadableBytes { raw in
+            var left = count
+            while left > 0 {
+                let n = min(Pattern.period - index, left)
+                out.append(contentsOf: raw[index..<(index + n)])
+                left -= n
+                index = 0
+            }
+        }
+        return out
+    }
+}
+
+// MARK: - Deterministic pattern
+
+enum Pattern {
+    /// Period of the stream: a prime just under 1 MiB, so it never lines up with power-of-two chunks.
+    static let period = 1_048_573
+    /// Largest body write.
+    static let maxChunk = 65_536
+
+    @inline(__always)
+    static func value(_ index: Int) -> UInt8 {
+        var x = (UInt64(truncatingIfNeeded: index) &+ 0x5DEE_CE66_D1CE_4E5B) &* 0x9E37_79B9_7F4A_7C15
+        x ^= x >> 29
+        x = x &* 0xBF58_476D_1CE4_E5B9
+        x ^= x >> 32
+        return UInt8(truncatingIfNeeded: x)
+    }
+
+    /// `period + maxChunk` bytes, so any chunk of up to `maxChunk` bytes is one contiguous slice.
+    static let table: ByteBuffer = {
+        let size = period + maxChunk
+        var buffer = ByteBufferAllocator().buffer(capacity: size)
+        buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: size) { raw in
+            for i in 0..<size {
+                raw[i] = value(i % period)
+            }
+            return size
+        }
+        return buffer
+    }()
+
+    static func chunk(at offset: Int64, length: Int) -> ByteBuffer? {
+        guard length >= 0, length <= maxChunk else { return nil }
+        let index = Int(((offset % Int64(period)) + Int64(period)) % Int64(period))
+        return table.getSlice(at: table.readerIndex + index, length: length)
+    }
+}
+
+// MARK: - Shared state
+
+final class OriginState: Sendable {
+    struct Values {
+        var bytesServed: Int64 = 0
+        var requests: [RecordedRequest] = []
+        var pathCounts: [String: Int] = [:]
+        var isShutdown = false
+    }
+
+    let box = NIOLockedValueBox(Values())
+
+    func record(_ head: HTTPRequestHead) {
+        let request = RecordedRequest(
+            method: head.method.rawValue,
+            uri: head.uri,
+            headers: head.headers.map { ($0.name.lowercased(), $0.value) }
+        )
+        box.withLockedValue { $0.requests.append(request) }
+    }
+
+    func addServed(_ n: Int) {
+        box.withLockedValue { $0.bytesServed += Int64(n) }
+    }
+
+    /// Counts one more request to `path`; returns the count including this one.
+    func hit(_ path: String) -> Int {
+        box.withLockedValue { values in
+            let n = (values.pathCounts[path] ?? 0) + 1
+            values.pathCounts[path] = n
+            return n
+        }
+    }
+}
+
+// MARK: - Per-connection handler
+
+private let lastModifiedValue = "Wed, 21 Oct 2015 07:28:00 GMT"
+
+/// A response body being streamed.
+private struct BodyStream {
+    enum Source {
+        case pattern(start: Int64)
+        case fixed(ByteBuffer)
+    }
+
+    enum Ending {
+        /// Write `.end`; keep the connection for the next request.
+        case keepAlive
+        /// Write `.end`, then close once it is written.
+        case closeAfterEnd
+        /// Don't write `.end`: close once the body is written (Content-Length was a lie).
+        case closeWithoutEnd
+    }
+
+    enum LimitAction {
+        case drop
+        case stall
+    }
+
+    var source: Source
+    var remaining: Int64
+    var sent: Int64 = 0
+    var ending: Ending
+    var limit: Int64?
+    var limitAction: LimitAction = .drop
+    var rate: Int64?
+    var rateStart: NIODeadline?
+    var stalled = false
+
+    func chunk(length: Int) -> ByteBuffer? {
+        switch source {
+        case .pattern(let start):
+            return Pattern.chunk(at: start + sent, length: length)
+        case .fixed(let buffer):
+            return buffer.getSlice(at: buffer.readerIndex + Int(sent), length: length)
+        }
+    }
+}
+
+/// The parsed query-string options that shape a response.
+private struct Query {
+    var values: [String: String] = [:]
+
+    init(_ query: Substring?) {
+        guard let query else { return }
+        for pair in query.split(separator: "&", omittingEmptySubsequences: true) {
+            if let eq = pair.firstIndex(of: "=") {
+                values[percentDecode(pair[..<eq])] = percentDecode(pair[pair.index(after: eq)...])
+            } else {
+                values[percentDecode(pair)] = ""
+            }
+        }
+    }
+
+    subscript(_ key: String) -> String? { values[key] }
+
+    /// `.invalid` if present but not a non-negative integer.
+    func int(_ key: String) -> IntOption {
+        guard let raw = values[key] else { return .absent }
+        guard let v = Int64(raw), v >= 0 else { return .invalid }
+        return .value(v)
+    }
+
+    enum IntOption {
+        case absent
+        case invalid
+        case value(Int64)
+    }
+}
+
+final class OriginHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let state: OriginState
+    private var requestHead: HTTPRequestHead?
+    private var body: BodyStream?
+    private var pumping = false
+    private var closing = false
+    private var timer: Scheduled<Void>?
+    private var lastWrite: EventLoopFuture<Void>?
+
+    init(state: OriginState) {
+        self.state = state
+    }
+
+    // MARK: Channel events
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let head):
+            state.record(head)
+            requestHead = head
+        case .body:
+            break
+        case .end:
+            guard let head = requestHead else { return }
+            requestHead = nil
+            guard !closing else { return }
+            respond(context: context, request: head)
+        }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            pump(context: context)
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        reset()
+        context.fireChannelInactive()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        reset()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        reset()
+        context.close(promise: nil)
+    }
+
+    private func reset() {
+        timer?.cancel()
+        timer = nil
+        body = nil
+        lastWrite = nil
+        closing = true
+    }
+
+    // MARK: Routing
+
+    private func respond(context: ChannelHandlerContext, request: HTTPRequestHead) {
+        let uri = request.uri
+        let path: Substring
+        let queryString: Substring?
+        if let q = uri.firstIndex(of: "?") {
+            path = uri[..<q]
+            queryString = uri[uri.index(after: q)...]
+        } else {
+            path = uri[...]
+            queryString = nil
+        }
+        let query = Query(queryString)
+        let parts = path.split(separator: "/", omittingEmptySubsequences: true)
+
+        guard request.method == .GET || request.method == .HEAD else {
+            var headers = HTTPHeaders()
+            headers.add(name: "Allow", value: "GET, HEAD")
+            sendText(context: context, request: request, status: .methodNotAllowed, headers: headers, text: "method not allowed\n")
+            return
+        }
+
+        switch parts.first {
+        case "bytes" where parts.count == 2:
+            guard let n = Int64(parts[1]), n >= 0 else { return notFound(context: context, request: request) }
+            serveBytes(context: context, request: request, size: n, query: query)
+
+        case "fail_first" where parts.count == 4 && parts[2] == "bytes":
+            guard let m = Int(parts[1]), m >= 0, let n = Int64(parts[3]), n >= 0 else {
+                return notFound(context: context, request: request)
+            }
+            if state.hit(String(path)) <= m {
+                var headers = HTTPHeaders()
+                headers.add(name: "Retry-After", value: "1")
+                sendText(context: context, request: request, status: .serviceUnavailable, headers: headers, text: "try again later\n")
+            } else {
+                serveBytes(context: context, request: request, size: n, query: query)
+            }
+
+        case "status" where parts.count == 2:
+            guard let code = Int(parts[1]), (200...599).contains(code) else {
+                sendText(context: context, request: request, status: .badRequest, text: "bad status code\n")
+                return
+            }
+            let status = HTTPResponseStatus(statusCode: code)
+            var headers = HTTPHeaders()
+            if let retry = query["retry_after"] {
+                headers.add(name: "Retry-After", value: retry)
+            }
+            sendText(context: context, request: request, status: status, headers: headers, text: "\(code) \(status.reasonPhrase)\n")
+
+        case "redirect" where parts.count == 2:
+            guard let k = Int(parts[1]), k >= 0 else { return notFound(context: context, request: request) }
+            guard let target = query["to"] else {
+                sendText(context: context, request: request, status: .badRequest, text: "missing to=\n")
+                return
+            }
+            let location = k == 0 ? target : "/redirect/\(k - 1)?to=\(percentEncode(target))"
+            redirect(context: context, request: request, to: location)
+
+        case "loop" where parts.count == 1:
+            redirect(context: context, request: request, to: "/loop")
+
+        default:
+            notFound(context: context, request: request)
+        }
+    }
+
+    private func notFound(context: ChannelHandlerContext, request: HTTPRequestHead) {
+        sendText(context: context, request: request, status: .notFound, text: "not found\n")
+    }
+
+    private func redirect(context: ChannelHandlerContext, request: HTTPRequestHead, to location: String) {
+        var headers = HTTPHeaders()
+        headers.add(name: "Location", value: location)
+        sendText(context: context, request: request, status: .found, headers: headers, text: "")
+    }
+
+    private func sendText(
+        context: ChannelHandlerContext,
+        request: HTTPRequestHead,
+        status: HTTPResponseStatus,
+        headers extra: HTTPHeaders = HTTPHeaders(),
+        text: String
+    ) {
+        var headers = extra
+        let noBody = status == .noContent || status == .notModified
+        var buffer = context.channel.allocator.buffer(capacity: text.utf8.count)
+        if !noBody {
+            buffer.writeString(text)
+            headers.add(name: "Content-Type", value: "text/plain; charset=utf-8")
+            headers.add(name: "Content-Length", value: String(buffer.readableBytes))
+        }
+        let isHead = request.method == .HEAD
+        let stream = BodyStream(
+            source: .fixed(buffer),
+            remaining: isHead || noBody ? 0 : Int64(buffer.readableBytes),
+            ending: request.isKeepAlive ? .keepAlive : .closeAfterEnd
+        )
+        start(context: context, request: request, status: status, headers: headers, stream: stream)
+    }
+
+    private enum RangeResult {
+        case none
+        case unsatisfiable
+        case range(Int64, Int64)  // inclusive
+    }
+
+    private func parseRange(_ value: String, size: Int64) -> RangeResult {
+        let trimmed = value.trimmingCharacters(in: .whitespaces)
+        guard trimmed.lowercased().hasPrefix("bytes=") else { return .none }
+        let spec = trimmed.dropFirst("bytes=".count).trimmingCharacters(in: .whitespaces)
+        guard !spec.contains(","), let dash = spec.firstIndex(of: "-") else { return .none }
+        let first = spec[..<dash].trimmingCharacters(in: .whitespaces)
+        let last = spec[spec.index(after: dash)...].trimmingCharacters(in: .whitespaces)
+        if first.isEmpty {
+            // Suffix range: the last S bytes.
+            guard let s = Int64(last), s >= 0 else { return .none }
+            if s == 0 || size == 0 { return .unsatisfiable }
+            return .range(max(0, size - s), size - 1)
+        }
+        guard let a = Int64(first), a >= 0 else { return .none }
+        var b = size - 1
+        if !last.isEmpty {
+            guard let parsed = Int64(last), parsed >= a else { return .none }
+            b = min(parsed, size - 1)
+        }
+        if a >= size { return .unsatisfiable }
+        return .range(a, b)
+    }
+
+    private func serveBytes(context: ChannelHandlerContext, request: HTTPRequestHead, size: Int64, query: Query) {
+        var numbers: [String: Int64] = [:]
+        for key in ["rate", "drop_after", "stall_after", "length"] {
+            switch query.int(key) {
+            case .absent:
+                continue
+            case .invalid:
+                sendText(context: context, request: request, status: .badRequest, text: "bad \(key)=\n")
+                return
+            case .value(let v):
+                numbers[key] = v
+            }
+        }
+        let rate = numbers["rate"].flatMap { $0 > 0 ? $0 : nil }
+        let dropAfter = numbers["drop_after"]
+        let stallAfter = numbers["stall_after"]
+        let lengthLie = numbers["length"]
+        let noRange = query["norange"].map { $0 != "0" && $0.lowercased() != "false" } ?? false
+        let etag = "\"\(query["etag"] ?? "v1-\(size)")\""
+
+        var headers = HTTPHeaders()
+        headers.add(name: "Content-Type", value: "application/octet-stream")
+        if !noRange {
+            headers.add(name: "Accept-Ranges", value: "bytes")
+        }
+        headers.add(name: "ETag", value: etag)
+        headers.add(name: "Last-Modified", value: lastModifiedValue)
+        if let name = query["name"] {
+            let escaped = name.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
+            headers.add(name: "Content-Disposition", value: "attachment; filename=\"\(escaped)\"")
+        }
+
+        var status = HTTPResponseStatus.ok
+        var first: Int64 = 0
+        var length = size
+        if !noRange, let rangeValue = request.headers.first(name: "range") {
+            var apply = true
+            if let ifRange = request.headers.first(name: "if-range") {
+                let v = ifRange.trimmingCharacters(in: .whitespaces)
+                apply = v == etag || v == lastModifiedValue
+            }
+            if apply {
+                switch parseRange(rangeValue, size: size) {
+                case .none:
+                    break
+                case .unsatisfiable:
+                    var h = HTTPHeaders()
+                    h.add(name: "Content-Range", value: "bytes */\(size)")
+                    h.add(name: "Accept-Ranges", value: "bytes")
+                    h.add(name: "ETag", value: etag)
+                    sendText(context: context, request: request, status: .rangeNotSatisfiable, headers: h, text: "")
+                    return
+                case .range(let a, let b):
+                    status = .partialContent
+                    first = a
+                    length = b - a + 1
+                    headers.add(name: "Content-Range", value: "bytes \(a)-\(b)/\(size)")
+                }
+            }
+        }
+
+        let advertised = lengthLie ?? length
+        headers.add(name: "Content-Length", value: String(advertised))
+        var ending: BodyStream.Ending = request.isKeepAlive ? .keepAlive : .closeAfterEnd
+        if advertised > length && request.method != .HEAD {
+            ending = .closeWithoutEnd
+        }
+        var stream = BodyStream(
+            source: .pattern(start: first),
+            remaining: request.method == .HEAD ? 0 : min(advertised, length),
+            ending: ending
+        )
+        stream.rate = rate
+        switch (dropAfter, stallAfter) {
+        case (let d?, let s?):
+            stream.limit = min(d, s)
+            stream.limitAction = d <= s ? .drop : .stall
+        case (let d?, nil):
+            stream.limit = d
+            stream.limitAction = .drop
+        case (nil, let s?):
+            stream.limit = s
+            stream.limitAction = .stall
+        case (nil, nil):
+            break
+        }
+        if let limit = stream.limit, limit >= stream.remaining {
+            stream.limit = nil  // the whole body fits under the limit: nothing to drop or stall
+        }
+        start(context: context, request: request, status: status, headers: headers, stream: stream)
+    }
+
+    // MARK: Streaming
+
+    private func start(
+        context: ChannelHandlerContext,
+        request: HTTPRequestHead,
+        status: HTTPResponseStatus,
+        headers: HTTPHeaders,
+        stream: BodyStream
+    ) {
+        var headers = headers
+        headers.add(name: "Server", value: "dld-test-origin")
+        if stream.ending == .closeAfterEnd {
+            headers.replaceOrAdd(name: "Connection", value: "close")
+        } else if request.version.major == 1 && request.version.minor == 0 && request.isKeepAlive {
+            headers.replaceOrAdd(name: "Connection", value: "keep-alive")
+        }
+        let head = HTTPResponseHead(version: request.version, status: status, headers: headers)
+        lastWrite = context.write(wrapOutboundOut(.head(head)))
+        body = stream
+        pump(context: context)
+    }
+
+    /// Writes as much of the current body as writability, rate and limits allow; finishes it when done.
+    /// Re-entrant calls (from writability changes or pipelined requests delivered while writing `.end`)
+    /// return at once: the outer loop picks up whatever `self.body` holds next.
+    private func pump(context: ChannelHandlerContext) {
+        guard !pumping else { return }
+        pumping = true
+        defer { pumping = false }
+        var unflushed = 0
+
+        loop: while var stream = body {
+            if stream.stalled { break loop }
+            if stream.remaining == 0 {
+                unflushed = 0
+                finish(context: context, stream: stream)
+                continue loop
+            }
+            if let limit = stream.limit, stream.sent >= limit {
+                switch stream.limitAction {
+                case .drop:
+                    body = nil
+                    closing = true
+                    unflushed = 0
+                    closeAfterWrites(context: context)
+                    return
+                case .stall:
+                    stream.stalled = true
+                    body = stream
+                    break loop
+                }
+            }
+            guard context.channel.isActive, context.channel.isWritable else { break loop }
+
+            var n = min(Int64(Pattern.maxChunk), stream.remaining)
+            if let limit = stream.limit {
+                n = min(n, limit - stream.sent)
+            }
+            if let rate = stream.rate {
+                let now = NIODeadline.now()
+                let startTime = stream.rateStart ?? now
+                stream.rateStart = startTime
+                let burst = max(1, min(262_144, rate / 50))
+                let elapsed = Double((now - startTime).nanoseconds) / 1e9
+                let earned = Int64(Double(rate) * elapsed) + burst
+                let allowed = earned - stream.sent
+                let want = min(n, burst)
+                if allowed < want {
+                    let deficit = want - max(0, allowed)
+                    let delayNanos = max(1_000_000, Int64(Double(deficit) / Double(rate) * 1e9))
+                    body = stream
+                    scheduleWake(context: context, in: .nanoseconds(delayNanos))
+                    break loop
+                }
+                n = min(n, allowed)
+            }
+
+            guard let chunk = stream.chunk(length: Int(n)) else { break loop }
+            stream.sent += n
+            stream.remaining -= n
+            body = stream
+            let count = Int(n)
+            let state = self.state
+            let written = context.write(wrapOutboundOut(.body(.byteBuffer(chunk))))
+            written.whenSuccess { state.addServed(count) }
+            lastWrite = written
+            unflushed += 1
+            if unflushed >= 4 {
+                unflushed = 0
+                context.flush()
+            }
+        }
+        if unflushed > 0 {
+            context.flush()
+        }
+    }
+
+    private func scheduleWake(context: ChannelHandlerContext, in delay: TimeAmount) {
+        guard timer == nil else { return }
+        timer = context.eventLoop.assumeIsolated().scheduleTask(in: delay) {
+            self.timer = nil
+            self.pump(context: context)
+        }
+    }
+
+    private func finish(context: ChannelHandlerContext, stream: BodyStream) {
+        body = nil
+        switch stream.ending {
+        case .keepAlive:
+            lastWrite = nil
+            // May synchronously deliver the next pipelined request (which may set `body`).
+            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        case .closeAfterEnd:
+            closing = true
+            lastWrite = context.write(wrapOutboundOut(.end(nil)))
+            closeAfterWrites(context: context)
+        case .closeWithoutEnd:
+            closing = true
+            closeAfterWrites(context: context)
+        }
+    }
+
+    /// Flushes, then closes the connection once everything written so far has reached the socket.
+    private func closeAfterWrites(context: ChannelHandlerContext) {
+        context.flush()
+        if let last = lastWrite {
+            lastWrite = nil
+            last.assumeIsolated().whenComplete { _ in
+                context.close(promise: nil)
+            }
+        } else {
+            context.close(promise: nil)
+        }
+    }
+}
+
+// MARK: - Percent coding
+
+private func hexValue(_ c: UInt8) -> UInt8? {
+    switch c {
+    case UInt8(ascii: "0")...UInt8(ascii: "9"): return c - UInt8(ascii: "0")
+    case UInt8(ascii: "a")...UInt8(ascii: "f"): return c - UInt8(ascii: "a") + 10
+    case UInt8(ascii: "A")...UInt8(ascii: "F"): return c - UInt8(ascii: "A") + 10
+    default: return nil
+    }
+}
+
+func percentDecode<S: StringProtocol>(_ s: S) -> String {
+    let bytes = Array(s.utf8)
+    var out = [UInt8]()
+    out.reserveCapacity(bytes.count)
+    var i = 0
+    while i < bytes.count {
+        if bytes[i] == UInt8(ascii: "%"), i + 2 < bytes.count,
+            let hi = hexValue(bytes[i + 1]), let lo = hexValue(bytes[i + 2])
+        {
+            out.append(hi << 4 | lo)
+            i += 3
+        } else {
+            out.append(bytes[i])
+            i += 1
+        }
+    }
+    return String(decoding: out, as: UTF8.self)
+}
+
+func percentEncode(_ s: String) -> String {
+    let hex = Array("0123456789ABCDEF".utf8)
+    var out = [UInt8]()
+    for c in s.utf8 {
+        switch c {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+            UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "."),
+            UInt8(ascii: "_"), UInt8(ascii: "~"):
+            out.append(c)
+        default:
+            out.append(UInt8(ascii: "%"))
+            out.append(hex[Int(c >> 4)])
+            out.append(hex[Int(c & 0x0F)])
+        }
+    }
+    return String(decoding: out, as: UTF8.self)
+}

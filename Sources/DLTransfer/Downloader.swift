@@ -1,0 +1,346 @@
+import AsyncHTTPClient
+import DLCore
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+
+/// What one transfer attempt is asked to do.
+public struct TransferRequest: Sendable {
+    public var jobID: JobID
+    /// The job's original URL: every attempt starts here, because redirect targets (signed
+    /// URLs) expire.
+    public var url: String
+    public var headers: [HeaderField]
+    public var path: String
+    public var overwrite: Bool
+    /// The committed offset: bytes before it are on disk and synced.
+    public var offset: Int64
+    public var size: Int64?
+    public var validators: Validators
+
+    public init(jobID: JobID, url: String, headers: [HeaderField], path: String, overwrite: Bool,
+                offset: Int64, size: Int64?, validators: Validators) {
+        self.jobID = jobID
+        self.url = url
+        self.headers = headers
+        self.path = path
+        self.overwrite = overwrite
+        self.offset = offset
+        self.size = size
+        self.validators = validators
+    }
+
+    public var partialPath: String { path + ".part" }
+}
+
+/// What a transfer knows that the job table should record.
+public struct TransferCheckpoint: Sendable, Equatable {
+    /// Bytes on disk and synced.
+    public var received: Int64
+    public var size: Int64?
+    public var validators: Validators
+    public var finalURL: String?
+
+    public init(received: Int64, size: Int64?, validators: Validators, finalURL: String?) {
+        self.received = received
+        self.size = size
+        self.validators = validators
+        self.finalURL = finalURL
+    }
+}
+
+/// How an attempt ended. Every case carries a checkpoint whose bytes are synced.
+public enum TransferResult: Sendable, Equatable {
+    /// The file is complete, synced and under its final name.
+    case completed(TransferCheckpoint)
+    /// Stopped because its task was cancelled (pause, cancel, shutdown).
+    case stopped(TransferCheckpoint)
+    case failed(TransferFailure, TransferCheckpoint)
+}
+
+/// Settings of the daemon's HTTP client.
+public struct DownloaderConfiguration: Sendable {
+    public var connectTimeout: TimeAmount = .seconds(20)
+    /// No byte for this long is a transient failure; a slow trickle keeps the job alive.
+    public var readTimeout: TimeAmount = .seconds(60)
+    /// Until the response head has arrived (AsyncHTTPClient's deadline ends there).
+    public var headTimeout: TimeAmount = .seconds(90)
+    public var maxRedirects = 10
+    /// Checkpoints are at least this far apart: each costs an fdatasync and a commit.
+    public var checkpointInterval: Duration = .seconds(2)
+    public var userAgent = "dld/\(DLDVersion.current)"
+
+    public init() {}
+}
+
+/// Downloads one job's URL into its partial file, then publishes it. One shared HTTP client:
+/// HTTP/1.1 only, decompression off (bytes on disk are the bytes served), redirects followed by
+/// our own code so that a downgrade to http and non-HTTP schemes are refused.
+public final class Downloader: Sendable {
+    public let configuration: DownloaderConfiguration
+    private let client: HTTPClient
+    private let logger: Logger
+
+    public init(configuration: DownloaderConfiguration = DownloaderConfiguration(), logger: Logger) {
+        self.configuration = configuration
+        self.logger = logger
+        var config = HTTPClient.Configuration()
+        config.redirectConfiguration = .disallow
+        config.decompression = .disabled
+        config.httpVersion = .http1Only
+        // A refused connection is a failed attempt for our own backoff, not a silent loop
+        // inside the client until the deadline.
+        config.connectionPool.retryConnectionEstablishment = false
+        config.timeout = .init(connect: configuration.connectTimeout, read: configuration.readTimeout)
+        client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: config)
+    }
+
+    public func shutdown() async {
+        try? await client.shutdown()
+    }
+
+    /// Runs one attempt. `checkpoint` records synced progress (a committed transaction);
+    /// it is called at most every `checkpointInterval`.
+    public func run(
+        _ request: TransferRequest,
+        progress: TransferProgress,
+        checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
+    ) async -> TransferResult {
+        var state = AttemptState(
+            received: request.offset, size: request.size, validators: request.validators, finalURL: nil)
+        let file: PartialFile
+        do {
+            file = try PartialFile(path: request.partialPath)
+        } catch {
+            return .failed(error, state.checkpoint)
+        }
+        defer { file.close() }
+        do {
+            try await attempt(request, file: file, state: &state, progress: progress, checkpoint: checkpoint)
+            try file.sync()
+            file.close()
+            try PartialFile.publish(request.partialPath, to: request.path, overwrite: request.overwrite)
+            return .completed(state.checkpoint)
+        } catch {
+            // Whatever happened, the bytes counted so far are made durable before they are
+            // reported, so the caller may commit them.
+            do {
+                try file.syncData()
+            } catch let syncFailure {
+                state.received = 0
+                return .failed(syncFailure, state.checkpoint)
+            }
+            if Task.isCancelled { return .stopped(state.checkpoint) }
+            if let failure = error as? TransferFailure { return .failed(failure, state.checkpoint) }
+            return .failed(Self.classify(error), state.checkpoint)
+        }
+    }
+
+    private struct AttemptState {
+        var received: Int64
+        var size: Int64?
+        var validators: Validators
+        var finalURL: String?
+        var checkpoint: TransferCheckpoint {
+            TransferCheckpoint(received: received, size: size, validators: validators, finalURL: finalURL)
+        }
+    }
+
+    private func attempt(
+        _ request: TransferRequest,
+        file: PartialFile,
+        state: inout AttemptState,
+        progress: TransferProgress,
+        checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
+    ) async throws {
+        // Durability rule 3: the partial file is cut back to the committed offset; bytes past
+        // it were never recorded and may be garbage.
+        let onDisk = try file.size()
+        if onDisk > state.received {
+            try file.truncate(to: state.received)
+        } else if onDisk < state.received {
+            state.received = onDisk
+        }
+        // A resume needs a validator (If-Range), else the bytes could belong to another version.
+        if state.received > 0 && (!state.validators.acceptsRanges || state.validators.ifRange == nil) {
+            try file.truncate(to: 0)
+            state.received = 0
+        }
+
+        var response = try await fetch(request, state: &state, rangeFrom: state.received)
+        let status = Int(response.status.code)
+        let headers = response.headers
+        switch status {
+        case 206:
+            let range = ContentRange(headers.first(name: "content-range"))
+            let total = range?.total ?? state.size
+            if let range, range.start == state.received, state.size == nil || total == state.size {
+                state.size = total
+                break
+            }
+            // The server sent another part, or disagrees on the total: start over.
+            logger.info("range answer does not continue the file; starting over", metadata: ["job": "\(request.jobID)"])
+            try file.truncate(to: 0)
+            state.received = 0
+            state.size = nil
+            state.validators = Validators()
+            response = try await fetch(request, state: &state, rangeFrom: 0)
+            try expect200(response)
+            take(response.headers, into: &state)
+        case 200:
+            if state.received > 0 {
+                // Range ignored, or the validators changed: start over from zero.
+                try file.truncate(to: 0)
+                state.received = 0
+            }
+            take(headers, into: &state)
+        case 416:
+            if let total = ContentRange(headers.first(name: "content-range"))?.total, total == state.received, total > 0 {
+                // Everything is on disk already.
+                state.size = total
+                return
+            }
+            try file.truncate(to: 0)
+            state.received = 0
+            state.validators = Validators()
+            response = try await fetch(request, state: &state, rangeFrom: 0)
+            try expect200(response)
+            take(response.headers, into: &state)
+        default:
+            throw statusFailure(status, response.status.reasonPhrase, headers)
+        }
+        progress.update(received: state.received, size: state.size)
+
+        let clock = ContinuousClock()
+        var lastCheckpoint = clock.now
+        var offset = state.received
+        for try await chunk in response.body {
+            try chunk.withUnsafeReadableBytes { bytes throws(TransferFailure) in
+                try file.write(bytes, at: offset)
+            }
+            offset += Int64(chunk.readableBytes)
+            if let size = state.size, offset > size {
+                state.received = size
+                throw TransferFailure(.transient(.retry), "length_mismatch", "the server sent more than the \(size) bytes it announced")
+            }
+            state.received = offset
+            progress.update(received: offset, size: state.size)
+            let now = clock.now
+            if now - lastCheckpoint >= configuration.checkpointInterval {
+                try file.syncData()
+                try await checkpoint(state.checkpoint)
+                lastCheckpoint = now
+            }
+        }
+        if let size = state.size, state.received != size {
+            throw TransferFailure(.transient(.network), "truncated", "the connection ended after \(state.received) of \(size) bytes")
+        }
+        state.size = state.received
+        progress.update(received: state.received, size: state.size)
+    }
+
+    /// Sends the request for `from` onwards, following redirects ourselves.
+    private func fetch(_ request: TransferRequest, state: inout AttemptState, rangeFrom offset: Int64) async throws -> HTTPClientResponse {
+        var current = request.url
+        var hops = 0
+        while true {
+            var http = HTTPClientRequest(url: current)
+            http.method = .GET
+            http.headers.add(name: "User-Agent", value: configuration.userAgent)
+            for header in request.headers { http.headers.add(name: header.name, value: header.value) }
+            http.headers.replaceOrAdd(name: "Accept-Encoding", value: "identity")
+            if offset > 0 {
+                http.headers.replaceOrAdd(name: "Range", value: "bytes=\(offset)-")
+                if let validator = state.validators.ifRange {
+                    http.headers.replaceOrAdd(name: "If-Range", value: validator)
+                }
+            }
+            let response = try await client.execute(http, timeout: configuration.headTimeout, logger: logger)
+            let status = Int(response.status.code)
+            guard [301, 302, 303, 307, 308].contains(status), let location = response.headers.first(name: "location") else {
+                state.finalURL = current
+                return response
+            }
+            // Redirect bodies are short; reading a little lets the connection be reused.
+            _ = try? await response.body.collect(upTo: 64 << 10)
+            hops += 1
+            guard hops <= configuration.maxRedirects else {
+                throw TransferFailure(.permanent, "too_many_redirects", "more than \(configuration.maxRedirects) redirects from \(request.url)")
+            }
+            guard let base = URL(string: current), let next = URL(string: location, relativeTo: base)?.absoluteURL,
+                let scheme = next.scheme?.lowercased()
+            else {
+                throw TransferFailure(.permanent, "redirect_refused", "redirect to an invalid location: \(location.prefix(200))")
+            }
+            guard scheme == "http" || scheme == "https" else {
+                throw TransferFailure(.permanent, "redirect_refused", "redirect to a \(scheme): URL refused")
+            }
+            if scheme == "http" && base.scheme?.lowercased() == "https" {
+                throw TransferFailure(.permanent, "redirect_refused", "redirect from https to http refused: \(next.absoluteString.prefix(200))")
+            }
+            current = next.absoluteString
+        }
+    }
+
+    private func expect200(_ response: HTTPClientResponse) throws {
+        let status = Int(response.status.code)
+        guard status == 200 else { throw statusFailure(status, response.status.reasonPhrase, response.headers) }
+    }
+
+    private func take(_ headers: HTTPHeaders, into state: inout AttemptState) {
+        state.size = headers.first(name: "content-length").flatMap { Int64($0) }
+        var validators = Validators()
+        if let etag = headers.first(name: "etag"), !etag.hasPrefix("W/") { validators.etag = etag }
+        validators.lastModified = headers.first(name: "last-modified")
+        validators.acceptsRanges = headers.first(name: "accept-ranges")?.lowercased() == "bytes"
+        state.validators = validators
+    }
+
+    private func statusFailure(_ status: Int, _ reason: String, _ headers: HTTPHeaders) -> TransferFailure {
+        TransferFailure(
+            HTTPFailurePolicy.kind(forStatus: status), "http_status", "the server answered \(status) \(reason)",
+            retryAfter: HTTPFailurePolicy.retryAfter(headers.first(name: "retry-after"), now: Date()))
+    }
+
+    /// Errors that are not ours: from the HTTP client or the network.
+    static func classify(_ error: any Error) -> TransferFailure {
+        if let clientError = error as? HTTPClientError {
+            if clientError == .connectTimeout || clientError == .readTimeout || clientError == .deadlineExceeded {
+                return TransferFailure(.transient(.network), "timeout", "timed out: \(clientError.shortDescription)")
+            }
+            if clientError == .remoteConnectionClosed {
+                return TransferFailure(.transient(.network), "connection_closed", "the server closed the connection")
+            }
+            if clientError == .invalidURL || clientError == .emptyHost || clientError == .emptyScheme {
+                return TransferFailure(.permanent, "invalid_url", "invalid URL: \(clientError.shortDescription)")
+            }
+            return TransferFailure(.transient(.network), "network_error", clientError.shortDescription)
+        }
+        return TransferFailure(.transient(.network), "network_error", String(describing: error).prefix(300).description)
+    }
+}
+
+/// `Content-Range: bytes START-END/TOTAL`.
+struct ContentRange: Equatable {
+    var start: Int64
+    var end: Int64?
+    var total: Int64?
+
+    init?(_ header: String?) {
+        guard let header, header.lowercased().hasPrefix("bytes ") else { return nil }
+        let spec = header.dropFirst(6)
+        let parts = spec.split(separator: "/", maxSplits: 1)
+        guard parts.count == 2 else { return nil }
+        total = Int64(parts[1])
+        if parts[0] == "*" {
+            start = 0
+            end = nil
+            return
+        }
+        let bounds = parts[0].split(separator: "-", maxSplits: 1)
+        guard bounds.count == 2, let first = Int64(bounds[0]), let last = Int64(bounds[1]) else { return nil }
+        start = first
+        end = last
+    }
+}

@@ -1,0 +1,105 @@
+import DLCore
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The `<name>.part` file a transfer writes into, by offset. Its bytes before the committed
+/// offset are synced before that offset is recorded (durability rule 2).
+public final class PartialFile {
+    public let path: String
+    private(set) var fd: Int32
+
+    /// Opens or creates the file without following a symlink at its name.
+    public init(path: String) throws(TransferFailure) {
+        self.path = path
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o644)
+        if fd < 0 { throw Self.failure("open", path, errno) }
+    }
+
+    deinit { close() }
+
+    public func close() {
+        if fd >= 0 {
+            _ = Glibc.close(fd)
+            fd = -1
+        }
+    }
+
+    public func size() throws(TransferFailure) -> Int64 {
+        var info = stat()
+        guard fstat(fd, &info) == 0 else { throw Self.failure("stat", path, errno) }
+        return Int64(info.st_size)
+    }
+
+    public func truncate(to length: Int64) throws(TransferFailure) {
+        guard ftruncate(fd, off_t(length)) == 0 else { throw Self.failure("truncate", path, errno) }
+    }
+
+    /// Writes all of `bytes` at `offset`.
+    public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(TransferFailure) {
+        var done = 0
+        while done < bytes.count {
+            let n = pwrite(fd, bytes.baseAddress.map { $0 + done }, bytes.count - done, off_t(offset) + off_t(done))
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw Self.failure("write", path, errno)
+            }
+            done += n
+        }
+    }
+
+    /// Data only: the size is fixed by the committed offset, and metadata is synced at publish.
+    public func syncData() throws(TransferFailure) {
+        guard fdatasync(fd) == 0 else { throw Self.failure("sync", path, errno) }
+    }
+
+    public func sync() throws(TransferFailure) {
+        guard fsync(fd) == 0 else { throw Self.failure("sync", path, errno) }
+    }
+
+    /// Moves the complete file to its final name, then syncs the folder so the name survives a
+    /// crash (durability rule 4). Without `overwrite`, an existing file is never replaced:
+    /// `link` fails when the name exists, atomically, where a check-then-rename would race.
+    public static func publish(_ partial: String, to final: String, overwrite: Bool) throws(TransferFailure) {
+        if overwrite {
+            guard rename(partial, final) == 0 else { throw failure("rename", final, errno) }
+        } else if link(partial, final) == 0 {
+            unlink(partial)
+        } else {
+            let linkErrno = errno
+            if linkErrno == EEXIST {
+                throw TransferFailure(.permanent, "destination_exists", "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
+            }
+            // Filesystems without hard links: check, then rename. The window is small and only
+            // our own user can write there.
+            guard linkErrno == EPERM || linkErrno == EOPNOTSUPP || linkErrno == ENOSYS else {
+                throw failure("link", final, linkErrno)
+            }
+            if access(final, F_OK) == 0 {
+                throw TransferFailure(.permanent, "destination_exists", "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
+            }
+            guard rename(partial, final) == 0 else { throw failure("rename", final, errno) }
+        }
+        syncDirectory(of: final)
+    }
+
+    /// fsync of the folder that holds `path`, so that a rename in it is durable.
+    public static func syncDirectory(of path: String) {
+        let dir = (path as NSString).deletingLastPathComponent
+        let dfd = open(dir.isEmpty ? "." : dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        if dfd >= 0 {
+            _ = fsync(dfd)
+            _ = Glibc.close(dfd)
+        }
+    }
+
+    static func failure(_ operation: String, _ path: String, _ code: Int32) -> TransferFailure {
+        let reason = String(cString: strerror(code))
+        if code == ENOSPC || code == EDQUOT {
+            return TransferFailure(.transient(.diskSpace), "disk_full", "cannot \(operation) \(path): \(reason)")
+        }
+        return TransferFailure(.permanent, "file_error", "cannot \(operation) \(path): \(reason)")
+    }
+}

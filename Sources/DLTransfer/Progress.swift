@@ -1,0 +1,53 @@
+import DLCore
+import Foundation
+import Synchronization
+
+/// Live counters of one transfer, written by the transfer on every chunk and read by status
+/// calls. A lock, not an actor: the hot path must not hop executors per chunk.
+public final class TransferProgress: Sendable {
+    public struct Snapshot: Sendable, Equatable {
+        public var received: Int64
+        public var size: Int64?
+        /// Bytes per second over the last window.
+        public var speed: Double
+    }
+
+    private struct State {
+        var received: Int64
+        var size: Int64?
+        var speed: Double = 0
+        var windowStart: ContinuousClock.Instant
+        var windowBytes: Int64
+    }
+
+    /// Speed is measured over windows of this length.
+    private static let window: Duration = .milliseconds(1000)
+    private let state: Mutex<State>
+
+    public init(received: Int64, size: Int64?) {
+        state = Mutex(State(received: received, size: size, windowStart: .now, windowBytes: received))
+    }
+
+    public func update(received: Int64, size: Int64?) {
+        state.withLock { s in
+            s.received = received
+            s.size = size
+            let now = ContinuousClock.now
+            let elapsed = now - s.windowStart
+            if elapsed >= Self.window {
+                let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+                s.speed = Double(received - s.windowBytes) / seconds
+                s.windowStart = now
+                s.windowBytes = received
+            } else if received < s.windowBytes {
+                // Started over from zero: the window no longer means anything.
+                s.windowBytes = received
+                s.windowStart = now
+            }
+        }
+    }
+
+    public var snapshot: Snapshot {
+        state.withLock { Snapshot(received: $0.received, size: $0.size, speed: $0.speed) }
+    }
+}

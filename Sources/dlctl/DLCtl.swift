@@ -1,0 +1,271 @@
+import ArgumentParser
+import DLCore
+import DLRPC
+import Foundation
+
+/// `dlctl`: a thin client of the daemon's socket protocol (docs/protocol.md).
+@main
+struct DLCtl: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "dlctl",
+        abstract: "Control the dld download daemon.",
+        discussion: "Talks to dld over its Unix socket ($DLD_SOCKET, else the default path). Exit status: 0 success, 1 the daemon refused, 69 no daemon answers.",
+        subcommands: [Enqueue.self, Status.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Version.self, Shutdown.self])
+}
+
+/// Options every command has.
+struct Common: ParsableArguments {
+    @Option(help: "Control socket (default: $DLD_SOCKET, else $XDG_RUNTIME_DIR/dld/dld.sock or /tmp/dld-UID/dld.sock).")
+    var socket: String?
+
+    @Flag(help: "Print the daemon's JSON result instead of text.")
+    var json = false
+
+    var socketPath: String { socket ?? SocketPath.clientPath() }
+
+    /// Calls the daemon; prints a clear line and exits with the right status on failure.
+    func call(_ method: String, _ params: [String: JSONValue] = [:]) throws -> JSONValue {
+        let client = RPCClient(socketPath: socketPath)
+        do {
+            return try client.call(method, params)
+        } catch let error {
+            switch error {
+            case .unavailable(let path, let reason):
+                printError("no dld daemon is answering at \(path) (\(reason)). Start it with `dld` (or `systemctl --user start dld`), or point --socket / DLD_SOCKET at its socket.")
+                throw ExitCode(69)
+            case .remote(let rpcError):
+                printError("\(rpcError.message) [\(rpcError.stableCode)]")
+                throw ExitCode(1)
+            case .protocolError(let message):
+                printError(message)
+                throw ExitCode(1)
+            }
+        }
+    }
+
+    func emit(_ result: JSONValue, text: () -> String) {
+        print(json ? result.pretty() : text())
+    }
+}
+
+func printError(_ message: String) {
+    FileHandle.standardError.write(Data("dlctl: \(message)\n".utf8))
+}
+
+/// `7`, `7 8 9`, or `--all`.
+struct Selection: ParsableArguments {
+    @Argument(help: "Job ids.") var ids: [Int64] = []
+    @Flag(help: "Every job.") var all = false
+
+    func validate() throws {
+        if all && !ids.isEmpty { throw ValidationError("give job ids or --all, not both") }
+        if !all && ids.isEmpty { throw ValidationError("give one or more job ids, or --all") }
+        if let bad = ids.first(where: { $0 < 1 }) { throw ValidationError("job ids are positive integers, got \(bad)") }
+    }
+
+    var params: [String: JSONValue] {
+        all ? ["all": true] : (ids.count == 1 ? ["id": .int(ids[0])] : ["ids": .array(ids.map { .int($0) })])
+    }
+}
+
+struct Enqueue: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Add downloads; prints each new job's id.")
+
+    @Argument(help: "http(s) URLs.") var urls: [String]
+    @Option(name: .shortAndLong, help: "Destination file (one URL only).") var output: String?
+    @Option(name: [.customShort("d"), .long], help: "Destination folder (default: the daemon's download folder).") var dir: String?
+    @Option(help: "File name in the folder (one URL only; default: from the URL).") var name: String?
+    @Option(help: "Higher runs first (-1000...1000).") var priority: Int?
+    @Option(help: "A unique key: enqueueing it again returns the existing job.") var key: String?
+    @Option(help: "JSON kept with the job and returned as given.") var meta: String?
+    @Option(name: [.customShort("H"), .customLong("header")], help: "A request header, \"Name: value\" (repeatable).") var headers: [String] = []
+    @Flag(help: "Replace an existing file at the destination.") var overwrite = false
+    @Flag(help: "Add the job paused.") var paused = false
+    @OptionGroup var common: Common
+
+    func validate() throws {
+        if urls.count > 1 && (output != nil || name != nil || key != nil) {
+            throw ValidationError("-o, --name and --key apply to one URL at a time")
+        }
+        if output != nil && (dir != nil || name != nil) { throw ValidationError("give -o, or -d/--name, not both") }
+    }
+
+    func run() throws {
+        var base: [String: JSONValue] = [:]
+        if let output { base["path"] = .string(absolute(output)) }
+        if let dir { base["dir"] = .string(absolute(dir)) }
+        if let name { base["name"] = .string(name) }
+        if let priority { base["priority"] = .int(Int64(priority)) }
+        if let key { base["key"] = .string(key) }
+        if let meta {
+            guard let value = try? JSONValue.parse(Data(meta.utf8)) else {
+                printError("--meta is not valid JSON")
+                throw ExitCode(64)
+            }
+            base["meta"] = value
+        }
+        if !headers.isEmpty {
+            var object: [String: JSONValue] = [:]
+            for header in headers {
+                guard let colon = header.firstIndex(of: ":") else {
+                    printError("header \"\(header)\" must be \"Name: value\"")
+                    throw ExitCode(64)
+                }
+                let name = header[..<colon].trimmingCharacters(in: .whitespaces)
+                object[name] = .string(header[header.index(after: colon)...].trimmingCharacters(in: .whitespaces))
+            }
+            base["headers"] = .object(object)
+        }
+        if overwrite { base["overwrite"] = true }
+        if paused { base["paused"] = true }
+        if urls.count == 1 {
+            var params = base
+            params["url"] = .string(urls[0])
+            let result = try common.call("enqueue", params)
+            common.emit(result) { describe(result) }
+        } else {
+            let jobs: [JSONValue] = urls.map { url in
+                var params = base
+                params["url"] = .string(url)
+                return .object(params)
+            }
+            let result = try common.call("enqueue", ["jobs": .array(jobs)])
+            common.emit(result) { (result["results"]?.arrayValue ?? []).map(describe).joined(separator: "\n") }
+        }
+    }
+
+    private func describe(_ outcome: JSONValue) -> String {
+        let id = outcome["job"]?["id"]?.int64Value.map(String.init) ?? "?"
+        return outcome["created"]?.boolValue == false ? "\(id) (exists already)" : id
+    }
+}
+
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show jobs: a table, or one job in detail.")
+
+    @Argument(help: "Job ids (default: all jobs).") var ids: [Int64] = []
+    @Option(help: "Only jobs in this state (repeatable).") var state: [String] = []
+    @OptionGroup var common: Common
+
+    func run() throws {
+        if ids.count == 1 {
+            let job = try common.call("status", ["id": .int(ids[0])])
+            common.emit(job) { Format.details(job) }
+            return
+        }
+        var jobs: [JSONValue] = []
+        if ids.isEmpty {
+            var after: Int64 = 0
+            while true {
+                var params: [String: JSONValue] = ["after_id": .int(after), "limit": 1000]
+                if !state.isEmpty { params["state"] = .array(state.map { .string($0) }) }
+                let page = try common.call("list", params)
+                jobs += page["jobs"]?.arrayValue ?? []
+                guard let next = page["next_after_id"]?.int64Value else { break }
+                after = next
+            }
+        } else {
+            jobs = try common.call("status", ["ids": .array(ids.map { .int($0) })])["jobs"]?.arrayValue ?? []
+        }
+        common.emit(.array(jobs)) { Format.table(jobs) }
+    }
+}
+
+/// pause, resume and cancel share their shape.
+protocol SelectionCommand: ParsableCommand {
+    static var method: String { get }
+    var selection: Selection { get }
+    var common: Common { get }
+}
+
+extension SelectionCommand {
+    func run() throws {
+        let result = try common.call(Self.method, selection.params)
+        let jobs = result["jobs"]?.arrayValue ?? []
+        common.emit(result) {
+            jobs.isEmpty ? "no job changed" : jobs.map { "\($0["id"]?.int64Value ?? 0) \(Format.state($0))" }.joined(separator: "\n")
+        }
+    }
+}
+
+struct Pause: SelectionCommand {
+    static let configuration = CommandConfiguration(abstract: "Pause jobs; they keep their bytes.")
+    static let method = "pause"
+    @OptionGroup var selection: Selection
+    @OptionGroup var common: Common
+}
+
+struct Resume: SelectionCommand {
+    static let configuration = CommandConfiguration(abstract: "Queue paused, waiting or failed jobs again.")
+    static let method = "resume"
+    @OptionGroup var selection: Selection
+    @OptionGroup var common: Common
+}
+
+struct Cancel: SelectionCommand {
+    static let configuration = CommandConfiguration(abstract: "Cancel jobs and delete their partial data.")
+    static let method = "cancel"
+    @OptionGroup var selection: Selection
+    @OptionGroup var common: Common
+}
+
+struct Remove: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "rm", abstract: "Delete job records (a finished file stays unless --delete-file).")
+    @OptionGroup var selection: Selection
+    @Flag(name: .customLong("delete-file"), help: "Also delete the downloaded file of completed jobs.") var deleteFile = false
+    @OptionGroup var common: Common
+
+    func run() throws {
+        var params = selection.params
+        if deleteFile { params["delete_file"] = true }
+        let result = try common.call("remove", params)
+        let removed = result["removed"]?.arrayValue ?? []
+        common.emit(result) { removed.isEmpty ? "no job removed" : "removed " + removed.map { $0.serializedString() }.joined(separator: " ") }
+    }
+}
+
+struct Stats: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Counts by state, active transfers, total speed.")
+    @OptionGroup var common: Common
+
+    func run() throws {
+        let result = try common.call("stats")
+        common.emit(result) {
+            let counts = JobState.allCases.map { "\($0.rawValue) \(result["counts"]?[$0.rawValue]?.int64Value ?? 0)" }
+            return """
+                jobs    \(result["total"]?.int64Value ?? 0): \(counts.joined(separator: ", "))
+                active  \(result["active"]?.int64Value ?? 0) of \(result["max_active"]?.int64Value ?? 0) slots
+                speed   \(Format.speed(result["speed"]?.doubleValue ?? 0))
+                """ + (result["accepting"]?.boolValue == false ? "\nshutting down" : "")
+        }
+    }
+}
+
+struct Version: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "The daemon's version and protocol version.")
+    @OptionGroup var common: Common
+
+    func run() throws {
+        let result = try common.call("version")
+        common.emit(result) {
+            "dld \(result["version"]?.stringValue ?? "?") (protocol \(result["protocol"]?.int64Value ?? 0)); dlctl \(DLDVersion.current)"
+        }
+    }
+}
+
+struct Shutdown: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Stop the daemon; running jobs resume at its next start.")
+    @OptionGroup var common: Common
+
+    func run() throws {
+        let result = try common.call("shutdown")
+        common.emit(result) { "dld is stopping" }
+    }
+}
+
+func absolute(_ path: String) -> String {
+    let expanded = (path as NSString).expandingTildeInPath
+    if expanded.hasPrefix("/") { return expanded }
+    return FileManager.default.currentDirectoryPath + "/" + expanded
+}
