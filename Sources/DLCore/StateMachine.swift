@@ -23,6 +23,11 @@ public struct TransitionError: Error, Sendable, Equatable, CustomStringConvertib
     public let from: JobState
     public let event: String
 
+    public init(from: JobState, event: String) {
+        self.from = from
+        self.event = event
+    }
+
     public var description: String { "cannot \(event) a job that is \(from)" }
 }
 

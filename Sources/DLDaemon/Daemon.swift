@@ -41,7 +41,13 @@ public enum Daemon {
             services: [.init(service: service, successTerminationBehavior: .gracefullyShutdownGroup)],
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
-        try await group.run()
+        do {
+            try await group.run()
+        } catch {
+            // A start that failed half-way still has an HTTP client to close.
+            await engine.shutdown()
+            throw error
+        }
         withExtendedLifetime(lock) {}
     }
 

@@ -214,7 +214,8 @@ public struct Dispatcher: Sendable {
             guard !name.isEmpty, name.unicodeScalars.allSatisfy(tokenChars.contains) else {
                 throw .invalidParams("invalid header name \"\(name.prefix(100))\"")
             }
-            guard !text.contains(where: { $0 == "\r" || $0 == "\n" || $0 == "\0" }) else {
+            // By scalars: "\r\n" is one Character, equal to neither "\r" nor "\n".
+            guard !text.unicodeScalars.contains(where: { $0 == "\r" || $0 == "\n" || $0 == "\0" }) else {
                 throw .invalidParams("header \"\(name)\" must not contain line breaks")
             }
             let lower = name.lowercased()

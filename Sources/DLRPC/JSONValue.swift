@@ -16,6 +16,12 @@ public enum JSONValue: Sendable, Equatable, Hashable {
         return nil
     }
 
+    /// The element at `index` of an array, if there is one.
+    public subscript(index: Int) -> JSONValue? {
+        if case .array(let array) = self, array.indices.contains(index) { return array[index] }
+        return nil
+    }
+
     public var stringValue: String? { if case .string(let s) = self { return s } else { return nil } }
     public var boolValue: Bool? { if case .bool(let b) = self { return b } else { return nil } }
     public var arrayValue: [JSONValue]? { if case .array(let a) = self { return a } else { return nil } }

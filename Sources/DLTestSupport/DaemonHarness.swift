@@ -1,0 +1,250 @@
+import DLRPC
+import Foundation
+
+/// Finds the built `dld`, `dlctl` and `dld-origin`: `DLD_BIN_DIR` if set, else beside the running
+/// test binary, else the package's `.build/debug`.
+public enum BuiltProducts {
+    public static func path(_ name: String) -> String {
+        var candidates: [String] = []
+        if let dir = ProcessInfo.processInfo.environment["DLD_BIN_DIR"] { candidates.append(dir) }
+        if let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
+            var dir = (exe as NSString).deletingLastPathComponent
+            candidates.append(dir)
+            // Inside an .xctest bundle the binary sits a few folders down.
+            for _ in 0..<4 {
+                dir = (dir as NSString).deletingLastPathComponent
+                candidates.append(dir)
+            }
+        }
+        candidates.append(FileManager.default.currentDirectoryPath + "/.build/debug")
+        for dir in candidates where FileManager.default.isExecutableFile(atPath: dir + "/" + name) {
+            return dir + "/" + name
+        }
+        return FileManager.default.currentDirectoryPath + "/.build/debug/" + name
+    }
+}
+
+/// What a finished program printed.
+public struct ProgramOutput: Sendable {
+    public var status: Int32
+    public var stdout: String
+    public var stderr: String
+}
+
+/// Runs a program to its end and collects its output.
+public func runProgram(_ path: String, _ arguments: [String], environment: [String: String]? = nil, stdin: Data? = nil) throws -> ProgramOutput {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: path)
+    process.arguments = arguments
+    if let environment { process.environment = environment }
+    let out = Pipe()
+    let err = Pipe()
+    let input = Pipe()
+    process.standardOutput = out
+    process.standardError = err
+    process.standardInput = input
+    try process.run()
+    if let stdin { input.fileHandleForWriting.write(stdin) }
+    try? input.fileHandleForWriting.close()
+    // Read both pipes before waiting, so that a chatty program cannot block on a full pipe.
+    let outData = out.fileHandleForReading.readDataToEndOfFile()
+    let errData = err.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return ProgramOutput(
+        status: process.terminationStatus, stdout: String(decoding: outData, as: UTF8.self),
+        stderr: String(decoding: errData, as: UTF8.self))
+}
+
+/// A real `dld` process on a temporary socket, state folder and download folder, for
+/// end-to-end tests. Everything lives under one short temp folder (socket paths are limited to
+/// 107 bytes), removed when the harness goes away.
+public final class DaemonHarness: @unchecked Sendable {
+    public let root: String
+    public let socket: String
+    public let stateDir: String
+    public let downloadDir: String
+    public var extraArguments: [String]
+    private var process: Process?
+    private var logPipe: Pipe?
+    private let logLock = NSLock()
+    private var logData = Data()
+
+    public init(extraArguments: [String] = []) throws {
+        var template = Array("/tmp/dldt-XXXXXX".utf8CString)
+        let made = template.withUnsafeMutableBufferPointer { buffer -> String? in
+            guard let base = buffer.baseAddress, mkdtemp(base) != nil else { return nil }
+            return String(cString: base)
+        }
+        guard let made else { throw HarnessError("mkdtemp failed") }
+        root = made
+        socket = root + "/s.sock"
+        stateDir = root + "/state"
+        downloadDir = root + "/dl"
+        self.extraArguments = extraArguments
+        try FileManager.default.createDirectory(atPath: downloadDir, withIntermediateDirectories: true)
+    }
+
+    deinit {
+        if let process, process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        try? FileManager.default.removeItem(atPath: root)
+    }
+
+    public var arguments: [String] {
+        ["--socket", socket, "--state-dir", stateDir, "--download-dir", downloadDir, "--log-level", "debug"] + extraArguments
+    }
+
+    /// The environment for dld and dlctl: no user config file, no stray DLD_SOCKET.
+    public var environment: [String: String] {
+        var env = ProcessInfo.processInfo.environment
+        env["XDG_CONFIG_HOME"] = root + "/config"
+        env["DLD_SOCKET"] = socket
+        return env
+    }
+
+    /// Starts dld and waits until it answers on its socket.
+    public func start(timeout: TimeInterval = 20) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: BuiltProducts.path("dld"))
+        process.arguments = arguments
+        process.environment = environment
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        pipe.fileHandleForReading.readabilityHandler = { [weak self] handle in
+            let data = handle.availableData
+            guard let self, !data.isEmpty else { return }
+            self.logLock.lock()
+            self.logData.append(data)
+            self.logLock.unlock()
+        }
+        try process.run()
+        self.process = process
+        self.logPipe = pipe
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if !process.isRunning {
+                throw HarnessError("dld exited with status \(process.terminationStatus) at start:\n\(log)")
+            }
+            if (try? call("version")) != nil { return }
+            usleep(20_000)
+        }
+        throw HarnessError("dld did not answer within \(timeout) s:\n\(log)")
+    }
+
+    /// Everything dld printed so far.
+    public var log: String {
+        logLock.lock()
+        defer { logLock.unlock() }
+        return String(decoding: logData, as: UTF8.self)
+    }
+
+    public var pid: Int32? { process?.processIdentifier }
+    public var isRunning: Bool { process?.isRunning ?? false }
+
+    /// SIGTERM, then waits for the exit; returns the exit status.
+    @discardableResult
+    public func stop(timeout: TimeInterval = 20) -> Int32 {
+        signal(SIGTERM, timeout: timeout)
+    }
+
+    /// SIGKILL: the daemon gets no chance to clean up, as in a crash or power loss.
+    public func crash() {
+        _ = signal(SIGKILL, timeout: 10)
+    }
+
+    private func signal(_ sig: Int32, timeout: TimeInterval) -> Int32 {
+        guard let process else { return -1 }
+        if process.isRunning { kill(process.processIdentifier, sig) }
+        let deadline = Date().addingTimeInterval(timeout)
+        while process.isRunning && Date() < deadline { usleep(10_000) }
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        logPipe?.fileHandleForReading.readabilityHandler = nil
+        self.process = nil
+        return process.terminationStatus
+    }
+
+    /// One call on a fresh connection.
+    public func call(_ method: String, _ params: [String: JSONValue] = [:]) throws -> JSONValue {
+        let client = RPCClient(socketPath: socket)
+        defer { client.close() }
+        return try client.call(method, params)
+    }
+
+    /// The error a call fails with; throws if it succeeds.
+    public func callError(_ method: String, _ params: [String: JSONValue] = [:]) throws -> RPCError {
+        do {
+            let result = try call(method, params)
+            throw HarnessError("\(method) succeeded unexpectedly: \(result.serializedString())")
+        } catch let error as RPCClientError {
+            if case .remote(let rpcError) = error { return rpcError }
+            throw error
+        }
+    }
+
+    /// Sends raw lines on one connection and reads one response line per request line
+    /// (callers pass only lines that get a response).
+    public func exchange(_ lines: [String]) throws -> [JSONValue] {
+        let client = RPCClient(socketPath: socket)
+        defer { client.close() }
+        var responses: [JSONValue] = []
+        for line in lines {
+            try client.sendLine(Data(line.utf8))
+            let response = try client.readLine()
+            responses.append(try JSONValue.parse(Data(response)))
+        }
+        return responses
+    }
+
+    public func job(_ id: Int64) throws -> JSONValue {
+        try call("status", ["id": .int(id)])
+    }
+
+    /// Polls until the job is in one of `states`; returns it.
+    @discardableResult
+    public func waitForState(_ id: Int64, _ states: Set<String>, timeout: TimeInterval = 60) throws -> JSONValue {
+        let deadline = Date().addingTimeInterval(timeout)
+        var last: JSONValue = .null
+        while Date() < deadline {
+            last = try job(id)
+            if let state = last["state"]?.stringValue, states.contains(state) { return last }
+            usleep(20_000)
+        }
+        throw HarnessError("job \(id) did not reach \(states.sorted()) within \(timeout) s; last: \(last.serializedString())\n\(log)")
+    }
+
+    /// Polls until `condition` holds for the job.
+    @discardableResult
+    public func waitForJob(_ id: Int64, timeout: TimeInterval = 60, _ condition: (JSONValue) -> Bool) throws -> JSONValue {
+        let deadline = Date().addingTimeInterval(timeout)
+        var last: JSONValue = .null
+        while Date() < deadline {
+            last = try job(id)
+            if condition(last) { return last }
+            usleep(20_000)
+        }
+        throw HarnessError("job \(id) condition not met within \(timeout) s; last: \(last.serializedString())")
+    }
+
+    /// Runs the real `dlctl` against this daemon.
+    public func dlctl(_ arguments: [String], stdin: Data? = nil) throws -> ProgramOutput {
+        try runProgram(BuiltProducts.path("dlctl"), arguments, environment: environment, stdin: stdin)
+    }
+
+    /// Enqueues one URL and returns the new job's id.
+    public func enqueue(_ params: [String: JSONValue]) throws -> Int64 {
+        let result = try call("enqueue", params)
+        guard let id = result["job"]?["id"]?.int64Value else { throw HarnessError("enqueue gave no id: \(result.serializedString())") }
+        return id
+    }
+}
+
+public struct HarnessError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}

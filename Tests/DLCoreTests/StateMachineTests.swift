@@ -1,0 +1,208 @@
+import DLCore
+import Foundation
+import Testing
+
+/// A test clock: fixed instants, advanced by hand.
+struct TestClock {
+    var now = Date(timeIntervalSince1970: 1_800_000_000)
+    mutating func advance(_ seconds: TimeInterval) { now = now.addingTimeInterval(seconds) }
+}
+
+func makeJob(_ state: JobState, attempts: Int = 0, clock: TestClock = TestClock()) -> Job {
+    Job(id: 1, url: "http://example.com/a", path: "/tmp/a", state: state, attempts: attempts,
+        createdAt: clock.now, updatedAt: clock.now)
+}
+
+@Suite struct StateMachineTests {
+    /// The happy path: queued → running → completed, with timestamps from the clock.
+    @Test func queuedRunsAndCompletes() throws {
+        var clock = TestClock()
+        var job = makeJob(.queued, clock: clock)
+        clock.advance(5)
+        job = try StateMachine.apply(.start, to: job, now: clock.now)
+        #expect(job.state == .running)
+        #expect(job.attempts == 1)
+        #expect(job.updatedAt == clock.now)
+        clock.advance(10)
+        job = try StateMachine.apply(.complete, to: job, now: clock.now)
+        #expect(job.state == .completed)
+        #expect(job.finishedAt == clock.now)
+        #expect(job.error == nil)
+    }
+
+    /// A transient failure waits with its reason and time; when due the job is queued again.
+    @Test func waitingCarriesReasonAndNextAttempt() throws {
+        let clock = TestClock()
+        let until = clock.now.addingTimeInterval(30)
+        let error = JobError(code: "http_status", message: "the server answered 503")
+        var job = try StateMachine.apply(.wait(.retry, error, until: until), to: makeJob(.running), now: clock.now)
+        #expect(job.state == .waiting)
+        #expect(job.waitReason == .retry)
+        #expect(job.nextAttemptAt == until)
+        #expect(job.error == error)
+        job = try StateMachine.apply(.due, to: job, now: until)
+        #expect(job.state == .queued)
+        #expect(job.waitReason == nil)
+        #expect(job.nextAttemptAt == nil)
+        // The last error stays visible until something replaces it.
+        #expect(job.error == error)
+    }
+
+    /// Pause is allowed from queued, running and waiting; resume queues it with a fresh budget.
+    @Test(arguments: [JobState.queued, .running, .waiting])
+    func pauseAndResume(from state: JobState) throws {
+        let clock = TestClock()
+        let paused = try StateMachine.apply(.pause, to: makeJob(state, attempts: 4), now: clock.now)
+        #expect(paused.state == .paused)
+        #expect(paused.nextAttemptAt == nil)
+        let resumed = try StateMachine.apply(.resume, to: paused, now: clock.now)
+        #expect(resumed.state == .queued)
+        #expect(resumed.attempts == 0)
+    }
+
+    /// Resuming a failed job clears its error and queues it.
+    @Test func resumeFailed() throws {
+        var job = makeJob(.running)
+        job = try StateMachine.apply(.fail(JobError(code: "http_status", message: "404")), to: job, now: TestClock().now)
+        #expect(job.state == .failed)
+        #expect(job.finishedAt != nil)
+        job = try StateMachine.apply(.resume, to: job, now: TestClock().now)
+        #expect(job.state == .queued)
+        #expect(job.error == nil)
+        #expect(job.finishedAt == nil)
+    }
+
+    /// Cancel works from every state but completed and canceled.
+    @Test func cancelRules() throws {
+        for state in JobState.allCases {
+            let allowed = StateMachine.allows(.cancel, from: state)
+            #expect(allowed == (state != .completed && state != .canceled), "cancel from \(state)")
+        }
+    }
+
+    /// Events that make no sense are refused with a message naming both sides.
+    @Test func invalidTransitionsThrow() {
+        #expect(throws: TransitionError(from: .completed, event: "pause")) {
+            try StateMachine.apply(.pause, to: makeJob(.completed), now: TestClock().now)
+        }
+        #expect(!StateMachine.allows(.start, from: .paused))
+        #expect(!StateMachine.allows(.complete, from: .queued))
+        #expect(!StateMachine.allows(.resume, from: .completed))
+        #expect(!StateMachine.allows(.due, from: .queued))
+        #expect(TransitionError(from: .completed, event: "pause").description == "cannot pause a job that is completed")
+    }
+
+    @Test func finishedStates() {
+        #expect(JobState.allCases.filter(\.isFinished) == [.completed, .failed, .canceled])
+    }
+}
+
+@Suite struct SchedulerPolicyTests {
+    /// Higher priority first, then first in, first out.
+    @Test func priorityThenFIFO() {
+        let queued = [
+            QueueEntry(id: 5, priority: 0), QueueEntry(id: 2, priority: 0), QueueEntry(id: 9, priority: 10),
+            QueueEntry(id: 7, priority: -1), QueueEntry(id: 3, priority: 10),
+        ]
+        #expect(SchedulerPolicy.jobsToStart(queued: queued, active: 0, maxActive: 10) == [3, 9, 2, 5, 7])
+    }
+
+    /// Only free slots are filled; max_active 1 means strictly one at a time.
+    @Test func slots() {
+        let queued = [QueueEntry(id: 1, priority: 0), QueueEntry(id: 2, priority: 0)]
+        #expect(SchedulerPolicy.jobsToStart(queued: queued, active: 0, maxActive: 1) == [1])
+        #expect(SchedulerPolicy.jobsToStart(queued: queued, active: 1, maxActive: 1) == [])
+        #expect(SchedulerPolicy.jobsToStart(queued: queued, active: 2, maxActive: 3) == [1])
+        #expect(SchedulerPolicy.jobsToStart(queued: queued, active: 5, maxActive: 3) == [])
+        #expect(SchedulerPolicy.jobsToStart(queued: [], active: 0, maxActive: 3) == [])
+    }
+}
+
+@Suite struct BackoffTests {
+    /// Full jitter: the delay is the draw times min(cap, base·2^(n-1)).
+    @Test func exponentialWithFullJitter() {
+        let policy = BackoffPolicy(base: 2, cap: 600, maxAttempts: 10)
+        #expect(policy.delay(afterAttempt: 1, retryAfter: nil, unit: 0.5) == 1)
+        #expect(policy.delay(afterAttempt: 3, retryAfter: nil, unit: 0.5) == 4)
+        #expect(policy.delay(afterAttempt: 3, retryAfter: nil, unit: 0) == 0)
+        #expect(policy.delay(afterAttempt: 20, retryAfter: nil, unit: 0.999) < 600)
+        #expect(policy.delay(afterAttempt: 20, retryAfter: nil, unit: 1) == 600)
+        #expect(policy.delay(afterAttempt: 1000, retryAfter: nil, unit: 0.5) == 300)
+    }
+
+    /// Retry-After wins over the jitter, clamped to the cap.
+    @Test func retryAfter() {
+        let policy = BackoffPolicy(base: 2, cap: 60, maxAttempts: 10)
+        #expect(policy.delay(afterAttempt: 1, retryAfter: 7, unit: 0) == 7)
+        #expect(policy.delay(afterAttempt: 1, retryAfter: 3600, unit: 0) == 60)
+    }
+
+    /// A transient failure waits until now + delay; after max attempts it fails for good.
+    @Test func retryDecision() {
+        let clock = TestClock()
+        let policy = BackoffPolicy(base: 2, cap: 600, maxAttempts: 3)
+        let transient = TransferFailure(.transient(.network), "timeout", "timed out", retryAfter: 5)
+        #expect(RetryDecision.decide(transient, attempts: 1, policy: policy, now: clock.now, unit: 0.3)
+            == .wait(.network, until: clock.now.addingTimeInterval(5)))
+        guard case .fail(let error) = RetryDecision.decide(transient, attempts: 3, policy: policy, now: clock.now, unit: 0.3) else {
+            Issue.record("expected a failure after max attempts")
+            return
+        }
+        #expect(error.code == "retries_exhausted")
+        #expect(error.message.contains("timed out"))
+        let permanent = TransferFailure(.permanent, "http_status", "the server answered 404 Not Found")
+        #expect(RetryDecision.decide(permanent, attempts: 1, policy: policy, now: clock.now, unit: 0)
+            == .fail(JobError(code: "http_status", message: "the server answered 404 Not Found")))
+    }
+
+    /// 408, 429 and 5xx are worth retrying; other statuses are not.
+    @Test func statusClassification() {
+        for status in [408, 429, 500, 502, 503, 599] {
+            #expect(HTTPFailurePolicy.kind(forStatus: status) == .transient(.retry), "\(status)")
+        }
+        for status in [400, 401, 403, 404, 410, 416, 451] {
+            #expect(HTTPFailurePolicy.kind(forStatus: status) == .permanent, "\(status)")
+        }
+    }
+
+    /// Retry-After as seconds or as an HTTP date, relative to the test clock.
+    @Test func retryAfterParsing() {
+        let now = Date(timeIntervalSince1970: 1_445_412_480)  // Wed, 21 Oct 2015 07:28:00 GMT
+        #expect(HTTPFailurePolicy.retryAfter("120", now: now) == 120)
+        #expect(HTTPFailurePolicy.retryAfter("Wed, 21 Oct 2015 07:28:30 GMT", now: now) == 30)
+        #expect(HTTPFailurePolicy.retryAfter("Wed, 21 Oct 2015 07:27:00 GMT", now: now) == 0)
+        #expect(HTTPFailurePolicy.retryAfter("-5", now: now) == nil)
+        #expect(HTTPFailurePolicy.retryAfter("soon", now: now) == nil)
+        #expect(HTTPFailurePolicy.retryAfter(nil, now: now) == nil)
+    }
+}
+
+@Suite struct FileNameTests {
+    @Test func namesFromURLs() {
+        #expect(FileNames.fromURL("https://example.com/files/big.iso") == "big.iso")
+        #expect(FileNames.fromURL("https://example.com/files/big.iso?token=abc#x") == "big.iso")
+        #expect(FileNames.fromURL("https://example.com/a%20b.txt") == "a b.txt")
+        #expect(FileNames.fromURL("https://example.com/") == "download")
+        #expect(FileNames.fromURL("https://example.com") == "download")
+        #expect(FileNames.fromURL("https://example.com/..%2F..%2Fetc%2Fpasswd") == "_.._etc_passwd")
+        #expect(FileNames.fromURL("https://example.com/.bashrc") == "bashrc")
+    }
+
+    @Test func sanitize() {
+        #expect(FileNames.sanitize("a/b\\c") == "a_b_c")
+        #expect(FileNames.sanitize("...") == "download")
+        #expect(FileNames.sanitize("x\u{0}y\u{7}z") == "x_y_z")
+        #expect(FileNames.sanitize(String(repeating: "é", count: 300)).utf8.count <= FileNames.maxLength)
+    }
+
+    @Test func urlRules() throws {
+        #expect(try URLRules.validate("https://example.com/x").get().host == "example.com")
+        for bad in ["ftp://example.com/x", "file:///etc/passwd", "example.com/x", "http:///x", "", "https://" + String(repeating: "a", count: 9000)] {
+            guard case .failure(let error) = URLRules.validate(bad) else {
+                Issue.record("accepted \(bad.prefix(40))")
+                continue
+            }
+            #expect(error.code == .invalidURL)
+        }
+    }
+}

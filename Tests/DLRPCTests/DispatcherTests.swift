@@ -1,0 +1,277 @@
+import DLCore
+@testable import DLDaemon
+import DLRPC
+import DLStore
+import DLTransfer
+import Foundation
+import Logging
+import Testing
+
+/// A real engine on a temp database, driven through the dispatcher: every protocol rule
+/// without a socket.
+final class DispatcherFixture: Sendable {
+    let folder: String
+    let downloads: String
+    let dispatcher: Dispatcher
+    let engine: Engine
+    let downloader: Downloader
+
+    init() async throws {
+        folder = NSTemporaryDirectory() + "dld-rpc-\(UUID().uuidString)"
+        downloads = folder + "/dl"
+        try FileManager.default.createDirectory(atPath: downloads, withIntermediateDirectories: true)
+        let store = try JobStore(path: folder + "/jobs.sqlite")
+        let logger = Logger(label: "test")
+        downloader = Downloader(logger: logger)
+        engine = Engine(store: store, downloader: downloader, configuration: EngineConfiguration(downloadDir: downloads), logger: logger)
+        try await engine.start()
+        dispatcher = Dispatcher(engine: engine)
+    }
+
+    deinit { try? FileManager.default.removeItem(atPath: folder) }
+
+    func close() async { await engine.shutdown() }
+
+    /// Runs `body` with a fresh fixture and always shuts its engine down (the HTTP client must be
+    /// shut down before it is released).
+    static func with(_ body: (DispatcherFixture) async throws -> Void) async throws {
+        let fixture = try await DispatcherFixture()
+        do {
+            try await body(fixture)
+        } catch {
+            await fixture.close()
+            throw error
+        }
+        await fixture.close()
+    }
+
+    func send(_ line: String) async -> JSONValue? {
+        guard let data = await dispatcher.handle(line: Data(line.utf8)).data else { return nil }
+        return try? JSONValue.parse(data)
+    }
+
+    func request(_ method: String, _ params: JSONValue = [:], id: JSONValue = 1) async -> JSONValue? {
+        await send(RPCRequest(method: method, params: params.objectValue ?? [:], id: id).json.serializedString())
+    }
+}
+
+extension JSONValue {
+    var errorCode: Int64? { self["error"]?["code"]?.int64Value }
+    var stableCode: String? { self["error"]?["data"]?["code"]?.stringValue }
+}
+
+@Suite struct DispatcherTests {
+    /// Framing errors: bad JSON, not a request, bad id, positional params, empty batch.
+    @Test func malformedRequests() async throws {
+        try await DispatcherFixture.with { f in
+            let cases: [(String, Int64, String)] = [
+                ("{not json", -32700, "parse_error"),
+                ("\u{FF}\u{FE}", -32700, "parse_error"),
+                ("42", -32600, "invalid_request"),
+                (#"{"jsonrpc":"1.0","method":"version","id":1}"#, -32600, "invalid_request"),
+                (#"{"jsonrpc":"2.0","method":7,"id":1}"#, -32600, "invalid_request"),
+                (#"{"jsonrpc":"2.0","method":"version","id":{}}"#, -32600, "invalid_request"),
+                (#"{"jsonrpc":"2.0","method":"version","id":1,"extra":true}"#, -32600, "invalid_request"),
+                (#"{"jsonrpc":"2.0","method":"status","params":[1],"id":1}"#, -32602, "invalid_params"),
+                (#"{"jsonrpc":"2.0","method":"status","params":"x","id":1}"#, -32600, "invalid_request"),
+                ("[]", -32600, "invalid_request"),
+                (#"{"jsonrpc":"2.0","method":"frobnicate","id":1}"#, -32601, "method_not_found"),
+            ]
+            for (line, code, stable) in cases {
+                let response = try #require(await f.send(line), "no response to \(line)")
+                #expect(response.errorCode == code, "\(line)")
+                #expect(response.stableCode == stable, "\(line)")
+                #expect(response["jsonrpc"] == "2.0")
+            }
+        }
+    }
+
+    /// The id is echoed; a notification gets no reply; a batch answers each request in order.
+    @Test func idsNotificationsAndBatches() async throws {
+        try await DispatcherFixture.with { f in
+            #expect(await f.request("version", id: "abc")?["id"] == "abc")
+            #expect(await f.send(#"{"jsonrpc":"2.0","method":"version"}"#) == nil)
+            let batch = try #require(await f.send(
+                #"[{"jsonrpc":"2.0","method":"version","id":1},{"jsonrpc":"2.0","method":"stats"},5,{"jsonrpc":"2.0","method":"nope","id":2}]"#))
+            let items = try #require(batch.arrayValue)
+            #expect(items.count == 3)
+            #expect(items[0]["result"]?["version"] == .string(DLDVersion.current))
+            #expect(items[1].stableCode == "invalid_request")
+            #expect(items[2]["id"] == 2)
+            #expect(items[2].stableCode == "method_not_found")
+            #expect(await f.send(#"[{"jsonrpc":"2.0","method":"version"}]"#) == nil)
+        }
+    }
+
+    /// Unknown or mistyped params are rejected, naming the param; nothing is created.
+    @Test func paramsAreChecked() async throws {
+        try await DispatcherFixture.with { f in
+            let cases: [(String, JSONValue, String, String)] = [
+                ("enqueue", ["url": "http://e.com/a", "priorty": 1], "invalid_params", "priorty"),
+                ("enqueue", [:], "invalid_params", "url"),
+                ("enqueue", ["url": 5], "invalid_params", "url"),
+                ("enqueue", ["url": "ftp://e.com/a"], "invalid_url", "ftp"),
+                ("enqueue", ["url": "not a url"], "invalid_url", "URL"),
+                ("enqueue", ["url": "http://e.com/a", "path": "relative/file"], "invalid_params", "absolute"),
+                ("enqueue", ["url": "http://e.com/a", "dir": "/nonexistent/dld/folder"], "destination_invalid", "does not exist"),
+                ("enqueue", ["url": "http://e.com/a", "name": "a/b"], "invalid_params", "name"),
+                ("enqueue", ["url": "http://e.com/a", "priority": 5000], "invalid_params", "priority"),
+                ("enqueue", ["url": "http://e.com/a", "headers": ["Bad Name": "x"]], "invalid_params", "header"),
+                ("enqueue", ["url": "http://e.com/a", "headers": ["X-A": "a\r\nHost: evil"]], "invalid_params", "line breaks"),
+                ("enqueue", ["url": "http://e.com/a", "meta": .string(String(repeating: "m", count: 70_000))], "invalid_params", "meta"),
+                ("enqueue", ["jobs": []], "invalid_params", "jobs"),
+                ("enqueue", ["jobs": [["url": "http://e.com/a"], ["url": "gopher://x"]]], "invalid_url", "jobs[1]"),
+                ("pause", [:], "invalid_params", "id"),
+                ("pause", ["id": 1, "all": true], "invalid_params", "only one"),
+                ("pause", ["id": "1"], "invalid_params", "integer"),
+                ("pause", ["ids": []], "invalid_params", "empty"),
+                ("pause", ["id": 99], "job_not_found", "99"),
+                ("status", ["id": 0], "invalid_params", "between"),
+                ("list", ["state": "sleeping"], "invalid_params", "sleeping"),
+                ("list", ["limit": 0], "invalid_params", "limit"),
+                ("stats", ["verbose": true], "invalid_params", "verbose"),
+            ]
+            for (method, params, stable, mention) in cases {
+                let response = try #require(await f.request(method, params))
+                #expect(response.stableCode == stable, "\(method) \(params.serializedString()) → \(response.serializedString())")
+                let message = response["error"]?["message"]?.stringValue ?? ""
+                #expect(message.contains(mention), "\(message) should mention \(mention)")
+            }
+            #expect(await f.request("list")?["result"]?["jobs"] == .array([]))
+        }
+    }
+
+    /// An existing file is never replaced unless asked; the key returns the existing job.
+    @Test func destinationsAndKeys() async throws {
+        try await DispatcherFixture.with { f in
+            let existing = f.downloads + "/have.bin"
+            try Data("mine".utf8).write(to: URL(fileURLWithPath: existing))
+            let refused = try #require(await f.request("enqueue", ["url": "http://127.0.0.1:9/have.bin", "paused": true]))
+            #expect(refused.stableCode == "destination_exists")
+            #expect(try String(contentsOfFile: existing, encoding: .utf8) == "mine")
+
+            let first = try #require(await f.request("enqueue", ["url": "http://127.0.0.1:9/a%20b.bin", "key": "k", "paused": true, "meta": ["page": 1]]))
+            #expect(first["result"]?["created"] == true)
+            #expect(first["result"]?["job"]?["path"] == .string(f.downloads + "/a b.bin"))
+            #expect(first["result"]?["job"]?["meta"] == ["page": 1])
+            #expect(first["result"]?["job"]?["state"] == "paused")
+            let again = try #require(await f.request("enqueue", ["url": "http://127.0.0.1:9/other", "key": "k"]))
+            #expect(again["result"]?["created"] == false)
+            #expect(again["result"]?["job"]?["id"] == first["result"]?["job"]?["id"])
+
+            let clash = try #require(await f.request("enqueue", ["url": "http://127.0.0.1:9/x", "path": .string(f.downloads + "/a b.bin")]))
+            #expect(clash.stableCode == "destination_exists")
+
+            let many = try #require(await f.request("enqueue", ["jobs": [
+                ["url": "http://127.0.0.1:9/1", "paused": true], ["url": "http://127.0.0.1:9/2", "dir": .string(f.downloads), "name": "two", "paused": true],
+            ]]))
+            let results = try #require(many["result"]?["results"]?.arrayValue)
+            #expect(results.map { $0["job"]?["name"] } == ["1", "two"])
+            #expect(await f.request("stats")?["result"]?["counts"]?["paused"] == 3)
+        }
+    }
+
+    /// pause/resume/cancel/remove on ids and all, with invalid_state where a job cannot.
+    @Test func commandsOnSelections() async throws {
+        try await DispatcherFixture.with { f in
+            for n in 1...3 { _ = await f.request("enqueue", ["url": .string("http://127.0.0.1:9/\(n)"), "paused": true]) }
+            let canceled = try #require(await f.request("cancel", ["id": 2]))
+            #expect(canceled["result"]?["jobs"]?[0]?["state"] == "canceled")
+            #expect(await f.request("pause", ["ids": [1, 2]])?.stableCode == "invalid_state")
+            // Pausing a paused job is not an error: it is already what was asked.
+            #expect(await f.request("pause", ["id": 1])?["result"]?["jobs"]?[0]?["state"] == "paused")
+            let removed = try #require(await f.request("remove", ["ids": [2, 3]]))
+            #expect(removed["result"]?["removed"] == [2, 3])
+            #expect(await f.request("status", ["id": 3])?.stableCode == "job_not_found")
+            #expect(await f.request("status", ["ids": [1]])?["result"]?["jobs"]?.arrayValue?.count == 1)
+        }
+    }
+
+    /// list pages with limit and after_id.
+    @Test func listPaging() async throws {
+        try await DispatcherFixture.with { f in
+            for n in 1...5 { _ = await f.request("enqueue", ["url": .string("http://127.0.0.1:9/\(n)"), "paused": true]) }
+            let page1 = try #require(await f.request("list", ["limit": 2])?["result"])
+            #expect(page1["jobs"]?.arrayValue?.compactMap { $0["id"]?.int64Value } == [1, 2])
+            #expect(page1["next_after_id"] == 2)
+            let page3 = try #require(await f.request("list", ["limit": 2, "after_id": 4])?["result"])
+            #expect(page3["jobs"]?.arrayValue?.compactMap { $0["id"]?.int64Value } == [5])
+            #expect(page3["next_after_id"] == .null)
+            #expect(await f.request("list", ["state": ["paused", "queued"]])?["result"]?["jobs"]?.arrayValue?.count == 5)
+        }
+    }
+
+    /// Credentials in headers and URLs are stored but shown redacted.
+    @Test func secretsAreRedacted() async throws {
+        try await DispatcherFixture.with { f in
+            let response = try #require(await f.request("enqueue", [
+                "url": "http://user:hunter2@127.0.0.1:9/f", "paused": true,
+                "headers": ["Authorization": "Bearer s3cret", "X-Trace": "visible"],
+            ]))
+            let text = response.serializedString()
+            #expect(!text.contains("hunter2"))
+            #expect(!text.contains("s3cret"))
+            #expect(text.contains("visible"))
+        }
+    }
+}
+
+@Suite struct ConfigTests {
+    /// The TOML subset: strings, numbers, booleans, arrays, comments; errors name the line.
+    @Test func tomlSubset() throws {
+        let entries = try TOMLLite.parse("""
+            # comment
+            a = "x\\ty" # trailing
+            b = 'raw\\n'
+            c = 1_000
+            d = 2.5
+            e = true
+            f = ["p", 'q']
+            """)
+        #expect(entries.map(\.key) == ["a", "b", "c", "d", "e", "f"])
+        #expect(entries[0].value == .string("x\ty"))
+        #expect(entries[1].value == .string("raw\\n"))
+        #expect(entries[2].value == .integer(1000))
+        #expect(entries[3].value == .float(2.5))
+        #expect(entries[4].value == .bool(true))
+        #expect(entries[5].value == .array([.string("p"), .string("q")]))
+        for (bad, line) in [("x = ", 1), ("a = 1\n[table]", 2), ("a = 1\na = 2", 2), ("a = unquoted", 1), ("a = \"open", 1)] {
+            #expect(throws: (any Error).self) { try TOMLLite.parse(bad) }
+            do {
+                _ = try TOMLLite.parse(bad)
+            } catch let error as TOMLLite.ParseError {
+                #expect(error.line == line, "\(bad)")
+            }
+        }
+    }
+
+    /// A config file overrides defaults; unknown keys and wrong types are refused with the line.
+    @Test func configFile() throws {
+        let folder = NSTemporaryDirectory() + "dld-cfg-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let file = folder + "/config.toml"
+        try "max_active = 1\ndownload_dir = \"/srv/dl\"\nlog_level = \"debug\"\n".write(toFile: file, atomically: true, encoding: .utf8)
+        var config = DaemonConfig.defaults(environment: ["HOME": "/home/u", "XDG_RUNTIME_DIR": "/run/user/7"])
+        #expect(config.socket == "/run/user/7/dld/dld.sock")
+        #expect(config.stateDir == "/home/u/.local/state/dld")
+        #expect(config.downloadDir == "/home/u/Downloads")
+        try config.apply(file: file)
+        #expect(config.maxActive == 1)
+        #expect(config.downloadDir == "/srv/dl")
+        #expect(config.logLevel == .debug)
+        #expect(config.rendered().contains("max_active = 1"))
+
+        try "max_active = 1\nmax_actve = 2\n".write(toFile: file, atomically: true, encoding: .utf8)
+        var other = DaemonConfig.defaults()
+        #expect { try other.apply(file: file) } throws: { "\($0)".contains("line 2") && "\($0)".contains("max_actve") }
+        try "max_active = \"three\"\n".write(toFile: file, atomically: true, encoding: .utf8)
+        #expect { try other.apply(file: file) } throws: { "\($0)".contains("max_active must be an integer") }
+    }
+
+    /// Without XDG_RUNTIME_DIR the socket goes to /tmp/dld-UID; DLD_SOCKET wins for clients.
+    @Test func socketPaths() {
+        #expect(SocketPath.defaultPath(environment: [:]) == "/tmp/dld-\(getuid())/dld.sock")
+        #expect(SocketPath.clientPath(environment: ["DLD_SOCKET": "/x/s", "XDG_RUNTIME_DIR": "/run/user/1"]) == "/x/s")
+    }
+}

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""dld benchmarks: figures, never assertions (see docs/benchmarks.md).
+
+1. Throughput: one file from a loopback origin (nginx when installed, else dld-origin), with
+   `curl -o` and with dld; wall times, their ratio, and dld's peak RSS (VmHWM).
+Run through `make bench`, which builds release binaries first. BENCH_SIZE_MIB (default 1024)
+and BENCH_RUNS (default 3, the best run of each is reported) change the work.
+"""
+import json, os, shutil, signal, socket, subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, ".build", "release")
+SIZE = int(os.environ.get("BENCH_SIZE_MIB", "1024")) << 20
+RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+
+
+class Client:
+    """A JSON-RPC client on dld's socket (one connection, one line per message)."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(path)
+        self.buf = b""
+        self.next_id = 1
+
+    def call(self, method, params=None):
+        req = {"jsonrpc": "2.0", "id": self.next_id, "method": method}
+        if params:
+            req["params"] = params
+        self.next_id += 1
+        self.sock.sendall(json.dumps(req).encode() + b"\n")
+        while b"\n" not in self.buf:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise RuntimeError("dld closed the connection")
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        resp = json.loads(line)
+        if "error" in resp:
+            raise RuntimeError(resp["error"])
+        return resp["result"]
+
+
+def wait_for_socket(path, proc, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("dld exited at start")
+        try:
+            return Client(path)
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError("dld did not start")
+
+
+def start_origin(work):
+    """nginx serving a file when nginx is installed, else the test origin streaming one."""
+    nginx = shutil.which("nginx")
+    if nginx:
+        docroot = os.path.join(work, "www")
+        os.makedirs(docroot)
+        with open(os.path.join(docroot, "file.bin"), "wb") as f:
+            chunk = os.urandom(1 << 20)
+            for _ in range(SIZE >> 20):
+                f.write(chunk)
+        conf = os.path.join(work, "nginx.conf")
+        port = free_port()
+        with open(conf, "w") as f:
+            f.write(f"""daemon off; worker_processes 1; pid {work}/nginx.pid; error_log {work}/nginx.err;
+events {{}}
+http {{ access_log off; sendfile on; server {{ listen 127.0.0.1:{port}; root {docroot}; }} }}
+""")
+        proc = subprocess.Popen([nginx, "-c", conf, "-p", work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        return proc, f"http://127.0.0.1:{port}/file.bin", "nginx"
+    proc = subprocess.Popen([os.path.join(BIN, "dld-origin")], stdout=subprocess.PIPE, text=True)
+    base = proc.stdout.readline().strip()
+    return proc, f"{base}/bytes/{SIZE}", "dld-origin"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def peak_rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def run_curl(url, out):
+    start = time.monotonic()
+    subprocess.run(["curl", "-s", "-o", out, url], check=True)
+    return time.monotonic() - start
+
+
+def run_dld(work, url, name, extra=()):
+    """Starts a fresh dld, downloads url once, returns (seconds, peak RSS KiB)."""
+    state = os.path.join(work, "state-" + name)
+    dl = os.path.join(work, "dl")
+    os.makedirs(dl, exist_ok=True)
+    sock = os.path.join(work, "s.sock")
+    env = dict(os.environ, XDG_CONFIG_HOME=os.path.join(work, "cfg"))
+    proc = subprocess.Popen([os.path.join(BIN, "dld"), "--socket", sock, "--state-dir", state, "--download-dir", dl,
+                             "--log-level", "warning", *extra], env=env)
+    try:
+        client = wait_for_socket(sock, proc)
+        start = time.monotonic()
+        job = client.call("enqueue", {"url": url, "name": name})["job"]
+        while True:
+            job = client.call("status", {"id": job["id"]})
+            if job["state"] in ("completed", "failed", "canceled"):
+                break
+            time.sleep(0.005)
+        elapsed = time.monotonic() - start
+        if job["state"] != "completed":
+            raise RuntimeError(f"download {job['state']}: {job['error']}")
+        return elapsed, peak_rss_kib(proc.pid), os.path.join(dl, name)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def main():
+    for tool in ("dld", "dlctl", "dld-origin"):
+        if not os.path.exists(os.path.join(BIN, tool)):
+            sys.exit(f"bench: {BIN}/{tool} is missing; run `make bench` (it builds release binaries)")
+    work = tempfile.mkdtemp(prefix="dld-bench-")
+    origin, url, origin_name = start_origin(work)
+    try:
+        print(f"throughput: {SIZE >> 20} MiB from {origin_name} on loopback, best of {RUNS}")
+        curl_times, dld_times, rss = [], [], 0
+        for i in range(RUNS):
+            out = os.path.join(work, "curl.bin")
+            curl_times.append(run_curl(url, out))
+            os.unlink(out)
+            seconds, peak, path = run_dld(work, url, f"dld-{i}.bin")
+            dld_times.append(seconds)
+            rss = max(rss, peak)
+            if os.path.getsize(path) != SIZE:
+                sys.exit(f"bench: dld wrote {os.path.getsize(path)} bytes, expected {SIZE}")
+            os.unlink(path)
+        c, d = min(curl_times), min(dld_times)
+        print(f"  curl -o      {c:7.3f} s   {SIZE / c / 1e6:8.1f} MB/s   (runs: {', '.join(f'{t:.3f}' for t in curl_times)})")
+        print(f"  dld          {d:7.3f} s   {SIZE / d / 1e6:8.1f} MB/s   (runs: {', '.join(f'{t:.3f}' for t in dld_times)})")
+        print(f"  ratio dld/curl  {d / c:.2f}   (target ≤ 1.5)")
+        print(f"  dld peak RSS    {rss / 1024:.1f} MiB   (target ≤ 64 MiB)")
+    finally:
+        origin.send_signal(signal.SIGTERM)
+        origin.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
