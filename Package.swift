@@ -26,11 +26,15 @@ let package = Package(
             name: "DLStore",
             dependencies: ["DLCore", .product(name: "GRDB", package: "GRDB.swift")]
         ),
-        // HTTP transfers into files: AsyncHTTPClient, redirects, pwrite, atomic publish.
+        // OpenSSL's libcrypto from libssl-dev, for streaming digests (EVP).
+        .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
+        // Linux calls that Swift's Glibc module does not export (fallocate).
+        .target(name: "CDLSystem"),
+        // HTTP transfers into files: AsyncHTTPClient, redirects, pwrite, digests, atomic publish.
         .target(
             name: "DLTransfer",
             dependencies: [
-                "DLCore",
+                "DLCore", "CCrypto", "CDLSystem",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -76,6 +80,7 @@ let package = Package(
         ),
         .testTarget(name: "DLCoreTests", dependencies: ["DLCore"]),
         .testTarget(name: "DLStoreTests", dependencies: ["DLStore", "DLCore"]),
+        .testTarget(name: "DLTransferTests", dependencies: ["DLTransfer", "DLCore"]),
         .testTarget(name: "DLRPCTests", dependencies: ["DLRPC", "DLDaemon", "DLCore"]),
         .testTarget(
             name: "EndToEndTests",

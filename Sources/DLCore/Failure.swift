@@ -52,21 +52,49 @@ public enum RetryDecision: Sendable, Equatable {
 
     /// - Parameters:
     ///   - attempts: attempts counted so far, this one included (reset to 1 when it made progress).
+    ///   - sinceProgress: time since bytes last arrived (or since the job was created).
     ///   - unit: a random draw in [0, 1) for the jitter.
     public static func decide(
-        _ failure: TransferFailure, attempts: Int, policy: BackoffPolicy, now: Date, unit: Double
+        _ failure: TransferFailure, attempts: Int, sinceProgress: TimeInterval = 0, policy: BackoffPolicy,
+        now: Date, unit: Double
     ) -> RetryDecision {
         switch failure.kind {
         case .permanent:
             return .fail(failure.error)
+        case .transient(.diskSpace):
+            // Not the server's fault and not worth giving up on: look again regularly.
+            return .wait(.diskSpace, until: now.addingTimeInterval(policy.diskRecheck))
         case .transient(let reason):
             if policy.shouldGiveUp(attempts: attempts) {
                 return .fail(JobError(
                     code: "retries_exhausted",
                     message: "gave up after \(attempts) attempts without progress; last error: \(failure.error.message) (\(failure.error.code))"))
             }
+            if sinceProgress >= policy.giveUpAfter {
+                return .fail(JobError(
+                    code: "retries_exhausted",
+                    message: "gave up after \(Int(sinceProgress)) s without progress; last error: \(failure.error.message) (\(failure.error.code))"))
+            }
             let delay = policy.delay(afterAttempt: attempts, retryAfter: failure.retryAfter, unit: unit)
             return .wait(reason, until: now.addingTimeInterval(delay))
         }
+    }
+}
+
+/// Which redirects dld follows: http(s) only, never from https down to http.
+public enum RedirectPolicy {
+    public static func target(from current: URL, location: String) -> Result<URL, TransferFailure> {
+        guard let next = URL(string: location, relativeTo: current)?.absoluteURL, let scheme = next.scheme?.lowercased(),
+            next.host?.isEmpty == false
+        else {
+            return .failure(TransferFailure(.permanent, "redirect_refused", "redirect to an invalid location: \(location.prefix(200))"))
+        }
+        guard scheme == "http" || scheme == "https" else {
+            return .failure(TransferFailure(.permanent, "redirect_refused", "redirect to a \(scheme): URL refused"))
+        }
+        if scheme == "http" && current.scheme?.lowercased() == "https" {
+            return .failure(TransferFailure(.permanent, "redirect_refused", "redirect from https to http refused: \(next.absoluteString.prefix(200))"))
+        }
+        return .success(next)
     }
 }

@@ -105,6 +105,15 @@ public struct Job: Sendable, Equatable {
     /// The URL the last transfer ended up at after redirects.
     public var finalURL: String?
     public var validators: Validators
+    /// A digest the file must match, given by the client.
+    public var checksum: Checksum?
+    /// The size the client said the file has; the server must agree.
+    public var expectedSize: Int64?
+    /// Recorded when complete: the file's SHA-256, and the requested checksum's digest.
+    public var sha256: String?
+    public var digest: String?
+    /// When bytes last arrived (or when the job was created): the clock of `give_up_after`.
+    public var progressAt: Date?
 
     public init(
         id: JobID = 0, url: String, path: String, state: JobState = .queued,
@@ -112,7 +121,9 @@ public struct Job: Sendable, Equatable {
         received: Int64 = 0, error: JobError? = nil, attempts: Int = 0,
         createdAt: Date, updatedAt: Date, finishedAt: Date? = nil, nextAttemptAt: Date? = nil,
         key: String? = nil, meta: String? = nil, headers: [HeaderField] = [],
-        overwrite: Bool = false, finalURL: String? = nil, validators: Validators = Validators()
+        overwrite: Bool = false, finalURL: String? = nil, validators: Validators = Validators(),
+        checksum: Checksum? = nil, expectedSize: Int64? = nil, sha256: String? = nil, digest: String? = nil,
+        progressAt: Date? = nil
     ) {
         self.id = id
         self.url = url
@@ -134,6 +145,11 @@ public struct Job: Sendable, Equatable {
         self.overwrite = overwrite
         self.finalURL = finalURL
         self.validators = validators
+        self.checksum = checksum
+        self.expectedSize = expectedSize
+        self.sha256 = sha256
+        self.digest = digest
+        self.progressAt = progressAt
     }
 
     /// Where the bytes go until the file is complete: beside the destination, so that the

@@ -18,6 +18,10 @@ public struct DaemonConfig: Sendable, Equatable {
     public var readTimeout: Int = 60
     public var maxLineBytes: Int = 1 << 20
     public var maxConnections: Int = 64
+    public var minFree: Int64 = 1 << 30
+    public var giveUpAfter: Double = 86_400
+    public var checkpointInterval: Double = 2
+    public var diskRecheck: Double = 30
     /// The file that was read, if any.
     public var configFile: String?
 
@@ -67,7 +71,8 @@ public struct DaemonConfig: Sendable, Equatable {
 
     public static let keys = [
         "socket", "state_dir", "download_dir", "max_active", "log_level", "max_attempts", "retry_base",
-        "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections",
+        "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections", "min_free",
+        "give_up_after", "checkpoint_interval", "disk_recheck",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -110,6 +115,14 @@ public struct DaemonConfig: Sendable, Equatable {
         case "read_timeout": readTimeout = try int(1...86400)
         case "max_line_bytes": maxLineBytes = try int(1024...(64 << 20))
         case "max_connections": maxConnections = try int(1...10_000)
+        case "min_free": minFree = Int64(try int(0...Int64.max))
+        case "give_up_after": giveUpAfter = try seconds()
+        case "checkpoint_interval":
+            checkpointInterval = try seconds()
+            guard checkpointInterval >= 0.05 else { throw DaemonError("checkpoint_interval must be at least 0.05 seconds") }
+        case "disk_recheck":
+            diskRecheck = try seconds()
+            guard diskRecheck >= 0.1 else { throw DaemonError("disk_recheck must be at least 0.1 seconds") }
         default:
             throw DaemonError("unknown key \(key); keys: \(Self.keys.joined(separator: ", "))")
         }
@@ -134,6 +147,10 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("read_timeout = \(readTimeout)")
         lines.append("max_line_bytes = \(maxLineBytes)")
         lines.append("max_connections = \(maxConnections)")
+        lines.append("min_free = \(minFree)")
+        lines.append("give_up_after = \(number(giveUpAfter))")
+        lines.append("checkpoint_interval = \(number(checkpointInterval))")
+        lines.append("disk_recheck = \(number(diskRecheck))")
         return lines.joined(separator: "\n") + "\n"
     }
 }

@@ -30,13 +30,23 @@ public enum Daemon {
         downloaderConfig.connectTimeout = .seconds(Int64(config.connectTimeout))
         downloaderConfig.readTimeout = .seconds(Int64(config.readTimeout))
         let downloader = Downloader(configuration: downloaderConfig, logger: logger)
+        let bootGuard = BootGuard(stateDir: config.stateDir)
+        let failedStarts = bootGuard.starting()
+        var queuePausedReason: String? = nil
+        if failedStarts >= BootGuard.limit {
+            queuePausedReason = "the last \(failedStarts) starts of dld did not last; the queue is paused so that it does not crash again. Read the log, then run `dlctl queue resume`"
+        }
         let engine = Engine(
             store: store, downloader: downloader,
             configuration: EngineConfiguration(
                 downloadDir: config.downloadDir, maxActive: config.maxActive,
-                backoff: BackoffPolicy(base: config.retryBase, cap: config.retryMaxDelay, maxAttempts: config.maxAttempts)),
+                backoff: BackoffPolicy(base: config.retryBase, cap: config.retryMaxDelay, maxAttempts: config.maxAttempts,
+                                       giveUpAfter: config.giveUpAfter, diskRecheck: config.diskRecheck),
+                diskSpace: DiskSpacePolicy(minFree: config.minFree),
+                checkpoints: CheckpointPolicy(interval: config.checkpointInterval),
+                queuePausedReason: queuePausedReason),
             logger: logger)
-        let service = DaemonService(config: config, engine: engine, logger: logger)
+        let service = DaemonService(config: config, engine: engine, bootGuard: bootGuard, logger: logger)
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
             services: [.init(service: service, successTerminationBehavior: .gracefullyShutdownGroup)],
             gracefulShutdownSignals: [.sigterm, .sigint],
@@ -67,6 +77,7 @@ public enum Daemon {
 struct DaemonService: Service {
     let config: DaemonConfig
     let engine: Engine
+    let bootGuard: BootGuard
     let logger: Logger
 
     func run() async throws {
@@ -88,13 +99,51 @@ struct DaemonService: Service {
             throw DaemonError("cannot start the queue: \(error)")
         }
         logger.info("dld \(DLDVersion.current) listening", metadata: ["socket": "\(config.socket)", "state_dir": "\(config.stateDir)"])
-        try await withGracefulShutdownHandler {
-            try await server.serve(channel)
-        } onGracefulShutdown: {
-            closer.withLock { $0?.close(promise: nil) }
+        try await withThrowingDiscardingTaskGroup { group in
+            group.addTask {
+                // A start counts as good once the daemon has stayed up for a while.
+                try? await Task.sleep(for: BootGuard.healthyAfter)
+                if !Task.isCancelled { bootGuard.healthy() }
+            }
+            try await withGracefulShutdownHandler {
+                try await server.serve(channel)
+            } onGracefulShutdown: {
+                closer.withLock { $0?.close(promise: nil) }
+            }
+            group.cancelAll()
         }
         logger.info("stopping: checkpointing transfers")
         await engine.shutdown()
+        bootGuard.healthy()
         logger.info("stopped")
+    }
+}
+
+/// The boot-loop guard: a counter of starts that did not last, in the state folder. After
+/// `limit` in a row, dld starts with its queue paused instead of crashing again on whatever
+/// job made it crash. A start that lasts `healthyAfter`, or ends in a clean stop, resets it.
+struct BootGuard: Sendable {
+    static let limit = 3
+    static let healthyAfter: Duration = .seconds(10)
+    let path: String
+
+    init(stateDir: String) { path = stateDir + "/failed-starts" }
+
+    /// Counts this start as failed until proven otherwise; returns the failures before it.
+    func starting() -> Int {
+        let before = (try? String(contentsOfFile: path, encoding: .utf8)).flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) } ?? 0
+        write(before + 1)
+        return before
+    }
+
+    func healthy() { write(0) }
+
+    private func write(_ value: Int) {
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return }
+        let text = "\(value)\n"
+        _ = text.withCString { Glibc.write(fd, $0, strlen($0)) }
+        fsync(fd)
+        close(fd)
     }
 }

@@ -65,7 +65,7 @@ public struct Dispatcher: Sendable {
         }
     }
 
-    public static let methods = ["enqueue", "pause", "resume", "cancel", "remove", "status", "list", "stats", "version", "shutdown"]
+    public static let methods = ["enqueue", "pause", "resume", "cancel", "remove", "status", "list", "stats", "queue", "version", "shutdown"]
 
     func call(_ method: String, _ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
         switch method {
@@ -117,7 +117,18 @@ public struct Dispatcher: Sendable {
                 "max_active": .int(Int64(stats.maxActive)),
                 "accepting": .bool(stats.accepting),
                 "uptime": .int(Int64(stats.uptime.rounded())),
+                "queue_paused": .bool(stats.queuePausedReason != nil),
+                "queue_paused_reason": stats.queuePausedReason.map { .string($0) } ?? .null,
             ]
+        case "queue":
+            let params = try Params(raw, allowed: ["paused"])
+            let reason: String?
+            if let paused = try params.bool("paused") {
+                reason = try await engine.setQueuePaused(paused)
+            } else {
+                reason = try await engine.stats().queuePausedReason
+            }
+            return ["paused": .bool(reason != nil), "reason": reason.map { .string($0) } ?? .null]
         case "version":
             _ = try Params(raw, allowed: [])
             return ["version": .string(DLDVersion.current), "protocol": .int(Int64(DLDVersion.protocolVersion))]
@@ -149,7 +160,7 @@ public struct Dispatcher: Sendable {
 
     // MARK: enqueue
 
-    static let jobKeys: Set<String> = ["url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused"]
+    static let jobKeys: Set<String> = ["url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused", "checksum", "size"]
 
     private func enqueue(_ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
         if raw["jobs"] != nil {
@@ -197,6 +208,13 @@ public struct Dispatcher: Sendable {
         }
         spec.headers = try headers(params)
         spec.overwrite = try params.bool("overwrite") ?? false
+        if let text = try params.string("checksum") {
+            switch Checksum.parse(text) {
+            case .success(let checksum): spec.checksum = checksum
+            case .failure(let error): throw error
+            }
+        }
+        spec.size = try params.int("size", in: 0...Int64.max)
         spec.paused = try params.bool("paused") ?? false
         return spec
     }

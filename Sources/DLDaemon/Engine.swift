@@ -18,6 +18,8 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var headers: [HeaderField] = []
     public var overwrite = false
     public var paused = false
+    public var checksum: Checksum?
+    public var size: Int64?
 
     public init(url: String) { self.url = url }
 }
@@ -28,11 +30,20 @@ public struct EngineConfiguration: Sendable {
     /// Transfers at once; 1 means strictly one at a time.
     public var maxActive: Int
     public var backoff: BackoffPolicy
+    public var diskSpace: DiskSpacePolicy
+    public var checkpoints: CheckpointPolicy
+    /// Start with the queue stopped (the boot-loop guard): commands work, nothing starts.
+    public var queuePausedReason: String?
 
-    public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy()) {
+    public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
+                diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
+                queuePausedReason: String? = nil) {
         self.downloadDir = downloadDir
         self.maxActive = maxActive
         self.backoff = backoff
+        self.diskSpace = diskSpace
+        self.checkpoints = checkpoints
+        self.queuePausedReason = queuePausedReason
     }
 }
 
@@ -113,18 +124,77 @@ public actor Engine {
     /// are queued again, and resume from their committed offset.
     public func start() async throws(DLError) {
         try await serial { () async throws(DLError) in
-            let stale = try await storage { try await store.list(states: [.running]) }
-            let requeued = stale.map { job -> Job in
-                var job = job
-                job.state = .queued
-                job.updatedAt = now()
-                return job
+            let jobs = try await storage { try await store.list() }
+            var changed: [Job] = []
+            for job in jobs {
+                if let fixed = reconcile(job) { changed.append(fixed) }
             }
-            try await storage { try await store.save(requeued) }
-            if !requeued.isEmpty {
-                logger.info("requeued jobs that were running when dld stopped", metadata: ["count": "\(requeued.count)"])
+            try await storage { try await store.save(changed) }
+            let requeued = jobs.filter { $0.state == .running }.count
+            if requeued > 0 {
+                logger.info("requeued jobs that were running when dld stopped", metadata: ["count": "\(requeued)"])
+            }
+            if let reason = configuration.queuePausedReason {
+                logger.warning("the queue is paused: \(reason)")
             }
             try await schedule()
+        }
+    }
+
+    /// Start-up reconciliation of one row with the disk. Returns the row if it changed.
+    ///  - running (the daemon died): queued again.
+    ///  - unfinished: the partial file is cut back to the committed offset (durability rule 3);
+    ///    a partial file that is shorter or gone lowers the offset to what is really there.
+    ///  - completed: a file that is gone is marked `file_missing` (the state stays).
+    ///  - completed or canceled: a leftover partial file is ours and is removed. Other `.part`
+    ///    files are never touched: browsers use the same suffix in the same folders.
+    private func reconcile(_ job: Job) -> Job? {
+        var fixed = job
+        switch job.state {
+        case .running, .queued, .paused, .waiting, .failed:
+            if job.state == .running { fixed.state = .queued }
+            var info = stat()
+            if lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG {
+                let onDisk = Int64(info.st_size)
+                if onDisk > job.received {
+                    if let file = try? PartialFile(path: job.partialPath) {
+                        try? file.truncate(to: job.received)
+                        try? file.syncData()
+                        logger.info("cut partial file back to its committed offset", metadata: ["job": "\(job.id)", "from": "\(onDisk)", "to": "\(job.received)"])
+                    }
+                } else if onDisk < job.received {
+                    fixed.received = onDisk
+                }
+            } else if job.received > 0 {
+                fixed.received = 0
+            }
+        case .completed:
+            if access(job.path, F_OK) != 0, job.error?.code != "file_missing" {
+                fixed.error = JobError(code: "file_missing", message: "\(job.path) was deleted or moved after it completed")
+                logger.notice("completed file is missing", metadata: ["job": "\(job.id)", "path": "\(job.path)"])
+            }
+            removeLeftover(of: job)
+        case .canceled:
+            removeLeftover(of: job)
+        }
+        guard fixed != job else { return nil }
+        fixed.updatedAt = now()
+        return fixed
+    }
+
+    private func removeLeftover(of job: Job) {
+        var info = stat()
+        if lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, unlink(job.partialPath) == 0 {
+            logger.notice("removed a partial file of a finished job", metadata: ["job": "\(job.id)", "path": "\(job.partialPath)"])
+        }
+    }
+
+    /// Stops or restarts the queue as a whole. Stopped, commands still work but nothing starts.
+    public func setQueuePaused(_ paused: Bool) async throws(DLError) -> String? {
+        try await serial { () async throws(DLError) in
+            configuration.queuePausedReason = paused ? (configuration.queuePausedReason ?? "paused by the user") : nil
+            try await schedule()
+            return configuration.queuePausedReason
         }
     }
 
@@ -169,7 +239,8 @@ public actor Engine {
                     seenPaths[path] = index
                     news.append(NewJob(
                         url: spec.url, path: path, priority: spec.priority, key: spec.key, meta: spec.meta,
-                        headers: spec.headers, overwrite: spec.overwrite, state: spec.paused ? .paused : .queued))
+                        headers: spec.headers, overwrite: spec.overwrite, state: spec.paused ? .paused : .queued,
+                        checksum: spec.checksum, expectedSize: spec.size))
                 } catch {
                     if specs.count == 1 { throw error }
                     throw DLError(error.code, "jobs[\(index)]: \(error.message)")
@@ -203,9 +274,20 @@ public actor Engine {
 
     public func resume(_ selection: JobSelection) async throws(DLError) -> [Job] {
         try await command(.resume, selection, noOp: [.queued, .running]) { (job) async throws(DLError) -> Job? in
-            try await transition(job, .resume)
+            var job = job
+            if let code = job.error?.code, Self.startOverCodes.contains(code) {
+                // The bytes on disk are known bad: download again from zero.
+                job.received = 0
+                job.validators = Validators()
+                job.sha256 = nil
+                job.digest = nil
+            }
+            return try await transition(job, .resume)
         }
     }
+
+    /// Failures after which the partial file cannot be trusted.
+    static let startOverCodes: Set<String> = ["checksum_mismatch", "size_mismatch"]
 
     public func cancel(_ selection: JobSelection) async throws(DLError) -> [Job] {
         try await command(.cancel, selection, noOp: [.canceled]) { (job) async throws(DLError) -> Job? in
@@ -328,6 +410,7 @@ public actor Engine {
         public var maxActive: Int
         public var accepting: Bool
         public var uptime: TimeInterval
+        public var queuePausedReason: String?
     }
 
     public func stats() async throws(DLError) -> Stats {
@@ -335,7 +418,8 @@ public actor Engine {
         let speed = running.values.reduce(0) { $0 + $1.progress.snapshot.speed }
         return Stats(
             counts: counts, active: running.count, speed: speed, maxActive: configuration.maxActive,
-            accepting: accepting, uptime: now().timeIntervalSince(startedAt))
+            accepting: accepting, uptime: now().timeIntervalSince(startedAt),
+            queuePausedReason: configuration.queuePausedReason)
     }
 
     private func view(_ job: Job) -> JSONValue {
@@ -347,7 +431,7 @@ public actor Engine {
 
     /// Starts queued jobs while slots are free. Runs inside `serial`.
     private func schedule() async throws(DLError) {
-        guard accepting else { return }
+        guard accepting, configuration.queuePausedReason == nil else { return }
         let free = configuration.maxActive - running.count
         if free > 0 {
             let queued = try await storage { try await store.queued(limit: free) }
@@ -362,9 +446,13 @@ public actor Engine {
     private func launch(_ job: Job) async throws(DLError) {
         let started = try await transition(job, .start)
         let progress = TransferProgress(received: started.received, size: started.size)
-        let request = TransferRequest(
+        var request = TransferRequest(
             jobID: started.id, url: started.url, headers: started.headers, path: started.path,
-            overwrite: started.overwrite, offset: started.received, size: started.size, validators: started.validators)
+            overwrite: started.overwrite, offset: started.received, size: started.size, validators: started.validators,
+            checksum: started.checksum)
+        request.expectedSize = started.expectedSize
+        request.diskSpace = configuration.diskSpace
+        request.checkpoints = configuration.checkpoints
         let store = self.store
         let downloader = self.downloader
         let id = started.id
@@ -441,11 +529,16 @@ public actor Engine {
 
     private func apply(_ checkpoint: TransferCheckpoint, to job: inout Job) {
         // Progress resets the retry budget: an attempt that moved bytes counts as the first.
-        if checkpoint.received > job.received { job.attempts = 1 }
+        if checkpoint.received > job.received {
+            job.attempts = 1
+            job.progressAt = now()
+        }
         job.received = checkpoint.received
         job.size = checkpoint.size
         job.validators = checkpoint.validators
         if let finalURL = checkpoint.finalURL { job.finalURL = finalURL }
+        if let sha256 = checkpoint.sha256 { job.sha256 = sha256 }
+        if let digest = checkpoint.digest { job.digest = digest }
     }
 
     @discardableResult
@@ -464,9 +557,14 @@ public actor Engine {
             return job
         case .failed(let failure, let checkpoint):
             apply(checkpoint, to: &job)
+            if failure.kind == .transient(.diskSpace) {
+                // A full disk is not the server's fault: it does not use up the retry budget.
+                job.attempts = max(0, job.attempts - 1)
+            }
+            let sinceProgress = now().timeIntervalSince(job.progressAt ?? job.createdAt)
             let decision = RetryDecision.decide(
-                failure, attempts: job.attempts, policy: configuration.backoff, now: now(),
-                unit: Double.random(in: 0..<1))
+                failure, attempts: job.attempts, sinceProgress: sinceProgress, policy: configuration.backoff,
+                now: now(), unit: Double.random(in: 0..<1))
             switch decision {
             case .wait(let reason, let until):
                 logger.notice("waiting", metadata: ["job": "\(job.id)", "reason": "\(reason.rawValue)", "error": "\(failure.error.message)"])

@@ -54,6 +54,9 @@ public enum JobJSON {
             return ["name": .string(header.name), "value": .string(shown)]
         })
         object["final_url"] = job.finalURL.map { .string(redactURL($0)) } ?? .null
+        object["checksum"] = job.checksum.map { .string($0.description) } ?? .null
+        object["sha256"] = job.sha256.map { .string($0) } ?? .null
+        object["digest"] = job.digest.map { .string($0) } ?? .null
         return .object(object)
     }
 

@@ -12,11 +12,16 @@ public struct NewJob: Sendable, Equatable {
     public var headers: [HeaderField]
     public var overwrite: Bool
     public var state: JobState
+    public var checksum: Checksum?
+    public var expectedSize: Int64?
 
     public init(
         url: String, path: String, priority: Int = 0, key: String? = nil, meta: String? = nil,
-        headers: [HeaderField] = [], overwrite: Bool = false, state: JobState = .queued
+        headers: [HeaderField] = [], overwrite: Bool = false, state: JobState = .queued,
+        checksum: Checksum? = nil, expectedSize: Int64? = nil
     ) {
+        self.checksum = checksum
+        self.expectedSize = expectedSize
         self.url = url
         self.path = path
         self.priority = priority
@@ -103,6 +108,15 @@ public final class JobStore: Sendable {
                 CREATE INDEX jobs_by_path ON jobs(path);
                 """)
         }
+        migrator.registerMigration("v2-integrity") { db in
+            try db.execute(sql: """
+                ALTER TABLE jobs ADD COLUMN checksum TEXT;
+                ALTER TABLE jobs ADD COLUMN expected_size INTEGER;
+                ALTER TABLE jobs ADD COLUMN sha256 TEXT;
+                ALTER TABLE jobs ADD COLUMN digest TEXT;
+                ALTER TABLE jobs ADD COLUMN progress_at REAL;
+                """)
+        }
         return migrator
     }
 
@@ -136,16 +150,20 @@ public final class JobStore: Sendable {
                 var job = Job(
                     url: new.url, path: new.path, state: new.state, priority: new.priority,
                     createdAt: now, updatedAt: now, key: new.key, meta: new.meta,
-                    headers: new.headers, overwrite: new.overwrite)
+                    headers: new.headers, overwrite: new.overwrite, checksum: new.checksum,
+                    expectedSize: new.expectedSize, progressAt: now)
                 try db.execute(
                     sql: """
-                        INSERT INTO jobs (url, path, state, priority, created_at, updated_at, key, meta, headers, overwrite)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        INSERT INTO jobs (url, path, state, priority, created_at, updated_at, key, meta, headers, overwrite,
+                            checksum, expected_size, size, progress_at)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                         """,
                     arguments: [
                         job.url, job.path, job.state.rawValue, job.priority, now.timeIntervalSince1970,
                         now.timeIntervalSince1970, job.key, job.meta, Self.encodeHeaders(job.headers), job.overwrite,
+                        job.checksum?.description, job.expectedSize, job.expectedSize, now.timeIntervalSince1970,
                     ])
+                job.size = job.expectedSize
                 job.id = db.lastInsertedRowID
                 outcomes.append(InsertOutcome(job: job, created: true))
             }
@@ -239,7 +257,8 @@ public final class JobStore: Sendable {
                 UPDATE jobs SET url = ?, path = ?, state = ?, wait_reason = ?, priority = ?, size = ?,
                     received = ?, error_code = ?, error_message = ?, attempts = ?, updated_at = ?,
                     finished_at = ?, next_attempt_at = ?, key = ?, meta = ?, headers = ?, overwrite = ?,
-                    final_url = ?, etag = ?, last_modified = ?, accepts_ranges = ?
+                    final_url = ?, etag = ?, last_modified = ?, accepts_ranges = ?, checksum = ?, expected_size = ?,
+                    sha256 = ?, digest = ?, progress_at = ?
                 WHERE id = ?
                 """,
             arguments: [
@@ -247,7 +266,8 @@ public final class JobStore: Sendable {
                 job.received, job.error?.code, job.error?.message, job.attempts, job.updatedAt.timeIntervalSince1970,
                 job.finishedAt?.timeIntervalSince1970, job.nextAttemptAt?.timeIntervalSince1970, job.key, job.meta,
                 encodeHeaders(job.headers), job.overwrite, job.finalURL, job.validators.etag,
-                job.validators.lastModified, job.validators.acceptsRanges, job.id,
+                job.validators.lastModified, job.validators.acceptsRanges, job.checksum?.description, job.expectedSize,
+                job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.id,
             ])
     }
 
@@ -259,6 +279,8 @@ public final class JobStore: Sendable {
         let finished: Double? = row["finished_at"]
         let nextAttempt: Double? = row["next_attempt_at"]
         let headersText: String = row["headers"]
+        let checksum: String? = row["checksum"]
+        let progressAt: Double? = row["progress_at"]
         return Job(
             id: row["id"], url: row["url"], path: row["path"],
             // An unknown state can only come from a newer dld; show it as failed, never crash.
@@ -273,7 +295,9 @@ public final class JobStore: Sendable {
             nextAttemptAt: nextAttempt.map(Date.init(timeIntervalSince1970:)),
             key: row["key"], meta: row["meta"], headers: decodeHeaders(headersText),
             overwrite: row["overwrite"], finalURL: row["final_url"],
-            validators: Validators(etag: row["etag"], lastModified: row["last_modified"], acceptsRanges: row["accepts_ranges"]))
+            validators: Validators(etag: row["etag"], lastModified: row["last_modified"], acceptsRanges: row["accepts_ranges"]),
+            checksum: checksum.flatMap { try? Checksum.parse($0).get() }, expectedSize: row["expected_size"],
+            sha256: row["sha256"], digest: row["digest"], progressAt: progressAt.map(Date.init(timeIntervalSince1970:)))
     }
 
     private static func encodeHeaders(_ headers: [HeaderField]) -> String {
@@ -296,16 +320,18 @@ extension JobStore {
     /// Records a running transfer's synced progress: only its counters and validators, in one
     /// small transaction. Callers sync the bytes first (durability rule 2).
     public func checkpoint(
-        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?
+        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date = Date()
     ) async throws {
         try await pool.write { db in
             try db.execute(
                 sql: """
-                    UPDATE jobs SET received = ?, size = ?, etag = ?, last_modified = ?, accepts_ranges = ?,
+                    UPDATE jobs SET progress_at = CASE WHEN ? > received THEN ? ELSE progress_at END,
+                        received = ?, size = ?, etag = ?, last_modified = ?, accepts_ranges = ?,
                         final_url = COALESCE(?, final_url)
                     WHERE id = ? AND state = 'running'
                     """,
-                arguments: [received, size, validators.etag, validators.lastModified, validators.acceptsRanges, finalURL, id])
+                arguments: [received, now.timeIntervalSince1970, received, size, validators.etag, validators.lastModified,
+                            validators.acceptsRanges, finalURL, id])
         }
     }
 }

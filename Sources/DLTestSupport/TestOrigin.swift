@@ -108,6 +108,12 @@ public final class TestOrigin: Sendable {
         state.box.withLockedValue { $0.bytesServed }
     }
 
+    /// From now on every `/bytes` response carries this ETag (nil: back to the default), as
+    /// when the file changes on the server between two requests.
+    public func setETag(_ etag: String?) {
+        state.box.withLockedValue { $0.etagOverride = etag }
+    }
+
     /// Every request seen so far, in order.
     public var requests: [RecordedRequest] {
         state.box.withLockedValue { $0.requests }
@@ -202,6 +208,8 @@ final class OriginState: Sendable {
         var requests: [RecordedRequest] = []
         var pathCounts: [String: Int] = [:]
         var isShutdown = false
+        /// Replaces every `/bytes` ETag: the resource "changed" on the server.
+        var etagOverride: String?
     }
 
     let box = NIOLockedValueBox(Values())
@@ -517,7 +525,8 @@ final class OriginHandler: ChannelInboundHandler {
         let stallAfter = numbers["stall_after"]
         let lengthLie = numbers["length"]
         let noRange = query["norange"].map { $0 != "0" && $0.lowercased() != "false" } ?? false
-        let etag = "\"\(query["etag"] ?? "v1-\(size)")\""
+        let override = state.box.withLockedValue { $0.etagOverride }
+        let etag = "\"\(override ?? query["etag"] ?? "v1-\(size)")\""
 
         var headers = HTTPHeaders()
         headers.add(name: "Content-Type", value: "application/octet-stream")

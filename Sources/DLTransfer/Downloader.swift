@@ -18,9 +18,15 @@ public struct TransferRequest: Sendable {
     public var offset: Int64
     public var size: Int64?
     public var validators: Validators
+    /// A digest the finished file must match (besides the SHA-256 always computed).
+    public var checksum: Checksum?
+    /// The size the client expects; the server must agree.
+    public var expectedSize: Int64?
+    public var diskSpace = DiskSpacePolicy()
+    public var checkpoints = CheckpointPolicy()
 
     public init(jobID: JobID, url: String, headers: [HeaderField], path: String, overwrite: Bool,
-                offset: Int64, size: Int64?, validators: Validators) {
+                offset: Int64, size: Int64?, validators: Validators, checksum: Checksum? = nil) {
         self.jobID = jobID
         self.url = url
         self.headers = headers
@@ -29,6 +35,7 @@ public struct TransferRequest: Sendable {
         self.offset = offset
         self.size = size
         self.validators = validators
+        self.checksum = checksum
     }
 
     public var partialPath: String { path + ".part" }
@@ -41,12 +48,18 @@ public struct TransferCheckpoint: Sendable, Equatable {
     public var size: Int64?
     public var validators: Validators
     public var finalURL: String?
+    /// Set when the file is complete: its SHA-256, and the requested checksum's digest.
+    public var sha256: String?
+    public var digest: String?
 
-    public init(received: Int64, size: Int64?, validators: Validators, finalURL: String?) {
+    public init(received: Int64, size: Int64?, validators: Validators, finalURL: String?,
+                sha256: String? = nil, digest: String? = nil) {
         self.received = received
         self.size = size
         self.validators = validators
         self.finalURL = finalURL
+        self.sha256 = sha256
+        self.digest = digest
     }
 }
 
@@ -67,8 +80,6 @@ public struct DownloaderConfiguration: Sendable {
     /// Until the response head has arrived (AsyncHTTPClient's deadline ends there).
     public var headTimeout: TimeAmount = .seconds(90)
     public var maxRedirects = 10
-    /// Checkpoints are at least this far apart: each costs an fdatasync and a commit.
-    public var checkpointInterval: Duration = .seconds(2)
     public var userAgent = "dld/\(DLDVersion.current)"
 
     public init() {}
@@ -116,12 +127,27 @@ public final class Downloader: Sendable {
             return .failed(error, state.checkpoint)
         }
         defer { file.close() }
+        guard let digests = Digests(request.checksum) else {
+            return .failed(TransferFailure(.permanent, "digest_error", "OpenSSL could not start a digest"), state.checkpoint)
+        }
         do {
-            try await attempt(request, file: file, state: &state, progress: progress, checkpoint: checkpoint)
+            try await attempt(request, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
             try file.sync()
+            var done = state.checkpoint
+            done.sha256 = digests.sha256.finalize()
+            done.digest = digests.requested?.finalize() ?? (request.checksum != nil ? done.sha256 : nil)
+            if let expected = request.checksum, let actual = done.digest, actual != expected.hex {
+                // The bytes stay in the partial file, never under the final name.
+                return .failed(TransferFailure(.permanent, "checksum_mismatch",
+                    "\(expected.algorithm.rawValue) is \(actual), expected \(expected.hex)"), done)
+            }
+            if let size = request.expectedSize, size != state.received {
+                return .failed(TransferFailure(.permanent, "size_mismatch",
+                    "the file is \(state.received) bytes, expected \(size)"), done)
+            }
             file.close()
             try PartialFile.publish(request.partialPath, to: request.path, overwrite: request.overwrite)
-            return .completed(state.checkpoint)
+            return .completed(done)
         } catch {
             // Whatever happened, the bytes counted so far are made durable before they are
             // reported, so the caller may commit them.
@@ -151,6 +177,7 @@ public final class Downloader: Sendable {
         _ request: TransferRequest,
         file: PartialFile,
         state: inout AttemptState,
+        digests: Digests,
         progress: TransferProgress,
         checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
@@ -210,14 +237,22 @@ public final class Downloader: Sendable {
         default:
             throw statusFailure(status, response.status.reasonPhrase, headers)
         }
+        if let expected = request.expectedSize, let announced = state.size, expected != announced {
+            throw TransferFailure(.permanent, "size_mismatch", "the server announces \(announced) bytes, expected \(expected)")
+        }
         progress.update(received: state.received, size: state.size)
+        try reserveSpace(request, file: file, state: state)
+        // Digests continue over the bytes already on disk, read back once per attempt.
+        try digests.rebuild(from: file, upTo: state.received)
 
         let clock = ContinuousClock()
         var lastCheckpoint = clock.now
+        var checkpointed = state.received
         var offset = state.received
         for try await chunk in response.body {
             try chunk.withUnsafeReadableBytes { bytes throws(TransferFailure) in
                 try file.write(bytes, at: offset)
+                digests.update(bytes)
             }
             offset += Int64(chunk.readableBytes)
             if let size = state.size, offset > size {
@@ -227,10 +262,13 @@ public final class Downloader: Sendable {
             state.received = offset
             progress.update(received: offset, size: state.size)
             let now = clock.now
-            if now - lastCheckpoint >= configuration.checkpointInterval {
+            let elapsed = now - lastCheckpoint
+            if request.checkpoints.isDue(elapsed: elapsed.seconds, bytesSince: offset - checkpointed) {
                 try file.syncData()
                 try await checkpoint(state.checkpoint)
                 lastCheckpoint = now
+                checkpointed = offset
+                try checkFloor(request)
             }
         }
         if let size = state.size, state.received != size {
@@ -268,18 +306,33 @@ public final class Downloader: Sendable {
             guard hops <= configuration.maxRedirects else {
                 throw TransferFailure(.permanent, "too_many_redirects", "more than \(configuration.maxRedirects) redirects from \(request.url)")
             }
-            guard let base = URL(string: current), let next = URL(string: location, relativeTo: base)?.absoluteURL,
-                let scheme = next.scheme?.lowercased()
-            else {
-                throw TransferFailure(.permanent, "redirect_refused", "redirect to an invalid location: \(location.prefix(200))")
+            guard let base = URL(string: current) else {
+                throw TransferFailure(.permanent, "invalid_url", "invalid URL: \(current.prefix(200))")
             }
-            guard scheme == "http" || scheme == "https" else {
-                throw TransferFailure(.permanent, "redirect_refused", "redirect to a \(scheme): URL refused")
-            }
-            if scheme == "http" && base.scheme?.lowercased() == "https" {
-                throw TransferFailure(.permanent, "redirect_refused", "redirect from https to http refused: \(next.absoluteString.prefix(200))")
-            }
-            current = next.absoluteString
+            current = try RedirectPolicy.target(from: base, location: location).get().absoluteString
+        }
+    }
+
+    /// Before the body: the low-space floor plus what the job still needs must be free, and a
+    /// known size is reserved with fallocate, so a full disk shows now and not at 99 %.
+    private func reserveSpace(_ request: TransferRequest, file: PartialFile, state: AttemptState) throws {
+        let remaining = state.size.map { $0 - state.received }
+        let folder = (request.path as NSString).deletingLastPathComponent
+        if let free = FileSystem.freeBytes(folder), !request.diskSpace.allows(free: free, remaining: remaining) {
+            throw TransferFailure(.transient(.diskSpace), "disk_space",
+                "\(folder) has \(free) bytes free; this job needs \(remaining.map(String.init) ?? "an unknown number of") more and \(request.diskSpace.minFree) must stay free")
+        }
+        if let size = state.size, size > state.received {
+            try file.reserve(from: state.received, length: size - state.received)
+        }
+    }
+
+    /// While the body streams: the floor must hold (another program may fill the disk).
+    private func checkFloor(_ request: TransferRequest) throws {
+        let folder = (request.path as NSString).deletingLastPathComponent
+        if let free = FileSystem.freeBytes(folder), free < request.diskSpace.minFree {
+            throw TransferFailure(.transient(.diskSpace), "disk_space",
+                "\(folder) has \(free) bytes free, below the floor of \(request.diskSpace.minFree)")
         }
     }
 
@@ -321,11 +374,51 @@ public final class Downloader: Sendable {
     }
 }
 
+/// The SHA-256 every completed job records, and the digest a client asked for when it is
+/// another algorithm.
+final class Digests {
+    let sha256: StreamingDigest
+    let requested: StreamingDigest?
+
+    init?(_ checksum: Checksum?) {
+        guard let sha256 = StreamingDigest(.sha256) else { return nil }
+        self.sha256 = sha256
+        if let algorithm = checksum?.algorithm, algorithm != .sha256 {
+            guard let other = StreamingDigest(algorithm) else { return nil }
+            requested = other
+        } else {
+            requested = nil
+        }
+    }
+
+    func update(_ bytes: UnsafeRawBufferPointer) {
+        sha256.update(bytes)
+        requested?.update(bytes)
+    }
+
+    /// Starts over and hashes the first `length` bytes of the file.
+    func rebuild(from file: PartialFile, upTo length: Int64) throws(TransferFailure) {
+        sha256.reset()
+        requested?.reset()
+        try file.read(upTo: length) { update($0) }
+    }
+}
+
+extension Duration {
+    var seconds: TimeInterval { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
+}
+
 /// `Content-Range: bytes START-END/TOTAL`.
 struct ContentRange: Equatable {
     var start: Int64
     var end: Int64?
     var total: Int64?
+
+    init(start: Int64, end: Int64?, total: Int64?) {
+        self.start = start
+        self.end = end
+        self.total = total
+    }
 
     init?(_ header: String?) {
         guard let header, header.lowercased().hasPrefix("bytes ") else { return nil }

@@ -1,3 +1,4 @@
+import CDLSystem
 import DLCore
 import Foundation
 
@@ -47,6 +48,33 @@ public final class PartialFile {
                 throw Self.failure("write", path, errno)
             }
             done += n
+        }
+    }
+
+    /// Reads the first `length` bytes in 1 MiB blocks.
+    public func read(upTo length: Int64, _ body: (UnsafeRawBufferPointer) -> Void) throws(TransferFailure) {
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        var offset: Int64 = 0
+        while offset < length {
+            let want = Int(min(Int64(buffer.count), length - offset))
+            let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, want, off_t(offset)) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw Self.failure("read", path, errno)
+            }
+            if n == 0 { throw TransferFailure(.permanent, "file_error", "\(path) is shorter than its recorded \(length) bytes") }
+            buffer.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
+            offset += Int64(n)
+        }
+    }
+
+    /// Reserves blocks for the rest of a known size without changing the file's size (so the
+    /// size still says how far the data goes). Filesystems without fallocate are left alone.
+    public func reserve(from offset: Int64, length: Int64) throws(TransferFailure) {
+        guard length > 0 else { return }
+        if dld_reserve_keep_size(fd, off_t(offset), off_t(length)) != 0 {
+            let code = errno
+            if code == ENOSPC || code == EDQUOT { throw Self.failure("reserve space for", path, code) }
         }
     }
 
@@ -101,5 +129,15 @@ public final class PartialFile {
             return TransferFailure(.transient(.diskSpace), "disk_full", "cannot \(operation) \(path): \(reason)")
         }
         return TransferFailure(.permanent, "file_error", "cannot \(operation) \(path): \(reason)")
+    }
+}
+
+/// Filesystem facts.
+public enum FileSystem {
+    /// Bytes available to an unprivileged user on the filesystem holding `path`.
+    public static func freeBytes(_ path: String) -> Int64? {
+        var info = statvfs()
+        guard statvfs(path, &info) == 0 else { return nil }
+        return Int64(info.f_bavail) * Int64(info.f_frsize)
     }
 }

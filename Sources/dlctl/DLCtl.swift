@@ -10,7 +10,7 @@ struct DLCtl: ParsableCommand {
         commandName: "dlctl",
         abstract: "Control the dld download daemon.",
         discussion: "Talks to dld over its Unix socket ($DLD_SOCKET, else the default path). Exit status: 0 success, 1 the daemon refused, 69 no daemon answers.",
-        subcommands: [Enqueue.self, Status.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Version.self, Shutdown.self])
+        subcommands: [Enqueue.self, Status.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self, Version.self, Shutdown.self])
 }
 
 /// Options every command has.
@@ -238,6 +238,26 @@ struct Stats: ParsableCommand {
                 active  \(result["active"]?.int64Value ?? 0) of \(result["max_active"]?.int64Value ?? 0) slots
                 speed   \(Format.speed(result["speed"]?.doubleValue ?? 0))
                 """ + (result["accepting"]?.boolValue == false ? "\nshutting down" : "")
+                + (result["queue_paused_reason"]?.stringValue.map { "\nqueue   paused: \($0)" } ?? "")
+        }
+    }
+}
+
+struct Queue: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Stop or restart the whole queue (jobs keep their states).",
+        discussion: "While the queue is paused no job starts; transfers already running go on. dld starts with it paused after three starts in a row that did not last.")
+
+    enum Action: String, ExpressibleByArgument, CaseIterable { case pause, resume }
+    @Argument(help: "pause or resume; none to show the queue's state.") var action: Action?
+    @OptionGroup var common: Common
+
+    func run() throws {
+        var params: [String: JSONValue] = [:]
+        if let action { params["paused"] = .bool(action == .pause) }
+        let result = try common.call("queue", params)
+        common.emit(result) {
+            result["paused"]?.boolValue == true ? "queue paused: \(result["reason"]?.stringValue ?? "")" : "queue running"
         }
     }
 }

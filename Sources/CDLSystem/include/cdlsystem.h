@@ -1,0 +1,7 @@
+// Linux calls that Swift's Glibc module does not export (they need _GNU_SOURCE).
+#pragma once
+#include <sys/types.h>
+
+/// fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length): reserve blocks, keep the file size.
+/// Returns 0, or -1 with errno set.
+int dld_reserve_keep_size(int fd, off_t offset, off_t length);
