@@ -99,18 +99,12 @@ struct DaemonService: Service {
             throw DaemonError("cannot start the queue: \(error)")
         }
         logger.info("dld \(DLDVersion.current) listening", metadata: ["socket": "\(config.socket)", "state_dir": "\(config.stateDir)"])
-        try await withThrowingDiscardingTaskGroup { group in
-            group.addTask {
-                // A start counts as good once the daemon has stayed up for a while.
-                try? await Task.sleep(for: BootGuard.healthyAfter)
-                if !Task.isCancelled { bootGuard.healthy() }
-            }
-            try await withGracefulShutdownHandler {
-                try await server.serve(channel)
-            } onGracefulShutdown: {
-                closer.withLock { $0?.close(promise: nil) }
-            }
-            group.cancelAll()
+        // The start-up is done: the job table is reconciled and the queue runs.
+        bootGuard.healthy()
+        try await withGracefulShutdownHandler {
+            try await server.serve(channel)
+        } onGracefulShutdown: {
+            closer.withLock { $0?.close(promise: nil) }
         }
         logger.info("stopping: checkpointing transfers")
         await engine.shutdown()
@@ -119,12 +113,13 @@ struct DaemonService: Service {
     }
 }
 
-/// The boot-loop guard: a counter of starts that did not last, in the state folder. After
-/// `limit` in a row, dld starts with its queue paused instead of crashing again on whatever
-/// job made it crash. A start that lasts `healthyAfter`, or ends in a clean stop, resets it.
+/// The boot-loop guard: a counter of start-ups that did not finish, in the state folder. After
+/// `limit` in a row, dld starts with its queue paused instead of dying again on whatever made
+/// it die (a job whose reconciliation crashes, a full disk, a broken table). A start-up that
+/// gets as far as serving its socket resets it; a crash later, during transfers, is not a
+/// failed start-up (SIGKILL in the middle of a download must simply resume).
 struct BootGuard: Sendable {
     static let limit = 3
-    static let healthyAfter: Duration = .seconds(10)
     let path: String
 
     init(stateDir: String) { path = stateDir + "/failed-starts" }

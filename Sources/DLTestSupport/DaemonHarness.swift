@@ -69,7 +69,8 @@ public final class DaemonHarness: @unchecked Sendable {
     private let logLock = NSLock()
     private var logData = Data()
 
-    public init(extraArguments: [String] = []) throws {
+    /// - Parameter config: the text of a config file to start dld with (docs/configuration.md).
+    public init(extraArguments: [String] = [], config: String? = nil) throws {
         var template = Array("/tmp/dldt-XXXXXX".utf8CString)
         let made = template.withUnsafeMutableBufferPointer { buffer -> String? in
             guard let base = buffer.baseAddress, mkdtemp(base) != nil else { return nil }
@@ -82,6 +83,10 @@ public final class DaemonHarness: @unchecked Sendable {
         downloadDir = root + "/dl"
         self.extraArguments = extraArguments
         try FileManager.default.createDirectory(atPath: downloadDir, withIntermediateDirectories: true)
+        if let config {
+            try config.write(toFile: root + "/config.toml", atomically: true, encoding: .utf8)
+            self.extraArguments += ["--config", root + "/config.toml"]
+        }
     }
 
     deinit {
@@ -234,6 +239,20 @@ public final class DaemonHarness: @unchecked Sendable {
     /// Runs the real `dlctl` against this daemon.
     public func dlctl(_ arguments: [String], stdin: Data? = nil) throws -> ProgramOutput {
         try runProgram(BuiltProducts.path("dlctl"), arguments, environment: environment, stdin: stdin)
+    }
+
+    /// Waits until the job waits with `code`, checks the reason, then resumes it at once
+    /// (resume turns a waiting job into a queued one).
+    @discardableResult
+    public func waitingThenResume(_ id: Int64, code: String, reason: String, timeout: TimeInterval = 30) throws -> JSONValue {
+        let waiting = try waitForJob(id, timeout: timeout) { $0["state"] == "waiting" || $0["state"] == "completed" || $0["state"] == "failed" }
+        guard waiting["state"] == "waiting", waiting["error"]?["code"]?.stringValue == code,
+            waiting["wait_reason"]?.stringValue == reason, waiting["next_attempt_at"]?.stringValue != nil
+        else {
+            throw HarnessError("expected job \(id) waiting(\(reason)) with \(code); got \(waiting.serializedString())")
+        }
+        _ = try call("resume", ["id": .int(id)])
+        return waiting
     }
 
     /// Enqueues one URL and returns the new job's id.

@@ -132,7 +132,7 @@ public final class Downloader: Sendable {
         }
         do {
             try await attempt(request, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
-            try file.sync()
+            try await file.syncOffThread()
             var done = state.checkpoint
             done.sha256 = digests.sha256.finalize()
             done.digest = digests.requested?.finalize() ?? (request.checksum != nil ? done.sha256 : nil)
@@ -249,28 +249,46 @@ public final class Downloader: Sendable {
         var lastCheckpoint = clock.now
         var checkpointed = state.received
         var offset = state.received
-        for try await chunk in response.body {
-            try chunk.withUnsafeReadableBytes { bytes throws(TransferFailure) in
-                try file.write(bytes, at: offset)
-                digests.update(bytes)
+        // A checkpoint syncs and commits on a pool thread while the body keeps streaming, so
+        // the disk flushes while the network delivers. At most one is in flight; it is always
+        // awaited before this function returns, because it uses the file descriptor.
+        var inFlight: Task<Void, any Error>? = nil
+        do {
+            for try await chunk in response.body {
+                try chunk.withUnsafeReadableBytes { bytes throws(TransferFailure) in
+                    try file.write(bytes, at: offset)
+                    digests.update(bytes)
+                }
+                offset += Int64(chunk.readableBytes)
+                if let size = state.size, offset > size {
+                    state.received = size
+                    throw TransferFailure(.transient(.retry), "length_mismatch", "the server sent more than the \(size) bytes it announced")
+                }
+                state.received = offset
+                progress.update(received: offset, size: state.size)
+                let now = clock.now
+                let elapsed = now - lastCheckpoint
+                if request.checkpoints.isDue(elapsed: elapsed.seconds, bytesSince: offset - checkpointed) {
+                    try await inFlight?.value
+                    let (fd, path, snapshot) = (file.descriptor, file.path, state.checkpoint)
+                    inFlight = Task { try await PartialFile.syncData(fd: fd, path: path, snapshot, then: checkpoint) }
+                    lastCheckpoint = now
+                    checkpointed = offset
+                    try checkFloor(request)
+                }
             }
-            offset += Int64(chunk.readableBytes)
-            if let size = state.size, offset > size {
-                state.received = size
-                throw TransferFailure(.transient(.retry), "length_mismatch", "the server sent more than the \(size) bytes it announced")
+        } catch {
+            _ = try? await inFlight?.value
+            if error is TransferFailure || error is CancellationError || Task.isCancelled { throw error }
+            // The client reports a body cut short in several ways; what matters to the user is
+            // that the server stopped before the announced length.
+            let classified = Self.classify(error)
+            if let size = state.size, state.received < size, classified.error.code != "timeout" {
+                throw TransferFailure(.transient(.network), "truncated", "the connection ended after \(state.received) of \(size) bytes (\(classified.error.message))")
             }
-            state.received = offset
-            progress.update(received: offset, size: state.size)
-            let now = clock.now
-            let elapsed = now - lastCheckpoint
-            if request.checkpoints.isDue(elapsed: elapsed.seconds, bytesSince: offset - checkpointed) {
-                try file.syncData()
-                try await checkpoint(state.checkpoint)
-                lastCheckpoint = now
-                checkpointed = offset
-                try checkFloor(request)
-            }
+            throw classified
         }
+        try await inFlight?.value
         if let size = state.size, state.received != size {
             throw TransferFailure(.transient(.network), "truncated", "the connection ended after \(state.received) of \(size) bytes")
         }

@@ -1,6 +1,7 @@
 import CDLSystem
 import DLCore
 import Foundation
+import NIOPosix
 
 #if canImport(Glibc)
 import Glibc
@@ -85,6 +86,28 @@ public final class PartialFile {
 
     public func sync() throws(TransferFailure) {
         guard fsync(fd) == 0 else { throw Self.failure("sync", path, errno) }
+    }
+
+    /// fsync on a thread of NIO's blocking pool: it can take as long as the disk needs, and a
+    /// cooperative thread must not wait that long.
+    public func syncOffThread() async throws {
+        let fd = self.fd
+        let code = try await NIOThreadPool.singleton.runIfActive { fsync(fd) == 0 ? 0 : errno }
+        if code != 0 { throw Self.failure("sync", path, code) }
+    }
+
+    /// The descriptor, for work handed to another thread; valid until `close`.
+    var descriptor: Int32 { fd }
+
+    /// fdatasync then `commit` (durability rule 2: the bytes before the offset are on disk
+    /// before the offset is recorded), off the cooperative threads.
+    static func syncData(
+        fd: Int32, path: String, _ checkpoint: TransferCheckpoint,
+        then commit: @Sendable (TransferCheckpoint) async throws -> Void
+    ) async throws {
+        let code = try await NIOThreadPool.singleton.runIfActive { fdatasync(fd) == 0 ? 0 : errno }
+        if code != 0 { throw failure("sync", path, code) }
+        try await commit(checkpoint)
     }
 
     /// Moves the complete file to its final name, then syncs the folder so the name survives a
