@@ -3,6 +3,10 @@
 
 1. Throughput: one file from a loopback origin (nginx when installed, else dld-origin), with
    `curl -o` and with dld; wall times, their ratio, and dld's peak RSS (VmHWM).
+2. Crash cycle: the same size from dld-origin throttled to BENCH_CRASH_RATE bytes/s (default
+   100 MB/s, so that the download lasts long enough to be killed), with dld SIGKILLed every
+   BENCH_KILL_EVERY seconds (default 2) and restarted until the job completes; the number of
+   kills, bytes fetched over the file size, and the time against an uninterrupted run.
 Run through `make bench`, which builds release binaries first. BENCH_SIZE_MIB (default 1024)
 and BENCH_RUNS (default 3, the best run of each is reported) change the work.
 """
@@ -12,6 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, ".build", "release")
 SIZE = int(os.environ.get("BENCH_SIZE_MIB", "1024")) << 20
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+CRASH_RATE = int(os.environ.get("BENCH_CRASH_RATE", "100000000"))
+KILL_EVERY = float(os.environ.get("BENCH_KILL_EVERY", "2"))
 
 
 class Client:
@@ -100,6 +106,65 @@ def run_curl(url, out):
     return time.monotonic() - start
 
 
+def start_dld(work, state):
+    dl = os.path.join(work, "dl")
+    os.makedirs(dl, exist_ok=True)
+    sock = os.path.join(work, "s.sock")
+    env = dict(os.environ, XDG_CONFIG_HOME=os.path.join(work, "cfg"))
+    proc = subprocess.Popen([os.path.join(BIN, "dld"), "--socket", sock, "--state-dir", state, "--download-dir", dl,
+                             "--log-level", "error"], env=env)
+    return proc, wait_for_socket(sock, proc), dl
+
+
+def origin_served(base):
+    import urllib.request
+    with urllib.request.urlopen(base + "/_stats") as response:
+        return json.loads(response.read())["bytes_served"]
+
+
+def crash_cycle(work):
+    proc = subprocess.Popen([os.path.join(BIN, "dld-origin")], stdout=subprocess.PIPE, text=True)
+    base = proc.stdout.readline().strip()
+    url = f"{base}/bytes/{SIZE}?rate={CRASH_RATE}"
+    try:
+        plain, _, path = run_dld(work, url, "plain.bin")
+        os.unlink(path)
+        before = origin_served(base)
+        state = os.path.join(work, "state-crash")
+        daemon, client, dl = start_dld(work, state)
+        start = time.monotonic()
+        job = client.call("enqueue", {"url": url, "name": "crash.bin"})["job"]
+        kills = 0
+        while True:
+            born = time.monotonic()
+            while time.monotonic() - born < KILL_EVERY:
+                job = client.call("status", {"id": job["id"]})
+                if job["state"] in ("completed", "failed", "canceled"):
+                    break
+                time.sleep(0.01)
+            if job["state"] in ("completed", "failed", "canceled"):
+                break
+            daemon.kill()
+            daemon.wait()
+            kills += 1
+            daemon, client, dl = start_dld(work, state)
+        elapsed = time.monotonic() - start
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=30)
+        if job["state"] != "completed":
+            sys.exit(f"bench: crash-cycle download {job['state']}: {job['error']}")
+        if os.path.getsize(os.path.join(dl, "crash.bin")) != SIZE:
+            sys.exit("bench: crash-cycle file has the wrong size")
+        fetched = origin_served(base) - before
+        print(f"crash cycle: {SIZE >> 20} MiB at {CRASH_RATE / 1e6:.0f} MB/s, SIGKILL every {KILL_EVERY:g} s until done")
+        print(f"  kills            {kills}")
+        print(f"  fetched / size   {fetched / SIZE:.3f}")
+        print(f"  time             {elapsed:.2f} s vs {plain:.2f} s uninterrupted ({elapsed / plain:.2f}x)")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
 def run_dld(work, url, name, extra=()):
     """Starts a fresh dld, downloads url once, returns (seconds, peak RSS KiB)."""
     state = os.path.join(work, "state-" + name)
@@ -151,9 +216,14 @@ def main():
         print(f"  dld          {d:7.3f} s   {SIZE / d / 1e6:8.1f} MB/s   (runs: {', '.join(f'{t:.3f}' for t in dld_times)})")
         print(f"  ratio dld/curl  {d / c:.2f}   (target ≤ 1.5)")
         print(f"  dld peak RSS    {rss / 1024:.1f} MiB   (target ≤ 64 MiB)")
-    finally:
         origin.send_signal(signal.SIGTERM)
         origin.wait(timeout=10)
+        origin = None
+        crash_cycle(work)
+    finally:
+        if origin:
+            origin.send_signal(signal.SIGTERM)
+            origin.wait(timeout=10)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -9,6 +9,7 @@
 //   /redirect/<K>?to=<url>        302 chain of K more hops, then Location: <url>.
 //   /loop                         302 Location: /loop, forever.
 //   /fail_first/<M>/bytes/<N>     503 + Retry-After: 1 for the first M requests to that path.
+//   /_stats                       {"bytes_served": N}: body bytes served so far (not counting itself).
 //   anything else                 404.
 //
 // Bodies are streamed from a precomputed table as zero-copy ByteBuffer slices, respecting
@@ -438,6 +439,11 @@ final class OriginHandler: ChannelInboundHandler {
 
         case "loop" where parts.count == 1:
             redirect(context: context, request: request, to: "/loop")
+
+        case "_stats" where parts.count == 1:
+            // For benchmarks that run the origin as a separate process.
+            let served = state.box.withLockedValue { $0.bytesServed }
+            sendText(context: context, request: request, status: .ok, text: "{\"bytes_served\": \(served)}\n")
 
         default:
             notFound(context: context, request: request)
