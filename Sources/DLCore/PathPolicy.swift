@@ -1,0 +1,69 @@
+/// Where a download may be written. A client (or a server, through a proposed file name) must
+/// not be able to make the daemon write `~/.ssh/authorized_keys` or `~/.bashrc`.
+///
+/// Pure: the caller resolves symlinks first (realpath of the destination's folder) and passes
+/// resolved absolute paths, so that a link inside an allowed folder cannot point out of it.
+public struct PathPolicy: Sendable, Equatable {
+    /// Resolved absolute folders that downloads may be written into (at any depth).
+    public var allowedRoots: [String]
+    /// Resolved `$HOME`; its hidden entries are refused unless a root lies inside them. nil (or a
+    /// relative path) turns that rule off, so pass it whenever it is known.
+    public var home: String?
+
+    public init(allowedRoots: [String], home: String?) {
+        self.allowedRoots = allowedRoots
+        self.home = home
+    }
+
+    /// nil if `path` (resolved, absolute, normalized: no `.`/`..` segments) may be written; else
+    /// the reason it may not, for the user.
+    ///
+    /// - The path must be strictly inside one of `allowedRoots`, compared by components:
+    ///   `/home/u/Downloads2/x` is not inside `/home/u/Downloads`, and a root itself is a folder,
+    ///   not a file to write.
+    /// - A path under a hidden entry of `home` (`~/.ssh/…`, `~/.config/…`, or a hidden file such
+    ///   as `~/.bashrc` itself) is refused unless the root that admits it lies at or inside that
+    ///   hidden entry: `$HOME` as a root does not open `~/.ssh`, `~/.local/share` as a root does
+    ///   open `~/.local/share/x`.
+    /// - A relative path, one with `.`, `..` or empty segments, or one with a NUL is refused:
+    ///   it is not what the caller resolved, and comparing it by components would be wrong.
+    public func refusal(for path: String) -> String? {
+        let shown = String(path.prefix(200))
+        guard path.hasPrefix("/") else { return "\(shown) is not an absolute path" }
+        guard !path.unicodeScalars.contains("\u{0}") else { return "the path contains a NUL character" }
+        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
+        if parts.contains(where: { $0 == "." || $0 == ".." }) {
+            return "\(shown) has a . or .. segment; give the resolved path"
+        }
+        if parts.contains("") { return "\(shown) is not a normalized file path" }
+
+        let roots = allowedRoots.compactMap(Self.components)
+        guard !roots.isEmpty else { return "no download folder is allowed" }
+        let admitting = roots.filter { parts.count > $0.count && parts.starts(with: $0) }
+        guard !admitting.isEmpty else {
+            let list = allowedRoots.prefix(5).joined(separator: ", ")
+            if roots.contains(parts) { return "\(shown) is an allowed folder, not a file inside one" }
+            return "\(shown) is outside the allowed download folders (\(list))"
+        }
+
+        if let home = home.flatMap(Self.components), parts.count > home.count, parts.starts(with: home),
+            parts[home.count].hasPrefix(".")
+        {
+            let hidden = Array(parts[...home.count])
+            guard admitting.contains(where: { $0.starts(with: hidden) }) else {
+                return "\(shown) is inside the hidden \("/" + hidden.joined(separator: "/")); "
+                    + "list that folder as a download folder to allow it"
+            }
+        }
+        return nil
+    }
+
+    /// The segments of an absolute folder, ignoring empty ones and a final slash; nil when it is
+    /// relative or has `.`/`..` (such a root is ignored: it can never match a resolved path).
+    private static func components(_ folder: String) -> [String]? {
+        guard folder.hasPrefix("/") else { return nil }
+        let parts = folder.split(separator: "/").map(String.init)
+        guard !parts.contains(where: { $0 == "." || $0 == ".." }) else { return nil }
+        return parts
+    }
+}
