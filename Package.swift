@@ -82,10 +82,15 @@ let package = Package(
         .testTarget(name: "DLCoreTests", dependencies: ["DLCore"]),
         .testTarget(name: "DLStoreTests", dependencies: ["DLStore", "DLCore"]),
         .testTarget(name: "DLTransferTests", dependencies: ["DLTransfer", "DLCore"]),
-        .testTarget(name: "DLRPCTests", dependencies: ["DLRPC", "DLDaemon", "DLCore"]),
+        .testTarget(
+            name: "DLRPCTests",
+            dependencies: ["DLRPC", "DLDaemon", "DLCore", "DLStore", "DLTransfer", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         .testTarget(
             name: "EndToEndTests",
-            dependencies: ["DLTestSupport", "DLRPC", "DLCore"]
+            dependencies: ["DLTestSupport", "DLRPC", "DLCore", "DLTransfer"]
         ),
     ],
     swiftLanguageModes: [.v6]

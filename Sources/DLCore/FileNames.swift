@@ -16,21 +16,55 @@ public enum FileNames {
         return sanitize(decoded)
     }
 
-    /// No separators, no control characters, no leading dots, bounded length.
+    /// Bidirectional controls: `\u{202E}gpj.exe` shows as `exe.jpg`.
+    static let bidiControls: Set<UInt32> = [0x061C, 0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E, 0x2066, 0x2067, 0x2068, 0x2069]
+
+    /// No separators, no control characters (C0, DEL, C1, bidi), no leading dots or spaces, no
+    /// `.part` ending (that suffix is dld's own partial files), bounded length.
     public static func sanitize(_ raw: String) -> String {
         var scalars = String.UnicodeScalarView()
         for scalar in raw.unicodeScalars {
-            if scalar == "/" || scalar == "\\" || scalar.value < 0x20 || scalar.value == 0x7F {
+            let v = scalar.value
+            if scalar == "/" || scalar == "\\" || v < 0x20 || (0x7F...0x9F).contains(v) || bidiControls.contains(v) {
                 scalars.append("_")
             } else {
                 scalars.append(scalar)
             }
         }
-        var name = String(scalars).trimmingCharacters(in: .whitespaces)
-        while name.hasPrefix(".") { name.removeFirst() }
+        var name = String(scalars)
+        while let first = name.first, first == "." || first.isWhitespace { name.removeFirst() }
+        while let last = name.last, last.isWhitespace { name.removeLast() }
         while name.utf8.count > maxLength { name.removeLast() }
+        if name.lowercased().hasSuffix(".part") { name += "_" }
         return name.isEmpty ? fallback : name
     }
+}
+
+extension FileNames {
+    /// `report.pdf` → `report (2).pdf`; `archive.tar.gz` → `archive (2).tar.gz`; `README` →
+    /// `README (2)`. The style browsers use for a name that is taken.
+    public static func numbered(_ name: String, _ n: Int) -> String {
+        let lower = name.lowercased()
+        var stem = name
+        var ext = ""
+        for double in [".tar.gz", ".tar.bz2", ".tar.xz", ".tar.zst"] where lower.hasSuffix(double) && lower.count > double.count {
+            stem = String(name.dropLast(double.count))
+            ext = String(name.suffix(double.count))
+        }
+        if ext.isEmpty, let dot = name.lastIndex(of: "."), dot != name.startIndex {
+            stem = String(name[..<dot])
+            ext = String(name[dot...])
+        }
+        return "\(stem) (\(n))\(ext)"
+    }
+}
+
+/// What to do when the destination's name is taken.
+public enum ExistingFilePolicy: String, Sendable, CaseIterable {
+    /// Refuse with `destination_exists` (the default): nothing is touched.
+    case error
+    /// Use the first free `name (N).ext`.
+    case rename
 }
 
 /// Checks on what a client asks to download.

@@ -78,6 +78,23 @@ public struct Validators: Sendable, Equatable, Codable {
     public var ifRange: String? { etag ?? lastModified }
 }
 
+/// Per-job choices that only the transfer needs.
+public struct JobOptions: Sendable, Equatable, Codable {
+    /// The file name came from the URL: a name the server proposes (Content-Disposition) may
+    /// replace it, after sanitizing.
+    public var automaticName = false
+    /// A taken name becomes `name (N).ext` instead of failing with `destination_exists`.
+    public var renameIfTaken = false
+    /// TLS certificates are not verified (shown in status, logged as a warning).
+    public var insecure = false
+
+    public init(automaticName: Bool = false, renameIfTaken: Bool = false, insecure: Bool = false) {
+        self.automaticName = automaticName
+        self.renameIfTaken = renameIfTaken
+        self.insecure = insecure
+    }
+}
+
 /// A row of the job table, as a value.
 public struct Job: Sendable, Equatable {
     public var id: JobID
@@ -114,6 +131,12 @@ public struct Job: Sendable, Equatable {
     public var digest: String?
     /// When bytes last arrived (or when the job was created): the clock of `give_up_after`.
     public var progressAt: Date?
+    /// The group this job is a member of.
+    public var groupID: GroupID?
+    /// For group members: where the file is downloaded and verified before the group is
+    /// published to `path`.
+    public var stagingPath: String?
+    public var options = JobOptions()
 
     public init(
         id: JobID = 0, url: String, path: String, state: JobState = .queued,
@@ -123,8 +146,9 @@ public struct Job: Sendable, Equatable {
         key: String? = nil, meta: String? = nil, headers: [HeaderField] = [],
         overwrite: Bool = false, finalURL: String? = nil, validators: Validators = Validators(),
         checksum: Checksum? = nil, expectedSize: Int64? = nil, sha256: String? = nil, digest: String? = nil,
-        progressAt: Date? = nil
+        progressAt: Date? = nil, groupID: GroupID? = nil, stagingPath: String? = nil, options: JobOptions = JobOptions()
     ) {
+        self.options = options
         self.id = id
         self.url = url
         self.path = path
@@ -150,11 +174,16 @@ public struct Job: Sendable, Equatable {
         self.sha256 = sha256
         self.digest = digest
         self.progressAt = progressAt
+        self.groupID = groupID
+        self.stagingPath = stagingPath
     }
 
-    /// Where the bytes go until the file is complete: beside the destination, so that the
+    /// Where the transfer publishes the complete file: the staging path for group members.
+    public var downloadPath: String { stagingPath ?? path }
+
+    /// Where the bytes go until the file is complete: beside the download path, so that the
     /// final rename never crosses a filesystem.
-    public var partialPath: String { path + ".part" }
+    public var partialPath: String { downloadPath + ".part" }
 
     /// The file name shown to people.
     public var name: String { (path as NSString).lastPathComponent }

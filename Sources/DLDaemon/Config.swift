@@ -22,6 +22,18 @@ public struct DaemonConfig: Sendable, Equatable {
     public var giveUpAfter: Double = 86_400
     public var checkpointInterval: Double = 2
     public var diskRecheck: Double = 30
+    public var groupParallel: Int = 4
+    /// Hook commands (argv lists, run without a shell) and their time limit in seconds.
+    public var onComplete: [String]?
+    public var onError: [String]?
+    public var hookTimeout: Int = 30
+    /// Folders downloads may be written into; nil: the download folder and $HOME.
+    public var allowedRoots: [String]?
+    public var maxQueued: Int = 1_000_000
+    /// Seconds a connection may stay silent between requests (an event stream is not silent).
+    public var idleTimeout: Int = 300
+    /// `~/.netrc` by default; "" turns it off.
+    public var netrc: String?
     /// The file that was read, if any.
     public var configFile: String?
 
@@ -32,10 +44,26 @@ public struct DaemonConfig: Sendable, Equatable {
             if let value = environment[name], value.hasPrefix("/") { return value }
             return home + "/" + fallback
         }
+        let userDirs = xdg("XDG_CONFIG_HOME", ".config") + "/user-dirs.dirs"
+        let fromUserDirs = (try? String(contentsOfFile: userDirs, encoding: .utf8)).flatMap { downloadDir(inUserDirs: $0, home: home) }
         return DaemonConfig(
             socket: SocketPath.defaultPath(environment: environment),
             stateDir: xdg("XDG_STATE_HOME", ".local/state") + "/dld",
-            downloadDir: environment["XDG_DOWNLOAD_DIR"].flatMap { $0.hasPrefix("/") ? $0 : nil } ?? home + "/Downloads")
+            downloadDir: environment["XDG_DOWNLOAD_DIR"].flatMap { $0.hasPrefix("/") ? $0 : nil } ?? fromUserDirs ?? home + "/Downloads")
+    }
+
+    /// `XDG_DOWNLOAD_DIR="$HOME/Downloads"` from xdg-user-dirs' file (shell syntax, only
+    /// `$HOME/…` or absolute paths, as that file is specified).
+    static func downloadDir(inUserDirs text: String, home: String) -> String? {
+        for line in text.split(separator: "\n") {
+            let trimmed = line.trimmingCharacters(in: .whitespaces)
+            guard trimmed.hasPrefix("XDG_DOWNLOAD_DIR=") else { continue }
+            var value = String(trimmed.dropFirst("XDG_DOWNLOAD_DIR=".count))
+            if value.hasPrefix("\""), value.hasSuffix("\""), value.count >= 2 { value = String(value.dropFirst().dropLast()) }
+            if value.hasPrefix("$HOME") { value = home + value.dropFirst(5) }
+            return value.hasPrefix("/") && value != home && value != home + "/" ? value : nil
+        }
+        return nil
     }
 
     public static func defaultConfigFile(environment: [String: String] = ProcessInfo.processInfo.environment) -> String {
@@ -72,7 +100,8 @@ public struct DaemonConfig: Sendable, Equatable {
     public static let keys = [
         "socket", "state_dir", "download_dir", "max_active", "log_level", "max_attempts", "retry_base",
         "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections", "min_free",
-        "give_up_after", "checkpoint_interval", "disk_recheck",
+        "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "on_complete", "on_error", "hook_timeout",
+        "allowed_roots", "max_queued", "idle_timeout", "netrc",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -115,6 +144,32 @@ public struct DaemonConfig: Sendable, Equatable {
         case "read_timeout": readTimeout = try int(1...86400)
         case "max_line_bytes": maxLineBytes = try int(1024...(64 << 20))
         case "max_connections": maxConnections = try int(1...10_000)
+        case "group_parallel": groupParallel = try int(1...64)
+        case "max_queued": maxQueued = try int(1...100_000_000)
+        case "idle_timeout": idleTimeout = try int(1...86_400)
+        case "netrc":
+            let s = try string()
+            guard s.isEmpty || s.hasPrefix("/") else { throw DaemonError("netrc must be an absolute path, or \"\" for none") }
+            netrc = s
+        case "allowed_roots":
+            guard case .array(let items) = value else { throw DaemonError("allowed_roots must be an array of absolute paths") }
+            var roots: [String] = []
+            for item in items {
+                guard case .string(let s) = item, s.hasPrefix("/") else { throw DaemonError("allowed_roots must be an array of absolute paths") }
+                roots.append(s)
+            }
+            allowedRoots = roots
+        case "hook_timeout": hookTimeout = try int(1...86400)
+        case "on_complete", "on_error":
+            guard case .array(let items) = value, !items.isEmpty else {
+                throw DaemonError("\(key) must be a non-empty array of strings: the command and its arguments")
+            }
+            var argv: [String] = []
+            for item in items {
+                guard case .string(let s) = item else { throw DaemonError("\(key) must be an array of strings") }
+                argv.append(s)
+            }
+            if key == "on_complete" { onComplete = argv } else { onError = argv }
         case "min_free": minFree = Int64(try int(0...Int64.max))
         case "give_up_after": giveUpAfter = try seconds()
         case "checkpoint_interval":
@@ -126,6 +181,20 @@ public struct DaemonConfig: Sendable, Equatable {
         default:
             throw DaemonError("unknown key \(key); keys: \(Self.keys.joined(separator: ", "))")
         }
+    }
+
+    /// The download folder and $HOME unless configured.
+    public var effectiveAllowedRoots: [String] {
+        allowedRoots ?? [downloadDir, home]
+    }
+
+    public var effectiveNetrc: String? {
+        if let netrc { return netrc.isEmpty ? nil : netrc }
+        return home + "/.netrc"
+    }
+
+    var home: String {
+        ProcessInfo.processInfo.environment["HOME"].flatMap { $0.hasPrefix("/") ? $0 : nil } ?? NSHomeDirectory()
     }
 
     /// The configuration as a TOML file that would reproduce it (`dld --print-config`).
@@ -151,6 +220,14 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("give_up_after = \(number(giveUpAfter))")
         lines.append("checkpoint_interval = \(number(checkpointInterval))")
         lines.append("disk_recheck = \(number(diskRecheck))")
+        lines.append("group_parallel = \(groupParallel)")
+        lines.append("hook_timeout = \(hookTimeout)")
+        if let onComplete { lines.append("on_complete = [\(onComplete.map(quote).joined(separator: ", "))]") }
+        if let onError { lines.append("on_error = [\(onError.map(quote).joined(separator: ", "))]") }
+        lines.append("allowed_roots = [\(effectiveAllowedRoots.map(quote).joined(separator: ", "))]")
+        lines.append("max_queued = \(maxQueued)")
+        lines.append("idle_timeout = \(idleTimeout)")
+        lines.append("netrc = \(quote(effectiveNetrc ?? ""))")
         return lines.joined(separator: "\n") + "\n"
     }
 }

@@ -56,20 +56,24 @@ public final class ControlServer: Sendable {
     public struct Limits: Sendable {
         public var maxLineBytes = 1 << 20
         public var maxConnections = 64
+        /// A connection silent this long between requests is closed.
+        public var idleTimeout: TimeAmount = .seconds(300)
         public init() {}
     }
 
     let path: String
     let dispatcher: Dispatcher
+    let hub: EventHub
     let limits: Limits
     let logger: Logger
     /// Called once a `shutdown` request has been answered.
     let onShutdown: @Sendable () -> Void
     private let connections = Mutex(0)
 
-    public init(path: String, dispatcher: Dispatcher, limits: Limits = Limits(), logger: Logger,
+    public init(path: String, dispatcher: Dispatcher, hub: EventHub, limits: Limits = Limits(), logger: Logger,
                 onShutdown: @escaping @Sendable () -> Void) {
         self.path = path
+        self.hub = hub
         self.dispatcher = dispatcher
         self.limits = limits
         self.logger = logger
@@ -85,10 +89,20 @@ public final class ControlServer: Sendable {
             throw DaemonError("another process is listening on \(path); is dld already running?")
         }
         let maxLine = limits.maxLineBytes
+        let idle = limits.idleTimeout
+        // The socket file is created by bind with the process umask; until the chmod below it
+        // must not be reachable by others, whatever umask dld was started with.
+        let previousMask = umask(0o177)
+        defer { umask(previousMask) }
         let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.backlog, value: 128)
+            // A client may send its requests and shut down its side (`echo … | socat`): the
+            // answers are still written before the connection closes.
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
             .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true) { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle), name: "idle")
+                    try channel.pipeline.syncOperations.addHandler(IdleCloser(), name: "idle-closer")
                     try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(LineDecoder(maxLength: maxLine)))
                     return try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
                 }
@@ -130,12 +144,29 @@ public final class ControlServer: Sendable {
                     return
                 }
                 do {
-                    for try await line in inbound {
-                        let reply = await dispatcher.handle(line: Data(line.readableBytesView))
-                        if let response = reply.data {
-                            try await outbound.write(Self.line(response))
+                    let idle = try? await connection.channel.pipeline.handler(type: IdleCloser.self).get()
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        var subscribed = false
+                        for try await line in inbound {
+                            // Once subscribed the connection only streams; what the client
+                            // sends is read (to notice when it goes) and ignored.
+                            if subscribed { continue }
+                            idle?.busy.withLock { $0 = true }
+                            let reply = await dispatcher.handle(line: Data(line.readableBytesView))
+                            idle?.busy.withLock { $0 = false }
+                            if let response = reply.data {
+                                try await outbound.write(Self.line(response))
+                            }
+                            if reply.shutdown { onShutdown() }
+                            if let subscription = reply.subscription {
+                                subscribed = true
+                                // An event stream is quiet on the client's side by design.
+                                _ = try? await connection.channel.pipeline.removeHandler(name: "idle").get()
+                                group.addTask { try await self.stream(subscription, to: outbound) }
+                            }
                         }
-                        if reply.shutdown { onShutdown() }
+                        // The client closed its side: stop streaming to it.
+                        group.cancelAll()
                     }
                 } catch is LineDecoder.LineTooLong {
                     let error = RPCResponse(id: .null, result: .failure(RPCError(DLError(.lineTooLong, "request line longer than \(limits.maxLineBytes) bytes; closing the connection"))))
@@ -147,9 +178,50 @@ public final class ControlServer: Sendable {
         }
     }
 
+    /// The connection as an event stream: the answer with the current sequence number, then
+    /// the missed events after `since` from the table, then live events, until the client goes.
+    private func stream(_ subscription: Dispatcher.Subscription, to outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>) async throws {
+        // Subscribe before reading the table, so that nothing falls between replay and live.
+        let (token, live) = hub.subscribe(subscription.filter)
+        defer { hub.unsubscribe(token) }
+        let last = try await dispatcher.engine.lastEventSeq()
+        let answer = RPCResponse(id: subscription.id, result: .success(["seq": .int(last)]))
+        try await outbound.write(Self.line(answer.json.serialized()))
+        if let since = subscription.since, since < last {
+            for event in try await dispatcher.engine.events(after: since) where event.seq <= last {
+                guard subscription.filter.matches(job: event.jobID, group: event.groupID) else { continue }
+                try await outbound.write(Self.line(Self.notification(event)))
+            }
+        }
+        var delivered = last
+        for await item in live {
+                    let data: Data
+                    switch item {
+                    case .stored(let event):
+                        guard event.seq > delivered else { continue }
+                        delivered = event.seq
+                        data = Self.notification(event)
+                    case .progress(let params):
+                        data = RPCRequest(method: "job.progress", params: params.objectValue ?? [:]).json.serialized()
+                    }
+            try await outbound.write(Self.line(data))
+        }
+        if hub.didOverflow(token) {
+            let note = RPCRequest(method: "events.overflow", params: ["message": "this subscriber fell too far behind; subscribe again with since"])
+            try? await outbound.write(Self.line(note.json.serialized()))
+        }
+    }
+
+    private static func notification(_ event: StoredEvent) -> Data {
+        RPCRequest(method: event.kind.rawValue, params: JobJSON.encodeEvent(event).objectValue ?? [:]).json.serialized()
+    }
+
     /// SO_PEERCRED: the uid of the process at the other end, checked against ours.
     private func peerIsOwner(_ channel: any Channel) async -> Bool {
-        guard let provider = channel as? any SocketOptionProvider else { return true }
+        guard let provider = channel as? any SocketOptionProvider else {
+            logger.warning("connection refused: cannot read peer credentials on this channel")
+            return false
+        }
         do {
             let credentials: PeerCredentials = try await provider.unsafeGetSocketOption(
                 level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED)
@@ -169,6 +241,22 @@ public final class ControlServer: Sendable {
         buffer.writeBytes(data)
         buffer.writeInteger(UInt8(ascii: "\n"))
         return buffer
+    }
+}
+
+/// Closes a connection that sent nothing for the idle timeout (a client that connected and
+/// forgot, or one that holds a slot of `max_connections` on purpose).
+final class IdleCloser: ChannelInboundHandler, Sendable {
+    typealias InboundIn = NIOAny
+    /// A request is being served: the client is waiting for us, not idle.
+    let busy = Mutex(false)
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read, !busy.withLock({ $0 }) {
+            context.close(promise: nil)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
     }
 }
 

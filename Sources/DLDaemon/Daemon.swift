@@ -11,7 +11,9 @@ import Synchronization
 /// Wires the daemon together and runs it until SIGTERM, SIGINT or a `shutdown` request.
 public enum Daemon {
     public static func run(config: DaemonConfig, logger: Logger) async throws {
-        try Folders.ensure(config.stateDir, mode: 0o700)
+        if let old = try Folders.ensure(config.stateDir, mode: 0o700) {
+            logger.warning("state folder had mode \(String(old, radix: 8)); set to 700", metadata: ["path": "\(config.stateDir)"])
+        }
         let lock = try StateLock(stateDir: config.stateDir)
         let databasePath = config.stateDir + "/jobs.sqlite"
         let store: JobStore
@@ -21,7 +23,7 @@ public enum Daemon {
             throw DaemonError("cannot open the job table \(databasePath): \(error)")
         }
         for suffix in ["", "-wal", "-shm"] { chmod(databasePath + suffix, 0o600) }
-        try prepareSocketFolder(config.socket)
+        try prepareSocketFolder(config.socket, logger: logger)
         if !FileManager.default.fileExists(atPath: config.downloadDir) {
             try? FileManager.default.createDirectory(atPath: config.downloadDir, withIntermediateDirectories: true)
         }
@@ -34,7 +36,7 @@ public enum Daemon {
         let failedStarts = bootGuard.starting()
         var queuePausedReason: String? = nil
         if failedStarts >= BootGuard.limit {
-            queuePausedReason = "the last \(failedStarts) starts of dld did not last; the queue is paused so that it does not crash again. Read the log, then run `dlctl queue resume`"
+            queuePausedReason = "the last \(failedStarts) start-ups of dld did not finish; the queue is paused so that it does not crash again. Read the log, then run `dlctl queue resume`"
         }
         let engine = Engine(
             store: store, downloader: downloader,
@@ -44,9 +46,16 @@ public enum Daemon {
                                        giveUpAfter: config.giveUpAfter, diskRecheck: config.diskRecheck),
                 diskSpace: DiskSpacePolicy(minFree: config.minFree),
                 checkpoints: CheckpointPolicy(interval: config.checkpointInterval),
-                queuePausedReason: queuePausedReason),
+                queuePausedReason: queuePausedReason, groupParallel: config.groupParallel,
+                pathPolicy: pathPolicy(config), maxQueued: config.maxQueued, netrcPath: config.effectiveNetrc),
             logger: logger)
-        let service = DaemonService(config: config, engine: engine, bootGuard: bootGuard, logger: logger)
+        let hub = EventHub()
+        store.setEventSink { hub.publish($0) }
+        await engine.startProgressReports(every: .milliseconds(500)) { hub.publishProgress($0, $1) }
+        let hooks = HookRunner(
+            onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger)
+        await engine.setOnFinished { hooks.finished($0) }
+        let service = DaemonService(config: config, engine: engine, hub: hub, bootGuard: bootGuard, logger: logger)
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
             services: [.init(service: service, successTerminationBehavior: .gracefullyShutdownGroup)],
             gracefulShutdownSignals: [.sigterm, .sigint],
@@ -61,13 +70,26 @@ public enum Daemon {
         withExtendedLifetime(lock) {}
     }
 
+    /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not
+    /// exist are left out until they do (at the next start).
+    static func pathPolicy(_ config: DaemonConfig) -> PathPolicy {
+        func resolved(_ path: String) -> String? {
+            guard let real = realpath(path, nil) else { return nil }
+            defer { free(real) }
+            return String(cString: real)
+        }
+        return PathPolicy(allowedRoots: config.effectiveAllowedRoots.compactMap(resolved), home: resolved(config.home))
+    }
+
     /// The socket's folder: created 0700 when missing; the default folders (which only dld
     /// uses) are also checked for their owner and tightened to 0700.
-    static func prepareSocketFolder(_ socket: String) throws {
+    static func prepareSocketFolder(_ socket: String, logger: Logger) throws {
         let folder = (socket as NSString).deletingLastPathComponent
         let isDefault = folder == (SocketPath.defaultPath() as NSString).deletingLastPathComponent
         if isDefault || !FileManager.default.fileExists(atPath: folder) {
-            try Folders.ensure(folder, mode: 0o700)
+            if let old = try Folders.ensure(folder, mode: 0o700) {
+                logger.warning("socket folder had mode \(String(old, radix: 8)); set to 700", metadata: ["path": "\(folder)"])
+            }
         }
     }
 }
@@ -77,6 +99,7 @@ public enum Daemon {
 struct DaemonService: Service {
     let config: DaemonConfig
     let engine: Engine
+    let hub: EventHub
     let bootGuard: BootGuard
     let logger: Logger
 
@@ -86,7 +109,8 @@ struct DaemonService: Service {
         var limits = ControlServer.Limits()
         limits.maxLineBytes = config.maxLineBytes
         limits.maxConnections = config.maxConnections
-        let server = ControlServer(path: config.socket, dispatcher: dispatcher, limits: limits, logger: logger) {
+        limits.idleTimeout = .seconds(Int64(config.idleTimeout))
+        let server = ControlServer(path: config.socket, dispatcher: dispatcher, hub: hub, limits: limits, logger: logger) {
             closer.withLock { $0?.close(promise: nil) }
         }
         let channel = try await server.bind()

@@ -29,6 +29,14 @@ public struct Dispatcher: Sendable {
         public var data: Data?
         /// A `shutdown` request succeeded: stop once the reply is sent.
         public var shutdown = false
+        /// A `subscribe` request: the connection becomes an event stream.
+        public var subscription: Subscription?
+    }
+
+    public struct Subscription: Sendable {
+        public var id: JSONValue
+        public var filter: EventHub.Filter
+        public var since: Int64?
     }
 
     public func handle(line: Data) async -> Reply {
@@ -36,6 +44,12 @@ public struct Dispatcher: Sendable {
         switch RPCIncoming.parse(line) {
         case .invalid(let response):
             reply.data = response.json.serialized()
+        case .single(.success(let request)) where request.method == "subscribe":
+            do {
+                reply.subscription = try await subscription(request)
+            } catch {
+                reply.data = RPCResponse(id: request.id ?? .null, result: .failure(RPCError(error))).json.serialized()
+            }
         case .single(let parsed):
             reply.data = await respond(parsed, &reply.shutdown)?.json.serialized()
         case .batch(let elements):
@@ -54,7 +68,8 @@ public struct Dispatcher: Sendable {
             return response
         case .success(let request):
             let result: Result<JSONValue, RPCError>
-            do {
+            do throws(DLError) {
+                if request.positional { throw DLError(.invalidParams, "params must be named (an object), not positional") }
                 result = .success(try await call(request.method, request.params))
             } catch {
                 result = .failure(RPCError(error))
@@ -65,14 +80,32 @@ public struct Dispatcher: Sendable {
         }
     }
 
-    public static let methods = ["enqueue", "pause", "resume", "cancel", "remove", "status", "list", "stats", "queue", "version", "shutdown"]
+    private func subscription(_ request: RPCRequest) async throws(DLError) -> Subscription {
+        guard let id = request.id else { throw DLError(.invalidRequest, "subscribe must be a request with an id, not a notification") }
+        let params = try Params(request.params, allowed: ["ids", "group", "since"])
+        var filter = EventHub.Filter()
+        if let ids = try params.array("ids") {
+            var set: Set<JobID> = []
+            for element in ids {
+                guard let id = element.int64Value, id >= 1 else { throw .invalidParams("param \"ids\" must be an array of job ids") }
+                set.insert(id)
+            }
+            filter.ids = set
+        }
+        if let reference = try params.groupReference() {
+            filter.group = try await engine.groupStatus(reference).0.id
+        }
+        return Subscription(id: id, filter: filter, since: try params.int("since", in: 0...Int64.max))
+    }
+
+    public static let methods = ["enqueue", "pause", "resume", "cancel", "remove", "status", "list", "stats", "queue", "subscribe", "version", "shutdown"]
 
     func call(_ method: String, _ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
         switch method {
         case "enqueue":
             return try await enqueue(raw)
         case "pause", "resume", "cancel":
-            let params = try Params(raw, allowed: ["id", "ids", "all"])
+            let params = try Params(raw, allowed: ["id", "ids", "all", "group"])
             let selection = try params.selection()
             let jobs: [Job]
             switch method {
@@ -82,22 +115,31 @@ public struct Dispatcher: Sendable {
             }
             return ["jobs": .array(jobs.map { JobJSON.encode($0) })]
         case "remove":
-            let params = try Params(raw, allowed: ["id", "ids", "all", "delete_file"])
+            let params = try Params(raw, allowed: ["id", "ids", "all", "group", "delete_file"])
             let jobs = try await engine.remove(try params.selection(), deleteFile: try params.bool("delete_file") ?? false)
             return ["removed": .array(jobs.map { .int($0.id) })]
         case "status":
-            let params = try Params(raw, allowed: ["id", "ids"])
+            let params = try Params(raw, allowed: ["id", "ids", "group"])
             switch try params.selection() {
             case .ids(let ids) where params.has("id"):
                 return try await engine.status(ids)[0]
             case .ids(let ids):
                 return ["jobs": .array(try await engine.status(ids))]
+            case .group(let reference):
+                let (group, summary, jobs) = try await engine.groupStatus(reference)
+                return ["group": JobJSON.encodeGroup(group, summary), "jobs": .array(jobs)]
             case .all:
-                throw .invalidParams("status takes \"id\" or \"ids\"; use list for all jobs")
+                throw .invalidParams("status takes \"id\", \"ids\" or \"group\"; use list for all jobs")
             }
         case "list":
-            let params = try Params(raw, allowed: ["state", "limit", "after_id"])
+            let params = try Params(raw, allowed: ["state", "limit", "after_id", "group"])
             let states = try parseStates(params)
+            if let reference = try params.groupReference() {
+                let (_, _, jobs) = try await engine.groupStatus(reference)
+                let wanted = states.map { Set($0.map(\.rawValue)) }
+                let filtered = jobs.filter { job in wanted.map { $0.contains(job["state"]?.stringValue ?? "") } ?? true }
+                return ["jobs": .array(filtered), "next_after_id": .null]
+            }
             let limit = Int(try params.int("limit", in: 1...Int64(limits.maxListLimit)) ?? 1000)
             let after = try params.int("after_id", in: 0...Int64.max) ?? 0
             let jobs = try await engine.list(states: states, afterID: after, limit: limit + 1)
@@ -129,6 +171,8 @@ public struct Dispatcher: Sendable {
                 reason = try await engine.stats().queuePausedReason
             }
             return ["paused": .bool(reason != nil), "reason": reason.map { .string($0) } ?? .null]
+        case "subscribe":
+            throw DLError(.invalidRequest, "subscribe must be sent alone, not in a batch")
         case "version":
             _ = try Params(raw, allowed: [])
             return ["version": .string(DLDVersion.current), "protocol": .int(Int64(DLDVersion.protocolVersion))]
@@ -160,9 +204,64 @@ public struct Dispatcher: Sendable {
 
     // MARK: enqueue
 
-    static let jobKeys: Set<String> = ["url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused", "checksum", "size"]
+    static let jobKeys: Set<String> = [
+        "url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused", "checksum", "size",
+        "on_exists", "insecure",
+    ]
+
+    static let groupKeys: Set<String> = ["group", "jobs", "priority", "headers", "overwrite", "paused"]
+    static let memberKeys: Set<String> = ["url", "name", "path", "checksum", "size", "meta"]
+
+    private func enqueueGroup(_ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
+        let params = try Params(raw, allowed: Self.groupKeys)
+        guard let groupObject = try params.object("group") else { throw .invalidParams("param \"group\" must be an object {name, dir}") }
+        let group = try Params(groupObject, allowed: ["name", "dir"])
+        let name = try group.requiredString("name")
+        guard !name.isEmpty, name.utf8.count <= 1024 else { throw .invalidParams("group \"name\" must be 1 to 1024 bytes") }
+        let dir = try group.requiredString("dir")
+        guard let list = try params.array("jobs"), !list.isEmpty else { throw .invalidParams("param \"jobs\" must be a non-empty array") }
+        guard list.count <= limits.maxJobsPerEnqueue else {
+            throw .invalidParams("at most \(limits.maxJobsPerEnqueue) jobs per enqueue, got \(list.count)")
+        }
+        var members: [Engine.MemberSpec] = []
+        for (index, element) in list.enumerated() {
+            do throws(DLError) {
+                guard let object = element.objectValue else { throw .invalidParams("must be an object") }
+                let p = try Params(object, allowed: Self.memberKeys)
+                var member = Engine.MemberSpec(url: try p.requiredString("url"))
+                if case .failure(let error) = URLRules.validate(member.url) { throw error }
+                let name = try p.string("name")
+                let path = try p.string("path")
+                if name != nil && path != nil { throw .invalidParams("give \"name\" or \"path\", not both") }
+                if let name, name.contains("/") { throw .invalidParams("\"name\" must not contain \"/\"; use \"path\" for subfolders") }
+                member.relativePath = path ?? name
+                if let text = try p.string("checksum") { member.checksum = try Checksum.parse(text).get() }
+                member.size = try p.int("size", in: 0...Int64.max)
+                member.meta = try meta(p)
+                members.append(member)
+            } catch {
+                throw DLError(error.code, "jobs[\(index)]: \(error.message)")
+            }
+        }
+        let (created, jobs) = try await engine.enqueueGroup(
+            name: name, dir: dir, priority: Int(try params.int("priority", in: -1000...1000) ?? 0),
+            headers: try headers(params), overwrite: try params.bool("overwrite") ?? false,
+            paused: try params.bool("paused") ?? false, members: members)
+        let summary = GroupSummary.summarize(created, members: jobs, active: false)
+        return ["group": JobJSON.encodeGroup(created, summary), "results": .array(jobs.map { ["job": JobJSON.encode($0), "created": true] })]
+    }
+
+    private func meta(_ params: Params) throws(DLError) -> String? {
+        guard let meta = params.values["meta"], !meta.isNull else { return nil }
+        let text = meta.serializedString()
+        guard text.utf8.count <= limits.maxMetaBytes else {
+            throw .invalidParams("\"meta\" is \(text.utf8.count) bytes; at most \(limits.maxMetaBytes)")
+        }
+        return text
+    }
 
     private func enqueue(_ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
+        if raw["group"] != nil { return try await enqueueGroup(raw) }
         if raw["jobs"] != nil {
             let params = try Params(raw, allowed: ["jobs"])
             guard let list = try params.array("jobs"), !list.isEmpty else { throw .invalidParams("param \"jobs\" must be a non-empty array") }
@@ -199,13 +298,7 @@ public struct Dispatcher: Sendable {
             guard !key.isEmpty, key.utf8.count <= 1024 else { throw .invalidParams("\"key\" must be 1 to 1024 bytes") }
             spec.key = key
         }
-        if let meta = params.values["meta"], !meta.isNull {
-            let text = meta.serializedString()
-            guard text.utf8.count <= limits.maxMetaBytes else {
-                throw .invalidParams("\"meta\" is \(text.utf8.count) bytes; at most \(limits.maxMetaBytes)")
-            }
-            spec.meta = text
-        }
+        spec.meta = try meta(params)
         spec.headers = try headers(params)
         spec.overwrite = try params.bool("overwrite") ?? false
         if let text = try params.string("checksum") {
@@ -215,6 +308,13 @@ public struct Dispatcher: Sendable {
             }
         }
         spec.size = try params.int("size", in: 0...Int64.max)
+        if let text = try params.string("on_exists") {
+            guard let policy = ExistingFilePolicy(rawValue: text) else {
+                throw .invalidParams("\"on_exists\" must be \"error\" or \"rename\", not \(text.prefix(40))")
+            }
+            spec.onExists = policy
+        }
+        spec.insecure = try params.bool("insecure") ?? false
         spec.paused = try params.bool("paused") ?? false
         return spec
     }

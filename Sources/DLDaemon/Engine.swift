@@ -20,6 +20,8 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var paused = false
     public var checksum: Checksum?
     public var size: Int64?
+    public var onExists: ExistingFilePolicy = .error
+    public var insecure = false
 
     public init(url: String) { self.url = url }
 }
@@ -34,10 +36,23 @@ public struct EngineConfiguration: Sendable {
     public var checkpoints: CheckpointPolicy
     /// Start with the queue stopped (the boot-loop guard): commands work, nothing starts.
     public var queuePausedReason: String?
+    /// Members of one group downloading at once, inside the group's single slot.
+    public var groupParallel = 4
+    /// Where downloads may be written (resolved folders); nil allows anywhere.
+    public var pathPolicy: PathPolicy?
+    /// Unfinished jobs at most; an enqueue beyond it is refused with `queue_full`.
+    public var maxQueued = 1_000_000
+    /// Credentials by host (`~/.netrc`), read when a transfer starts; never stored.
+    public var netrcPath: String?
 
     public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
                 diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
-                queuePausedReason: String? = nil) {
+                queuePausedReason: String? = nil, groupParallel: Int = 4, pathPolicy: PathPolicy? = nil,
+                maxQueued: Int = 1_000_000, netrcPath: String? = nil) {
+        self.groupParallel = groupParallel
+        self.pathPolicy = pathPolicy
+        self.maxQueued = maxQueued
+        self.netrcPath = netrcPath
         self.downloadDir = downloadDir
         self.maxActive = maxActive
         self.backoff = backoff
@@ -72,6 +87,11 @@ public actor Engine {
     }
 
     private var running: [JobID: Running] = [:]
+    /// Groups holding a slot of the queue.
+    private var activeGroups: Set<GroupID> = []
+    /// Called after a job or group finishes (completed or failed), outside the serial queue.
+    private var onFinished: (@Sendable (FinishedNotice) -> Void)?
+    private var progressTask: Task<Void, Never>?
     private var accepting = true
     private var busy = false
     private var waiters: [CheckedContinuation<Void, Never>] = []
@@ -89,6 +109,39 @@ public actor Engine {
         self.logger = logger
         self.now = now
         self.startedAt = now()
+    }
+
+    /// What hooks are told about a finished job or group.
+    public struct FinishedNotice: Sendable {
+        public var jobID: JobID?
+        public var group: JobGroup?
+        public var path: String
+        public var url: String
+        public var state: String
+        public var error: JobError?
+    }
+
+    public func setOnFinished(_ handler: @escaping @Sendable (FinishedNotice) -> Void) {
+        onFinished = handler
+    }
+
+    /// Reports live progress of running transfers every `interval` (job.progress events are
+    /// coalesced to this rate).
+    public func startProgressReports(every interval: Duration, _ report: @escaping @Sendable ([Job], [TransferProgress.Snapshot]) -> Void) {
+        progressTask?.cancel()
+        progressTask = Task { [weak self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: interval)
+                guard let self else { return }
+                let (jobs, snapshots) = await self.liveSnapshots()
+                if !jobs.isEmpty { report(jobs, snapshots) }
+            }
+        }
+    }
+
+    private func liveSnapshots() -> ([Job], [TransferProgress.Snapshot]) {
+        let entries = running.values.sorted { $0.job.id < $1.job.id }
+        return (entries.map(\.job), entries.map { $0.progress.snapshot })
     }
 
     // MARK: The serial queue
@@ -169,9 +222,9 @@ public actor Engine {
                 fixed.received = 0
             }
         case .completed:
-            if access(job.path, F_OK) != 0, job.error?.code != "file_missing" {
-                fixed.error = JobError(code: "file_missing", message: "\(job.path) was deleted or moved after it completed")
-                logger.notice("completed file is missing", metadata: ["job": "\(job.id)", "path": "\(job.path)"])
+            if access(job.downloadPath, F_OK) != 0, job.error?.code != "file_missing" {
+                fixed.error = JobError(code: "file_missing", message: "\(job.downloadPath) was deleted or moved after it completed")
+                logger.notice("completed file is missing", metadata: ["job": "\(job.id)", "path": "\(job.downloadPath)"])
             }
             removeLeftover(of: job)
         case .canceled:
@@ -204,6 +257,7 @@ public actor Engine {
         _ = try? await serial { () async throws(DLError) in
             accepting = false
             wakeTask?.cancel()
+            progressTask?.cancel()
             for id in Array(running.keys) {
                 _ = try? await stopTransfer(id, intent: .shutdown)
             }
@@ -223,6 +277,14 @@ public actor Engine {
             var existing: [Int: Job] = [:]
             var news: [NewJob] = []
             var seenPaths: [String: Int] = [:]
+            let unfinished = try await storage { try await store.unfinishedCount() }
+            guard unfinished + specs.count <= configuration.maxQueued else {
+                throw DLError(.queueFull, "\(unfinished) jobs are unfinished and the limit is \(configuration.maxQueued) (max_queued)")
+            }
+            // Names in use by unfinished jobs, for on_exists "rename" (else the store refuses them).
+            let inUse: Set<String> = specs.contains(where: { $0.onExists == .rename })
+                ? Set(try await storage { try await store.unfinishedPaths() }) : []
+            let destination = Destination(downloadDir: configuration.downloadDir, policy: configuration.pathPolicy)
             for (index, spec) in specs.enumerated() {
                 if let key = spec.key, let job = try await storage({ try await store.fetch(key: key) }) {
                     existing[index] = job
@@ -230,17 +292,20 @@ public actor Engine {
                 }
                 do throws(DLError) {
                     _ = try URLRules.validate(spec.url).get()
-                    let path = try Destination.resolve(
-                        url: spec.url, path: spec.path, dir: spec.dir, name: spec.name,
-                        downloadDir: configuration.downloadDir, overwrite: spec.overwrite)
+                    let resolved = try destination.resolve(
+                        url: spec.url, path: spec.path, dir: spec.dir, name: spec.name, overwrite: spec.overwrite,
+                        onExists: spec.onExists, taken: { inUse.contains($0) || seenPaths[$0] != nil })
+                    let path = resolved.path
                     if let other = seenPaths[path] {
                         throw DLError(.destinationExists, "jobs \(other) and \(index) of this request both download to \(path)")
                     }
                     seenPaths[path] = index
-                    news.append(NewJob(
+                    var new = NewJob(
                         url: spec.url, path: path, priority: spec.priority, key: spec.key, meta: spec.meta,
                         headers: spec.headers, overwrite: spec.overwrite, state: spec.paused ? .paused : .queued,
-                        checksum: spec.checksum, expectedSize: spec.size))
+                        checksum: spec.checksum, expectedSize: spec.size)
+                    new.options = JobOptions(automaticName: resolved.automatic, renameIfTaken: spec.onExists == .rename, insecure: spec.insecure)
+                    news.append(new)
                 } catch {
                     if specs.count == 1 { throw error }
                     throw DLError(error.code, "jobs[\(index)]: \(error.message)")
@@ -273,7 +338,18 @@ public actor Engine {
     }
 
     public func resume(_ selection: JobSelection) async throws(DLError) -> [Job] {
-        try await command(.resume, selection, noOp: [.queued, .running]) { (job) async throws(DLError) -> Job? in
+        if case .group(let reference) = selection {
+            try await serial { () async throws(DLError) in
+                var group = try await resolve(reference)
+                guard group.closed == nil, group.error != nil else { return }
+                // A publish that failed (a file appeared in the folder) is tried again.
+                group.error = nil
+                group.updatedAt = now()
+                try await storage { try await store.saveGroup(group) }
+                try await settle(group.id)
+            }
+        }
+        return try await command(.resume, selection, noOp: [.queued, .running]) { (job) async throws(DLError) -> Job? in
             var job = job
             if let code = job.error?.code, Self.startOverCodes.contains(code) {
                 // The bytes on disk are known bad: download again from zero.
@@ -290,7 +366,7 @@ public actor Engine {
     static let startOverCodes: Set<String> = ["checksum_mismatch", "size_mismatch"]
 
     public func cancel(_ selection: JobSelection) async throws(DLError) -> [Job] {
-        try await command(.cancel, selection, noOp: [.canceled]) { (job) async throws(DLError) -> Job? in
+        let jobs = try await command(.cancel, selection, noOp: [.canceled]) { (job) async throws(DLError) -> Job? in
             if running[job.id] != nil {
                 return try await stopTransfer(job.id, intent: .cancel)
             }
@@ -298,6 +374,20 @@ public actor Engine {
             removePartial(of: job)
             return canceled
         }
+        if case .group(let reference) = selection {
+            try await serial { () async throws(DLError) in
+                var group = try await resolve(reference)
+                guard group.closed == nil else { return }
+                activeGroups.remove(group.id)
+                group.closed = .canceled
+                group.updatedAt = now()
+                group.finishedAt = now()
+                try await storage { try await store.saveGroup(group) }
+                removeStaging(group)
+                try await schedule()
+            }
+        }
+        return jobs
     }
 
     /// Deletes job records. Unfinished jobs are stopped and their partial data removed; a
@@ -306,6 +396,20 @@ public actor Engine {
         try await serial { () async throws(DLError) in
             try requireAccepting()
             let jobs = try await select(selection)
+            if case .group(let reference) = selection {
+                let group = try await resolve(reference)
+                for job in jobs where running[job.id] != nil { _ = try await stopTransfer(job.id, intent: .remove) }
+                activeGroups.remove(group.id)
+                try await storage { try await store.deleteGroup(group.id, now: now()) }
+                if group.closed != .completed { removeStaging(group) }
+                if deleteFile && group.closed == .completed {
+                    for job in jobs where unlink(job.path) != 0 && errno != ENOENT {
+                        logger.warning("could not delete file", metadata: ["path": "\(job.path)"])
+                    }
+                }
+                try await schedule()
+                return jobs
+            }
             var removed: [Job] = []
             for job in jobs {
                 if running[job.id] != nil {
@@ -361,6 +465,9 @@ public actor Engine {
         switch selection {
         case .all:
             return try await storage { try await store.list() }
+        case .group(let reference):
+            let group = try await resolve(reference)
+            return try await storage { try await store.members(of: group.id) }
         case .ids(let ids):
             let jobs = try await storage { try await store.fetch(ids) }
             let found = Set(jobs.map(\.id))
@@ -429,30 +536,238 @@ public actor Engine {
 
     // MARK: Scheduling
 
-    /// Starts queued jobs while slots are free. Runs inside `serial`.
+    /// Starts queued work while slots are free. A slot holds a standalone job or a whole group;
+    /// inside its slot a group runs up to `groupParallel` members. Runs inside `serial`.
     private func schedule() async throws(DLError) {
-        guard accepting, configuration.queuePausedReason == nil else { return }
-        let free = configuration.maxActive - running.count
+        guard accepting else { return }
+        for id in activeGroups.sorted() { try await settle(id) }
+        guard configuration.queuePausedReason == nil else { return try await armWakeUp() }
+        let standalone = running.values.filter { $0.job.groupID == nil }.count
+        let used = standalone + activeGroups.count
+        let free = configuration.maxActive - used
         if free > 0 {
-            let queued = try await storage { try await store.queued(limit: free) }
-            for id in SchedulerPolicy.jobsToStart(queued: queued, active: running.count, maxActive: configuration.maxActive) {
-                guard let job = try await storage({ try await store.fetch(id) }), job.state == .queued else { continue }
-                try await launch(job)
+            let units = try await storage { try await store.queuedUnits(excluding: activeGroups, limit: free) }
+            let order = SchedulerPolicy.jobsToStart(queued: units.map(\.entry), active: used, maxActive: configuration.maxActive)
+            let groupOf = Dictionary(units.map { ($0.entry.id, $0.groupID) }, uniquingKeysWith: { first, _ in first })
+            for id in order {
+                if let groupID = groupOf[id] ?? nil {
+                    activeGroups.insert(groupID)
+                    try await fill(groupID)
+                } else if let job = try await storage({ try await store.fetch(id) }), job.state == .queued {
+                    try await launch(job)
+                }
             }
         }
         try await armWakeUp()
+    }
+
+    /// Starts queued members of an active group up to `groupParallel`.
+    private func fill(_ groupID: GroupID) async throws(DLError) {
+        guard configuration.queuePausedReason == nil else { return }
+        let busy = running.values.filter { $0.job.groupID == groupID }.count
+        let want = configuration.groupParallel - busy
+        guard want > 0 else { return }
+        for member in try await storage({ try await store.queuedMembers(of: groupID, limit: want) }) {
+            try await launch(member)
+        }
+    }
+
+    /// Looks at an active group after a change: fills its slot, gives the slot back when
+    /// nothing of it can run, and publishes it when every member is complete.
+    private func settle(_ groupID: GroupID) async throws(DLError) {
+        guard let group = try await storage({ try await store.fetchGroup(groupID) }), group.closed == nil else {
+            activeGroups.remove(groupID)
+            return
+        }
+        let members = try await storage { try await store.members(of: groupID) }
+        if members.contains(where: { $0.state == .queued || $0.state == .running }) {
+            if activeGroups.contains(groupID) { try await fill(groupID) }
+            return
+        }
+        activeGroups.remove(groupID)
+        if group.error == nil, !members.isEmpty, members.allSatisfy({ $0.state == .completed }) {
+            try await publish(group, members: members)
+        } else if let failed = members.first(where: { $0.state == .failed }) {
+            logger.notice("group failed", metadata: ["group": "\(groupID)", "member": "\(failed.id)"])
+            let summary = GroupSummary.summarize(group, members: members, active: false)
+            onFinished?(FinishedNotice(jobID: nil, group: group, path: group.dir, url: "", state: "failed", error: summary.error))
+        }
+    }
+
+    /// Moves a complete group from its staging folder into its folder. A folder that does not
+    /// exist yet appears whole, in one rename; into an existing folder the files move one by one,
+    /// after checking that none would replace a file that is there.
+    private func publish(_ group: JobGroup, members: [Job]) async throws(DLError) {
+        var group = group
+        let fm = FileManager.default
+        do throws(DLError) {
+            if !fm.fileExists(atPath: group.dir), rename(group.staging, group.dir) == 0 {
+                PartialFile.syncDirectory(of: group.dir)
+            } else {
+                if let clash = members.first(where: { !$0.overwrite && fm.fileExists(atPath: $0.path) }) {
+                    throw DLError(.destinationExists, "\(clash.path) exists already; the group stays staged in \(group.staging)")
+                }
+                for member in members {
+                    let folder = (member.path as NSString).deletingLastPathComponent
+                    try? fm.createDirectory(atPath: folder, withIntermediateDirectories: true)
+                    guard rename(member.downloadPath, member.path) == 0 else {
+                        throw DLError(.storageError, "cannot move \(member.downloadPath) to \(member.path): \(String(cString: strerror(errno)))")
+                    }
+                    PartialFile.syncDirectory(of: member.path)
+                }
+                removeStaging(group)
+            }
+        } catch {
+            group.error = JobError(code: error.code.rawValue, message: error.message)
+            group.updatedAt = now()
+            try await storage { try await store.saveGroup(group) }
+            logger.warning("group not published", metadata: ["group": "\(group.id)", "error": "\(error.message)"])
+            onFinished?(FinishedNotice(jobID: nil, group: group, path: group.dir, url: "", state: "failed", error: group.error))
+            return
+        }
+        var published: [Job] = []
+        for var member in members {
+            member.stagingPath = nil
+            member.updatedAt = now()
+            published.append(member)
+        }
+        try await storage { try await store.save(published) }
+        group.closed = .completed
+        group.error = nil
+        group.updatedAt = now()
+        group.finishedAt = now()
+        try await storage { try await store.saveGroup(group) }
+        logger.info("group completed", metadata: ["group": "\(group.id)", "files": "\(members.count)", "dir": "\(group.dir)"])
+        onFinished?(FinishedNotice(jobID: nil, group: group, path: group.dir, url: "", state: "completed", error: nil))
+    }
+
+    /// Deletes a group's staging folder: it holds only dld's own partial and staged files.
+    private func removeStaging(_ group: JobGroup) {
+        guard group.staging.contains(".dld-staging-") else { return }
+        try? FileManager.default.removeItem(atPath: group.staging)
+    }
+
+    /// A group by id or name (the newest of that name).
+    private func resolve(_ reference: GroupReference) async throws(DLError) -> JobGroup {
+        switch reference {
+        case .id(let id):
+            guard let group = try await storage({ try await store.fetchGroup(id) }) else {
+                throw DLError(.groupNotFound, "no group with id \(id)")
+            }
+            return group
+        case .name(let name):
+            guard let group = try await storage({ try await store.fetchGroups(named: name) }).first else {
+                throw DLError(.groupNotFound, "no group named \(name)")
+            }
+            return group
+        }
+    }
+
+    // MARK: Groups
+
+    /// One member of a group to create: a URL and a path relative to the group's folder.
+    public struct MemberSpec: Sendable, Equatable {
+        public var url: String
+        public var relativePath: String?
+        public var checksum: Checksum?
+        public var size: Int64?
+        public var meta: String?
+        public init(url: String) { self.url = url }
+    }
+
+    /// Creates a group and its members in one transaction.
+    public func enqueueGroup(
+        name: String, dir: String, priority: Int, headers: [HeaderField], overwrite: Bool, paused: Bool, members: [MemberSpec]
+    ) async throws(DLError) -> (JobGroup, [Job]) {
+        try await serial { () async throws(DLError) in
+            try requireAccepting()
+            guard dir.hasPrefix("/") else { throw .invalidParams("group \"dir\" must be absolute, got \(dir)") }
+            let unfinished = try await storage { try await store.unfinishedCount() }
+            guard unfinished + members.count <= configuration.maxQueued else {
+                throw DLError(.queueFull, "\(unfinished) jobs are unfinished and the limit is \(configuration.maxQueued) (max_queued)")
+            }
+            let destination = Destination(downloadDir: configuration.downloadDir, policy: configuration.pathPolicy)
+            let normalized = Destination.normalized(dir)
+            let folder = try destination.resolvedFolder((normalized as NSString).deletingLastPathComponent)
+                + "/" + (normalized as NSString).lastPathComponent
+            var isDirectory: ObjCBool = false
+            if FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory), !isDirectory.boolValue {
+                throw DLError(.destinationInvalid, "\(folder) is a file, not a folder")
+            }
+            var seen: Set<String> = []
+            var news: [NewJob] = []
+            for (index, member) in members.enumerated() {
+                do throws(DLError) {
+                    _ = try URLRules.validate(member.url).get()
+                    let relative = try RelativePath.validate(member.relativePath ?? FileNames.fromURL(member.url)).get()
+                    guard seen.insert(relative).inserted else {
+                        throw DLError(.destinationExists, "two members of the group are both named \(relative)")
+                    }
+                    let path = folder + "/" + relative
+                    try destination.check(path)
+                    if (path as NSString).lastPathComponent.lowercased().hasSuffix(".part") {
+                        throw DLError(.destinationInvalid, "\(relative): names ending in .part are kept for partial files")
+                    }
+                    if !overwrite && FileManager.default.fileExists(atPath: path) {
+                        throw DLError(.destinationExists, "\(path) exists already; pass overwrite to replace it")
+                    }
+                    news.append(NewJob(
+                        url: member.url, path: path, priority: priority, meta: member.meta, headers: headers,
+                        overwrite: overwrite, state: paused ? .paused : .queued, checksum: member.checksum, expectedSize: member.size))
+                } catch {
+                    throw DLError(error.code, "jobs[\(index)]: \(error.message)")
+                }
+            }
+            let (group, jobs) = try await storage {
+                try await store.insertGroup(name: name, dir: folder, priority: priority, members: news, now: now())
+            }
+            // Staged members keep their relative folders.
+            for job in jobs {
+                let folder = (job.downloadPath as NSString).deletingLastPathComponent
+                try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            }
+            logger.info("enqueued group", metadata: ["group": "\(group.id)", "members": "\(jobs.count)"])
+            try await schedule()
+            return (group, jobs)
+        }
+    }
+
+    /// A group with its summary and members.
+    public func groupStatus(_ reference: GroupReference) async throws(DLError) -> (JobGroup, GroupSummary, [JSONValue]) {
+        let group = try await resolve(reference)
+        let members = try await storage { try await store.members(of: group.id) }
+        let summary = GroupSummary.summarize(group, members: members, active: activeGroups.contains(group.id))
+        return (group, summary, members.map(view))
+    }
+
+    // MARK: Events
+
+    public func lastEventSeq() async throws(DLError) -> Int64 {
+        try await storage { try await store.lastEventSeq() }
+    }
+
+    public func events(after seq: Int64) async throws(DLError) -> [StoredEvent] {
+        try await storage { try await store.events(after: seq) }
     }
 
     private func launch(_ job: Job) async throws(DLError) {
         let started = try await transition(job, .start)
         let progress = TransferProgress(received: started.received, size: started.size)
         var request = TransferRequest(
-            jobID: started.id, url: started.url, headers: started.headers, path: started.path,
+            jobID: started.id, url: started.url, headers: started.headers, path: started.downloadPath,
             overwrite: started.overwrite, offset: started.received, size: started.size, validators: started.validators,
             checksum: started.checksum)
         request.expectedSize = started.expectedSize
         request.diskSpace = configuration.diskSpace
         request.checkpoints = configuration.checkpoints
+        request.options = started.options
+        if started.groupID != nil { request.options.automaticName = false }
+        if let netrc = configuration.netrcPath, let text = try? String(contentsOfFile: netrc, encoding: .utf8) {
+            request.netrc = Netrc.parse(text)
+        }
+        if started.options.insecure {
+            logger.warning("TLS certificates are not verified for this job (insecure)", metadata: ["job": "\(started.id)"])
+        }
         let store = self.store
         let downloader = self.downloader
         let id = started.id
@@ -476,7 +791,10 @@ public actor Engine {
             try await serial { () async throws(DLError) in
                 guard let entry = running[id], entry.task == task, entry.stop == nil else { return }
                 running[id] = nil
-                try await record(result, for: entry.job)
+                let job = try await record(result, for: entry.job)
+                if job.groupID == nil, job.state == .completed || job.state == .failed {
+                    onFinished?(FinishedNotice(jobID: job.id, group: nil, path: job.path, url: job.url, state: job.state.rawValue, error: job.error))
+                }
                 try await schedule()
             }
         } catch {
@@ -507,7 +825,7 @@ public actor Engine {
         switch result {
         case .stopped(let c), .failed(_, let c), .completed(let c): checkpoint = c
         }
-        apply(checkpoint, to: &job)
+        apply(checkpoint, to: &job, startedAt: entry.job.received)
         switch intent {
         case .shutdown:
             job.state = .queued
@@ -527,9 +845,11 @@ public actor Engine {
         }
     }
 
-    private func apply(_ checkpoint: TransferCheckpoint, to job: inout Job) {
+    /// Records what a transfer reported. `startedAt` is the offset the attempt began from: the
+    /// row read back may already hold the attempt's own checkpoints.
+    private func apply(_ checkpoint: TransferCheckpoint, to job: inout Job, startedAt: Int64) {
         // Progress resets the retry budget: an attempt that moved bytes counts as the first.
-        if checkpoint.received > job.received {
+        if checkpoint.received > startedAt {
             job.attempts = 1
             job.progressAt = now()
         }
@@ -539,6 +859,7 @@ public actor Engine {
         if let finalURL = checkpoint.finalURL { job.finalURL = finalURL }
         if let sha256 = checkpoint.sha256 { job.sha256 = sha256 }
         if let digest = checkpoint.digest { job.digest = digest }
+        if let finalPath = checkpoint.finalPath { job.path = finalPath }
     }
 
     @discardableResult
@@ -547,16 +868,16 @@ public actor Engine {
         job.state = .running
         switch result {
         case .completed(let checkpoint):
-            apply(checkpoint, to: &job)
+            apply(checkpoint, to: &job, startedAt: started.received)
             logger.info("completed", metadata: ["job": "\(job.id)", "bytes": "\(job.received)", "path": "\(job.path)"])
             return try await transition(job, .complete)
         case .stopped(let checkpoint):
-            apply(checkpoint, to: &job)
+            apply(checkpoint, to: &job, startedAt: started.received)
             job.state = .queued
             try await storage { try await store.save(job) }
             return job
         case .failed(let failure, let checkpoint):
-            apply(checkpoint, to: &job)
+            apply(checkpoint, to: &job, startedAt: started.received)
             if failure.kind == .transient(.diskSpace) {
                 // A full disk is not the server's fault: it does not use up the retry budget.
                 job.attempts = max(0, job.attempts - 1)

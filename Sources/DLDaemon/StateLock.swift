@@ -30,8 +30,10 @@ public final class StateLock: Sendable {
 /// Folder creation with fixed modes, whatever the umask.
 enum Folders {
     /// Creates `path` (and parents) if needed; the last component gets `mode`. A folder owned
-    /// by another user is refused; a looser mode is tightened.
-    static func ensure(_ path: String, mode: mode_t) throws {
+    /// by another user is refused; a looser mode is tightened. Returns the old mode when it
+    /// had to be tightened, so that the caller can say so.
+    @discardableResult
+    static func ensure(_ path: String, mode: mode_t) throws -> mode_t? {
         do {
             try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         } catch {
@@ -44,10 +46,11 @@ enum Folders {
         guard info.st_uid == getuid() else {
             throw DaemonError("\(path) belongs to another user (uid \(info.st_uid)); refusing to use it")
         }
-        if info.st_mode & 0o777 != mode {
-            guard chmod(path, mode) == 0 else {
-                throw DaemonError("cannot set mode \(String(mode, radix: 8)) on \(path): \(String(cString: strerror(errno)))")
-            }
+        let old = info.st_mode & 0o777
+        guard old != mode else { return nil }
+        guard chmod(path, mode) == 0 else {
+            throw DaemonError("cannot set mode \(String(mode, radix: 8)) on \(path): \(String(cString: strerror(errno)))")
         }
+        return old
     }
 }

@@ -15,12 +15,15 @@ public enum RPCClientError: Error, Sendable, CustomStringConvertible {
     case remote(RPCError)
     /// The connection broke or the answer was not JSON-RPC.
     case protocolError(String)
+    /// Nothing arrived within the read timeout.
+    case timedOut
 
     public var description: String {
         switch self {
         case .unavailable(let path, let reason): return "no dld daemon answers at \(path) (\(reason))"
         case .remote(let error): return error.description
         case .protocolError(let message): return message
+        case .timedOut: return "timed out waiting for dld"
         }
     }
 }
@@ -99,6 +102,27 @@ public final class RPCClient {
         }
     }
 
+    /// Reads give up with `.timedOut` after this long without data (nil: wait forever).
+    public func setReadTimeout(_ seconds: Double?) throws(RPCClientError) {
+        try connect()
+        var value = timeval()
+        if let seconds, seconds > 0 {
+            value.tv_sec = Int(seconds)
+            value.tv_usec = Int((seconds - Double(Int(seconds))) * 1_000_000)
+        }
+        _ = setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &value, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    /// The next message from the daemon: after `subscribe`, notifications (`method`, `params`).
+    public func readMessage() throws(RPCClientError) -> JSONValue {
+        let line = try readLine()
+        do {
+            return try JSONValue.parse(Data(line))
+        } catch {
+            throw .protocolError("the daemon sent a line that is not JSON")
+        }
+    }
+
     /// Sends raw bytes as one line (the newline is added).
     public func sendLine(_ data: Data) throws(RPCClientError) {
         try connect()
@@ -131,6 +155,7 @@ public final class RPCClient {
             let n = chunk.withUnsafeMutableBytes { Glibc.recv(fd, $0.baseAddress, $0.count, 0) }
             if n < 0 {
                 if errno == EINTR { continue }
+                if errno == EAGAIN || errno == EWOULDBLOCK { throw .timedOut }
                 throw .protocolError("lost the connection to dld: \(String(cString: strerror(errno)))")
             }
             if n == 0 { throw .protocolError("dld closed the connection") }

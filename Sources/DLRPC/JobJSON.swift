@@ -36,6 +36,8 @@ public enum JobJSON {
             "updated_at": timestamp(job.updatedAt),
             "overwrite": .bool(job.overwrite),
         ]
+        object["group"] = job.groupID.map { .int($0) } ?? .null
+        object["insecure"] = .bool(job.options.insecure)
         object["wait_reason"] = job.waitReason.map { .string($0.rawValue) } ?? .null
         object["size"] = size.map { .int($0) } ?? .null
         if let size, size > 0 {
@@ -57,6 +59,37 @@ public enum JobJSON {
         object["checksum"] = job.checksum.map { .string($0.description) } ?? .null
         object["sha256"] = job.sha256.map { .string($0) } ?? .null
         object["digest"] = job.digest.map { .string($0) } ?? .null
+        return .object(object)
+    }
+
+    /// The protocol's view of a group (docs/protocol.md, "The group object").
+    public static func encodeGroup(_ group: JobGroup, _ summary: GroupSummary) -> JSONValue {
+        [
+            "id": .int(group.id),
+            "name": .string(group.name),
+            "dir": .string(group.dir),
+            "state": .string(summary.state.rawValue),
+            "members": .int(Int64(summary.total)),
+            "members_done": .int(Int64(summary.done)),
+            "bytes_done": .int(summary.bytesDone),
+            "bytes_total": summary.bytesTotal.map { .int($0) } ?? .null,
+            "error": summary.error.map { ["code": .string($0.code), "message": .string($0.message)] } ?? .null,
+            "created_at": timestamp(group.createdAt),
+            "finished_at": group.finishedAt.map(timestamp) ?? .null,
+        ]
+    }
+
+    /// An event as a JSON-RPC notification's params.
+    public static func encodeEvent(_ event: StoredEvent) -> JSONValue {
+        var object: [String: JSONValue] = [
+            "seq": .int(event.seq),
+            "at": timestamp(event.at),
+            "state": .string(event.state),
+        ]
+        object["id"] = event.jobID.map { .int($0) } ?? .null
+        object["group"] = event.groupID.map { .int($0) } ?? .null
+        object["wait_reason"] = event.waitReason.map { .string($0.rawValue) } ?? .null
+        object["error"] = event.error.map { ["code": .string($0.code), "message": .string($0.message)] } ?? .null
         return .object(object)
     }
 

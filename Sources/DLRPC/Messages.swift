@@ -6,6 +6,8 @@ public struct RPCRequest: Sendable, Equatable {
     public var method: String
     public var params: [String: JSONValue]
     public var id: JSONValue?
+    /// The params were an array: refused, since dld takes named params only.
+    public var positional = false
 
     public init(method: String, params: [String: JSONValue] = [:], id: JSONValue? = nil) {
         self.method = method
@@ -63,8 +65,10 @@ extension DLError.Code {
         case .destinationExists: return -32003
         case .destinationInvalid: return -32004
         case .invalidURL: return -32005
-        case .keyConflict: return -32006
         case .shuttingDown: return -32007
+        case .groupNotFound: return -32008
+        case .destinationNotAllowed: return -32009
+        case .queueFull: return -32010
         }
     }
 }
@@ -155,7 +159,10 @@ public enum RPCIncoming: Sendable {
         case nil, .some(.null): break
         case .some(.object(let given)): params = given
         case .some(.array):
-            return .failure(RPCResponse(id: id ?? .null, result: .failure(RPCError(DLError(.invalidParams, "params must be named (an object), not positional")))))
+            // Still a request: a notification gets no answer, even to say its params are wrong.
+            var request = RPCRequest(method: method, params: [:], id: id)
+            request.positional = true
+            return .success(request)
         case .some(let other):
             return invalid("params must be an object, not \(other.typeName)", id: id ?? .null)
         }

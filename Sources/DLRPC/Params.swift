@@ -59,12 +59,15 @@ public struct Params: Sendable {
         return o
     }
 
-    /// `id`, `ids` or `all: true`: exactly one of them.
+    /// `id`, `ids`, `group` or `all: true`: exactly one of them.
     public func selection() throws(DLError) -> JobSelection {
-        let given = ["id", "ids", "all"].filter { has($0) }
+        let options = ["id", "ids", "all"] + (values.keys.contains("group") ? ["group"] : [])
+        let given = options.filter { has($0) }
         guard given.count == 1 else {
-            throw .invalidParams(given.isEmpty ? "give one of \"id\", \"ids\" or \"all\"" : "give only one of \"id\", \"ids\" or \"all\"")
+            let list = options.map { "\"\($0)\"" }.joined(separator: ", ")
+            throw .invalidParams(given.isEmpty ? "give one of \(list)" : "give only one of \(list)")
         }
+        if let group = try groupReference() { return .group(group) }
         if let id = try int("id", in: 1...Int64.max) { return .ids([id]) }
         if let ids = try array("ids") {
             var out: [JobID] = []
@@ -81,6 +84,14 @@ public struct Params: Sendable {
         return .all
     }
 
+    /// `group`: a group id (integer) or name (string).
+    public func groupReference() throws(DLError) -> GroupReference? {
+        guard let value = values["group"], !value.isNull else { return nil }
+        if let id = value.int64Value, id >= 1 { return .id(id) }
+        if let name = value.stringValue, !name.isEmpty { return .name(name) }
+        throw .invalidParams("param \"group\" must be a group id or name")
+    }
+
     private func mistyped(_ key: String, _ expected: String, _ value: JSONValue) -> DLError {
         .invalidParams("param \"\(key)\" must be \(expected), not \(value.typeName)")
     }
@@ -90,4 +101,11 @@ public struct Params: Sendable {
 public enum JobSelection: Sendable, Equatable {
     case ids([JobID])
     case all
+    case group(GroupReference)
+}
+
+/// A group, by id or by name (the newest group of that name).
+public enum GroupReference: Sendable, Equatable {
+    case id(GroupID)
+    case name(String)
 }

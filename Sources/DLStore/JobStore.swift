@@ -1,6 +1,7 @@
 import DLCore
 import Foundation
 import GRDB
+import Synchronization
 
 /// A job to create; the store gives it an id and timestamps.
 public struct NewJob: Sendable, Equatable {
@@ -14,6 +15,8 @@ public struct NewJob: Sendable, Equatable {
     public var state: JobState
     public var checksum: Checksum?
     public var expectedSize: Int64?
+    public var stagingPath: String?
+    public var options = JobOptions()
 
     public init(
         url: String, path: String, priority: Int = 0, key: String? = nil, meta: String? = nil,
@@ -117,7 +120,107 @@ public final class JobStore: Sendable {
                 ALTER TABLE jobs ADD COLUMN progress_at REAL;
                 """)
         }
+        migrator.registerMigration("v3-groups-events") { db in
+            try db.execute(sql: """
+                CREATE TABLE groups (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    name TEXT NOT NULL,
+                    dir TEXT NOT NULL,
+                    staging TEXT NOT NULL,
+                    priority INTEGER NOT NULL DEFAULT 0,
+                    closed TEXT,
+                    error_code TEXT,
+                    error_message TEXT,
+                    created_at REAL NOT NULL,
+                    updated_at REAL NOT NULL,
+                    finished_at REAL
+                );
+                ALTER TABLE jobs ADD COLUMN group_id INTEGER REFERENCES groups(id);
+                ALTER TABLE jobs ADD COLUMN staging_path TEXT;
+                CREATE INDEX jobs_by_group ON jobs(group_id);
+                CREATE TABLE events (
+                    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                    at REAL NOT NULL,
+                    kind TEXT NOT NULL,
+                    job_id INTEGER,
+                    group_id INTEGER,
+                    state TEXT NOT NULL,
+                    wait_reason TEXT,
+                    error_code TEXT,
+                    error_message TEXT
+                );
+                """)
+        }
+        migrator.registerMigration("v4-options") { db in
+            try db.execute(sql: "ALTER TABLE jobs ADD COLUMN options TEXT NOT NULL DEFAULT '{}'")
+        }
         return migrator
+    }
+
+    /// Jobs that are not finished (they count against `max_queued`).
+    public func unfinishedCount() async throws -> Int {
+        try await pool.read { db in
+            try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM jobs WHERE state NOT IN ('completed', 'failed', 'canceled')") ?? 0
+        }
+    }
+
+    /// Destinations of unfinished jobs.
+    public func unfinishedPaths() async throws -> [String] {
+        try await pool.read { db in
+            try String.fetchAll(db, sql: "SELECT path FROM jobs WHERE state NOT IN ('completed', 'failed', 'canceled')")
+        }
+    }
+
+    /// Events kept for replay; older ones are pruned as new ones are written.
+    public static let eventsKept: Int64 = 10_000
+
+    private let sink = Mutex<(@Sendable ([StoredEvent]) -> Void)?>(nil)
+
+    /// Receives the events of every committed write, in commit order, after the commit.
+    public func setEventSink(_ sink: @escaping @Sendable ([StoredEvent]) -> Void) {
+        self.sink.withLock { $0 = sink }
+    }
+
+    func publishEvents(_ events: [StoredEvent]) {
+        guard !events.isEmpty, let sink = sink.withLock({ $0 }) else { return }
+        sink(events)
+    }
+
+    /// Records an event in the same transaction as the change it describes.
+    static func record(
+        _ kind: StoredEvent.Kind, job: Job?, groupID: GroupID?, state: String, at: Date, in db: Database
+    ) throws -> StoredEvent {
+        try db.execute(
+            sql: "INSERT INTO events (at, kind, job_id, group_id, state, wait_reason, error_code, error_message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            arguments: [at.timeIntervalSince1970, kind.rawValue, job?.id, groupID, state, job?.waitReason?.rawValue,
+                        job?.error?.code, job?.error?.message])
+        let seq = db.lastInsertedRowID
+        if seq % 100 == 0 {
+            try db.execute(sql: "DELETE FROM events WHERE seq <= ?", arguments: [seq - eventsKept])
+        }
+        return StoredEvent(seq: seq, at: at, kind: kind, jobID: job?.id, groupID: groupID, state: state,
+                           waitReason: job?.waitReason, error: job?.error)
+    }
+
+    /// Events after `seq`, oldest first.
+    public func events(after seq: Int64, limit: Int = Int(eventsKept)) async throws -> [StoredEvent] {
+        try await pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", arguments: [seq, limit]).map { row in
+                let code: String? = row["error_code"]
+                let message: String? = row["error_message"]
+                let reason: String? = row["wait_reason"]
+                return StoredEvent(
+                    seq: row["seq"], at: Date(timeIntervalSince1970: row["at"]),
+                    kind: StoredEvent.Kind(rawValue: row["kind"]) ?? .jobState, jobID: row["job_id"], groupID: row["group_id"],
+                    state: row["state"], waitReason: reason.flatMap(WaitReason.init(rawValue:)),
+                    error: code.map { JobError(code: $0, message: message ?? "") })
+            }
+        }
+    }
+
+    /// The newest event's number (0 when there is none).
+    public func lastEventSeq() async throws -> Int64 {
+        try await pool.read { db in try Int64.fetchOne(db, sql: "SELECT MAX(seq) FROM events") ?? 0 }
     }
 
     /// The value of `PRAGMA synchronous` on the writer (2 = FULL), for tests and diagnostics.
@@ -131,7 +234,17 @@ public final class JobStore: Sendable {
     /// job. A path that an unfinished job already writes to is refused, and then nothing is
     /// created.
     public func insert(_ jobs: [NewJob], now: Date) async throws -> [InsertOutcome] {
-        try await pool.write { db in
+        let (outcomes, events) = try await pool.write { db in
+            var events: [StoredEvent] = []
+            let outcomes = try Self.insert(jobs, groupID: nil, now: now, events: &events, in: db)
+            return (outcomes, events)
+        }
+        publishEvents(events)
+        return outcomes
+    }
+
+    static func insert(_ jobs: [NewJob], groupID: GroupID?, now: Date, events: inout [StoredEvent], in db: Database) throws -> [InsertOutcome] {
+        do {
             var outcomes: [InsertOutcome] = []
             for new in jobs {
                 if let key = new.key,
@@ -151,20 +264,23 @@ public final class JobStore: Sendable {
                     url: new.url, path: new.path, state: new.state, priority: new.priority,
                     createdAt: now, updatedAt: now, key: new.key, meta: new.meta,
                     headers: new.headers, overwrite: new.overwrite, checksum: new.checksum,
-                    expectedSize: new.expectedSize, progressAt: now)
+                    expectedSize: new.expectedSize, progressAt: now, groupID: groupID, stagingPath: new.stagingPath)
+                job.options = new.options
                 try db.execute(
                     sql: """
                         INSERT INTO jobs (url, path, state, priority, created_at, updated_at, key, meta, headers, overwrite,
-                            checksum, expected_size, size, progress_at)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                            checksum, expected_size, size, progress_at, group_id, staging_path, options)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                         """,
                     arguments: [
                         job.url, job.path, job.state.rawValue, job.priority, now.timeIntervalSince1970,
                         now.timeIntervalSince1970, job.key, job.meta, Self.encodeHeaders(job.headers), job.overwrite,
                         job.checksum?.description, job.expectedSize, job.expectedSize, now.timeIntervalSince1970,
+                        groupID, job.stagingPath, Self.encodeOptions(job.options),
                     ])
                 job.size = job.expectedSize
                 job.id = db.lastInsertedRowID
+                events.append(try record(.jobState, job: job, groupID: groupID, state: job.state.rawValue, at: now, in: db))
                 outcomes.append(InsertOutcome(job: job, created: true))
             }
             return outcomes
@@ -174,19 +290,39 @@ public final class JobStore: Sendable {
     /// Writes whole rows (their state, error, counters) in one transaction.
     public func save(_ jobs: [Job]) async throws {
         guard !jobs.isEmpty else { return }
-        try await pool.write { db in
-            for job in jobs { try Self.update(job, in: db) }
+        let events = try await pool.write { db in
+            var events: [StoredEvent] = []
+            for job in jobs {
+                let before = try String.fetchOne(db, sql: "SELECT state FROM jobs WHERE id = ?", arguments: [job.id])
+                try Self.update(job, in: db)
+                if before != job.state.rawValue {
+                    events.append(try Self.record(.jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))
+                }
+            }
+            return events
         }
+        publishEvents(events)
     }
 
     public func save(_ job: Job) async throws { try await save([job]) }
 
     /// Deletes rows in one transaction.
-    public func delete(_ ids: [JobID]) async throws {
+    public func delete(_ ids: [JobID], now: Date = Date()) async throws {
         guard !ids.isEmpty else { return }
-        try await pool.write { db in
-            for id in ids { try db.execute(sql: "DELETE FROM jobs WHERE id = ?", arguments: [id]) }
+        let events = try await pool.write { db in
+            var events: [StoredEvent] = []
+            for id in ids {
+                let groupID = try GroupID?.fetchOne(db, sql: "SELECT group_id FROM jobs WHERE id = ?", arguments: [id]) ?? nil
+                try db.execute(sql: "DELETE FROM jobs WHERE id = ?", arguments: [id])
+                if db.changesCount > 0 {
+                    var gone = Job(id: id, url: "", path: "", createdAt: now, updatedAt: now)
+                    gone.groupID = groupID
+                    events.append(try Self.record(.jobRemoved, job: gone, groupID: groupID, state: "removed", at: now, in: db))
+                }
+            }
+            return events
         }
+        publishEvents(events)
     }
 
     // MARK: Reads (concurrent with the writer: WAL snapshots)
@@ -258,7 +394,7 @@ public final class JobStore: Sendable {
                     received = ?, error_code = ?, error_message = ?, attempts = ?, updated_at = ?,
                     finished_at = ?, next_attempt_at = ?, key = ?, meta = ?, headers = ?, overwrite = ?,
                     final_url = ?, etag = ?, last_modified = ?, accepts_ranges = ?, checksum = ?, expected_size = ?,
-                    sha256 = ?, digest = ?, progress_at = ?
+                    sha256 = ?, digest = ?, progress_at = ?, staging_path = ?, options = ?
                 WHERE id = ?
                 """,
             arguments: [
@@ -267,7 +403,7 @@ public final class JobStore: Sendable {
                 job.finishedAt?.timeIntervalSince1970, job.nextAttemptAt?.timeIntervalSince1970, job.key, job.meta,
                 encodeHeaders(job.headers), job.overwrite, job.finalURL, job.validators.etag,
                 job.validators.lastModified, job.validators.acceptsRanges, job.checksum?.description, job.expectedSize,
-                job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.id,
+                job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.stagingPath, encodeOptions(job.options), job.id,
             ])
     }
 
@@ -297,7 +433,16 @@ public final class JobStore: Sendable {
             overwrite: row["overwrite"], finalURL: row["final_url"],
             validators: Validators(etag: row["etag"], lastModified: row["last_modified"], acceptsRanges: row["accepts_ranges"]),
             checksum: checksum.flatMap { try? Checksum.parse($0).get() }, expectedSize: row["expected_size"],
-            sha256: row["sha256"], digest: row["digest"], progressAt: progressAt.map(Date.init(timeIntervalSince1970:)))
+            sha256: row["sha256"], digest: row["digest"], progressAt: progressAt.map(Date.init(timeIntervalSince1970:)),
+            groupID: row["group_id"], stagingPath: row["staging_path"], options: decodeOptions(row["options"]))
+    }
+
+    static func encodeOptions(_ options: JobOptions) -> String {
+        (try? JSONEncoder().encode(options)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+    }
+
+    static func decodeOptions(_ text: String?) -> JobOptions {
+        text.flatMap { try? JSONDecoder().decode(JobOptions.self, from: Data($0.utf8)) } ?? JobOptions()
     }
 
     private static func encodeHeaders(_ headers: [HeaderField]) -> String {

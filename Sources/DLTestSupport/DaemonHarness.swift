@@ -69,8 +69,15 @@ public final class DaemonHarness: @unchecked Sendable {
     private let logLock = NSLock()
     private var logData = Data()
 
+    /// A private `$HOME` (root/home) instead of the test runner's.
+    public let home: String?
+    /// No `--socket`: the default path under `XDG_RUNTIME_DIR=root/xdg` is used.
+    public let defaultSocket: Bool
+    /// The umask dld starts with (through /bin/sh), to test modes under a loose one.
+    public var umask: String?
+
     /// - Parameter config: the text of a config file to start dld with (docs/configuration.md).
-    public init(extraArguments: [String] = [], config: String? = nil) throws {
+    public init(extraArguments: [String] = [], config: String? = nil, privateHome: Bool = false, defaultSocket: Bool = false) throws {
         var template = Array("/tmp/dldt-XXXXXX".utf8CString)
         let made = template.withUnsafeMutableBufferPointer { buffer -> String? in
             guard let base = buffer.baseAddress, mkdtemp(base) != nil else { return nil }
@@ -78,7 +85,10 @@ public final class DaemonHarness: @unchecked Sendable {
         }
         guard let made else { throw HarnessError("mkdtemp failed") }
         root = made
-        socket = root + "/s.sock"
+        self.defaultSocket = defaultSocket
+        home = privateHome ? made + "/home" : nil
+        if let home { try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: true) }
+        socket = defaultSocket ? root + "/xdg/dld/dld.sock" : root + "/s.sock"
         stateDir = root + "/state"
         downloadDir = root + "/dl"
         self.extraArguments = extraArguments
@@ -98,7 +108,8 @@ public final class DaemonHarness: @unchecked Sendable {
     }
 
     public var arguments: [String] {
-        ["--socket", socket, "--state-dir", stateDir, "--download-dir", downloadDir, "--log-level", "debug"] + extraArguments
+        (defaultSocket ? [] : ["--socket", socket])
+            + ["--state-dir", stateDir, "--download-dir", downloadDir, "--log-level", "debug"] + extraArguments
     }
 
     /// The environment for dld and dlctl: no user config file, no stray DLD_SOCKET.
@@ -106,14 +117,21 @@ public final class DaemonHarness: @unchecked Sendable {
         var env = ProcessInfo.processInfo.environment
         env["XDG_CONFIG_HOME"] = root + "/config"
         env["DLD_SOCKET"] = socket
+        if let home { env["HOME"] = home }
+        if defaultSocket { env["XDG_RUNTIME_DIR"] = root + "/xdg" }
         return env
     }
 
     /// Starts dld and waits until it answers on its socket.
     public func start(timeout: TimeInterval = 20) throws {
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: BuiltProducts.path("dld"))
-        process.arguments = arguments
+        if let umask {
+            process.executableURL = URL(fileURLWithPath: "/bin/sh")
+            process.arguments = ["-c", "umask \(umask); exec \"$0\" \"$@\"", BuiltProducts.path("dld")] + arguments
+        } else {
+            process.executableURL = URL(fileURLWithPath: BuiltProducts.path("dld"))
+            process.arguments = arguments
+        }
         process.environment = environment
         let pipe = Pipe()
         process.standardOutput = pipe

@@ -9,8 +9,8 @@ struct DLCtl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dlctl",
         abstract: "Control the dld download daemon.",
-        discussion: "Talks to dld over its Unix socket ($DLD_SOCKET, else the default path). Exit status: 0 success, 1 the daemon refused, 69 no daemon answers.",
-        subcommands: [Enqueue.self, Status.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self, Version.self, Shutdown.self])
+        discussion: "Talks to dld over its Unix socket ($DLD_SOCKET, else the default path). Exit status: 0 success, 1 the daemon refused, 64 a usage error, 69 no daemon answers; `wait` also 124 on timeout.",
+        subcommands: [Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self, Version.self, Shutdown.self])
 }
 
 /// Options every command has.
@@ -39,6 +39,9 @@ struct Common: ParsableArguments {
             case .protocolError(let message):
                 printError(message)
                 throw ExitCode(1)
+            case .timedOut:
+                printError("dld did not answer in time")
+                throw ExitCode(1)
             }
         }
     }
@@ -52,26 +55,39 @@ func printError(_ message: String) {
     FileHandle.standardError.write(Data("dlctl: \(message)\n".utf8))
 }
 
-/// `7`, `7 8 9`, or `--all`.
+/// `7`, `7 8 9`, `--group NAME`, or `--all`.
 struct Selection: ParsableArguments {
     @Argument(help: "Job ids.") var ids: [Int64] = []
+    @Option(help: "A group (id or name).") var group: String?
     @Flag(help: "Every job.") var all = false
 
     func validate() throws {
-        if all && !ids.isEmpty { throw ValidationError("give job ids or --all, not both") }
-        if !all && ids.isEmpty { throw ValidationError("give one or more job ids, or --all") }
+        let given = (all ? 1 : 0) + (ids.isEmpty ? 0 : 1) + (group == nil ? 0 : 1)
+        if given > 1 { throw ValidationError("give job ids, --group or --all, only one of them") }
+        if given == 0 { throw ValidationError("give one or more job ids, --group, or --all") }
         if let bad = ids.first(where: { $0 < 1 }) { throw ValidationError("job ids are positive integers, got \(bad)") }
     }
 
     var params: [String: JSONValue] {
-        all ? ["all": true] : (ids.count == 1 ? ["id": .int(ids[0])] : ["ids": .array(ids.map { .int($0) })])
+        if let group { return ["group": groupValue(group)] }
+        return all ? ["all": true] : (ids.count == 1 ? ["id": .int(ids[0])] : ["ids": .array(ids.map { .int($0) })])
     }
+}
+
+/// A group argument: a number is an id, anything else a name.
+func groupValue(_ text: String) -> JSONValue {
+    Int64(text).map { .int($0) } ?? .string(text)
 }
 
 struct Enqueue: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Add downloads; prints each new job's id.")
 
-    @Argument(help: "http(s) URLs.") var urls: [String]
+    @Argument(help: "http(s) URLs.") var urls: [String] = []
+    @Option(name: [.customShort("i"), .customLong("input")], help: "Read URLs from a file (- for standard input): one per line, # comments, indented out=, dir=, checksum=ALGO=HEX, size= lines.") var input: String?
+    @Option(help: "Create a group of this name: its files appear in -d DIR only when all are complete.") var group: String?
+    @Option(help: "Expected digest, ALGO:HEX (sha256, sha512, sha1, md5); one URL only.") var checksum: String?
+    @Option(help: "Expected size in bytes; one URL only.") var size: Int64?
+    @Flag(help: "Wait until the jobs finish (exit 0 if all completed, 1 otherwise), with progress on a terminal.") var wait = false
     @Option(name: .shortAndLong, help: "Destination file (one URL only).") var output: String?
     @Option(name: [.customShort("d"), .long], help: "Destination folder (default: the daemon's download folder).") var dir: String?
     @Option(help: "File name in the folder (one URL only; default: from the URL).") var name: String?
@@ -84,13 +100,46 @@ struct Enqueue: ParsableCommand {
     @OptionGroup var common: Common
 
     func validate() throws {
-        if urls.count > 1 && (output != nil || name != nil || key != nil) {
-            throw ValidationError("-o, --name and --key apply to one URL at a time")
+        if urls.isEmpty && input == nil { throw ValidationError("give URLs, or -i FILE") }
+        if (urls.count > 1 || input != nil) && (output != nil || name != nil || key != nil || checksum != nil || size != nil) {
+            throw ValidationError("-o, --name, --key, --checksum and --size apply to one URL at a time")
         }
         if output != nil && (dir != nil || name != nil) { throw ValidationError("give -o, or -d/--name, not both") }
+        if group != nil && (dir == nil || output != nil || key != nil) { throw ValidationError("--group needs -d DIR (and no -o or --key)") }
+    }
+
+    /// The input list's entries, or a usage error naming the line.
+    private func entries() throws -> [InputEntry] {
+        var list = urls.map { InputEntry(url: $0, line: 0) }
+        guard let input else { return list }
+        let data: Data
+        if input == "-" {
+            data = FileHandle.standardInput.readDataToEndOfFile()
+        } else if let read = FileManager.default.contents(atPath: input) {
+            data = read
+        } else {
+            printError("cannot read \(input)")
+            throw ExitCode(66)
+        }
+        switch InputList.parse(String(decoding: data, as: UTF8.self)) {
+        case .success(let parsed): list += parsed
+        case .failure(let error):
+            printError("\(input == "-" ? "standard input" : input): \(error.description); nothing was enqueued")
+            throw ExitCode(65)
+        }
+        if list.isEmpty {
+            printError("\(input) holds no URL; nothing was enqueued")
+            throw ExitCode(65)
+        }
+        return list
     }
 
     func run() throws {
+        let entries = try entries()
+        if let group {
+            try runGroup(group, entries)
+            return
+        }
         var base: [String: JSONValue] = [:]
         if let output { base["path"] = .string(absolute(output)) }
         if let dir { base["dir"] = .string(absolute(dir)) }
@@ -118,20 +167,64 @@ struct Enqueue: ParsableCommand {
         }
         if overwrite { base["overwrite"] = true }
         if paused { base["paused"] = true }
-        if urls.count == 1 {
+        if let checksum { base["checksum"] = .string(checksum) }
+        if let size { base["size"] = .int(size) }
+        var ids: [Int64] = []
+        if entries.count == 1 && input == nil {
             var params = base
-            params["url"] = .string(urls[0])
+            params["url"] = .string(entries[0].url)
             let result = try common.call("enqueue", params)
+            ids = result["job"]?["id"]?.int64Value.map { [$0] } ?? []
             common.emit(result) { describe(result) }
         } else {
-            let jobs: [JSONValue] = urls.map { url in
+            let jobs: [JSONValue] = entries.map { entry in
                 var params = base
-                params["url"] = .string(url)
+                params["url"] = .string(entry.url)
+                if let name = entry.name { params["name"] = .string(name) }
+                if let folder = entry.dir { params["dir"] = .string(absolute(folder)) }
+                if let checksum = entry.checksum { params["checksum"] = .string(checksum.description) }
+                if let size = entry.size { params["size"] = .int(size) }
                 return .object(params)
             }
             let result = try common.call("enqueue", ["jobs": .array(jobs)])
-            common.emit(result) { (result["results"]?.arrayValue ?? []).map(describe).joined(separator: "\n") }
+            let outcomes = result["results"]?.arrayValue ?? []
+            ids = outcomes.compactMap { $0["job"]?["id"]?.int64Value }
+            common.emit(result) { outcomes.map(describe).joined(separator: "\n") }
         }
+        if wait { try waitFor(common: common, ids: ids, group: nil, timeout: nil, showProgress: true) }
+    }
+
+    /// `--group NAME -d DIR`: one group whose members land in DIR together.
+    private func runGroup(_ group: String, _ entries: [InputEntry]) throws {
+        let members: [JSONValue] = try entries.map { entry in
+            var member: [String: JSONValue] = ["url": .string(entry.url)]
+            let file = entry.name ?? FileNames.fromURL(entry.url)
+            if let folder = entry.dir {
+                guard !folder.hasPrefix("/") else {
+                    printError("line \(entry.line): in a group, dir= must be relative to the group's folder")
+                    throw ExitCode(65)
+                }
+                member["path"] = .string(folder + "/" + file)
+            } else if let name = entry.name {
+                member["name"] = .string(name)
+            }
+            if let checksum = entry.checksum { member["checksum"] = .string(checksum.description) }
+            if let size = entry.size { member["size"] = .int(size) }
+            return .object(member)
+        }
+        var params: [String: JSONValue] = [
+            "group": ["name": .string(group), "dir": .string(absolute(dir ?? "."))],
+            "jobs": .array(members),
+        ]
+        if let priority { params["priority"] = .int(Int64(priority)) }
+        if overwrite { params["overwrite"] = true }
+        if paused { params["paused"] = true }
+        let result = try common.call("enqueue", params)
+        let groupID = result["group"]?["id"]?.int64Value
+        common.emit(result) {
+            "group \(groupID.map(String.init) ?? "?") (\(members.count) files) → \(result["group"]?["dir"]?.stringValue ?? "")"
+        }
+        if wait, let groupID { try waitFor(common: common, ids: [], group: String(groupID), timeout: nil, showProgress: true) }
     }
 
     private func describe(_ outcome: JSONValue) -> String {
@@ -145,9 +238,23 @@ struct Status: ParsableCommand {
 
     @Argument(help: "Job ids (default: all jobs).") var ids: [Int64] = []
     @Option(help: "Only jobs in this state (repeatable).") var state: [String] = []
+    @Option(help: "A group (id or name): its members done/total, bytes, and its jobs.") var group: String?
     @OptionGroup var common: Common
 
     func run() throws {
+        if let group {
+            let result = try common.call("status", ["group": groupValue(group)])
+            common.emit(result) {
+                let g = result["group"] ?? .null
+                let total = g["bytes_total"]?.doubleValue.map { Format.bytes($0) } ?? "?"
+                var head = "group \(g["id"]?.serializedString() ?? "?") \(g["name"]?.stringValue ?? "")  \(g["state"]?.stringValue ?? "")  "
+                head += "\(g["members_done"]?.serializedString() ?? "0")/\(g["members"]?.serializedString() ?? "0") files, "
+                head += "\(Format.bytes(g["bytes_done"]?.doubleValue ?? 0)) of \(total)  → \(g["dir"]?.stringValue ?? "")"
+                if let error = g["error"], !error.isNull { head += "\nerror: \(error["message"]?.stringValue ?? "") [\(error["code"]?.stringValue ?? "")]" }
+                return head + "\n" + Format.table(result["jobs"]?.arrayValue ?? [])
+            }
+            return
+        }
         if ids.count == 1 {
             let job = try common.call("status", ["id": .int(ids[0])])
             common.emit(job) { Format.details(job) }

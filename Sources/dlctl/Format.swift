@@ -33,6 +33,54 @@ enum Format {
         return "?"
     }
 
+    /// `7  page-001.jpg  [#########-----------]  45.2%  12.3 MiB/s  ETA 0:32  running`
+    static func progressLine(_ job: JSONValue, color: Bool) -> String {
+        let width = 24
+        let fraction = min(1, max(0, job["progress"]?.doubleValue ?? 0))
+        let filled = Int(fraction * Double(width))
+        let bar = "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled) + "]"
+        let speed = job["speed"]?.doubleValue ?? 0
+        var eta = ""
+        if speed > 0, let size = job["size"]?.doubleValue, let received = job["received"]?.doubleValue, size > received {
+            let seconds = Int((size - received) / speed)
+            eta = "ETA " + (seconds >= 3600 ? String(format: "%d:%02d:%02d", seconds / 3600, seconds / 60 % 60, seconds % 60)
+                : String(format: "%d:%02d", seconds / 60, seconds % 60))
+        }
+        var stateText = state(job)
+        if color {
+            let code: String
+            switch job["state"]?.stringValue {
+            case "completed": code = "32"
+            case "failed", "canceled": code = "31"
+            case "waiting", "paused": code = "33"
+            default: code = "36"
+            }
+            stateText = "\u{1B}[\(code)m\(stateText)\u{1B}[0m"
+        }
+        let id = job["id"]?.int64Value.map(String.init) ?? "?"
+        let name = String((job["name"]?.stringValue ?? "").prefix(30))
+        return "\(id.padding(toLength: 5, withPad: " ", startingAt: 0)) \(name.padding(toLength: 30, withPad: " ", startingAt: 0)) \(bar) \(progress(job).padding(toLength: 6, withPad: " ", startingAt: 0)) \(self.speed(speed).padding(toLength: 12, withPad: " ", startingAt: 0)) \(eta.padding(toLength: 11, withPad: " ", startingAt: 0)) \(stateText)"
+    }
+
+    /// One plain line per event, for logs and pipes.
+    static func eventLine(_ method: String, _ params: JSONValue) -> String {
+        let id = params["id"]?.int64Value.map { "job \($0)" } ?? params["group"]?.int64Value.map { "group \($0)" } ?? "-"
+        switch method {
+        case "job.progress":
+            let received = params["received"]?.doubleValue ?? 0
+            let size = params["size"]?.doubleValue
+            let percent = size.map { $0 > 0 ? String(format: " %.1f%%", received / $0 * 100) : "" } ?? ""
+            return "\(id) progress \(bytes(received))\(percent) \(speed(params["speed"]?.doubleValue ?? 0))"
+        default:
+            var line = "\(id) \(params["state"]?.stringValue ?? method)"
+            if let reason = params["wait_reason"]?.stringValue { line += "(\(reason))" }
+            if let error = params["error"], !error.isNull {
+                line += ": \(error["message"]?.stringValue ?? "") [\(error["code"]?.stringValue ?? "")]"
+            }
+            return line
+        }
+    }
+
     static func table(_ jobs: [JSONValue]) -> String {
         guard !jobs.isEmpty else { return "no jobs" }
         var rows = [["ID", "STATE", "PROGRESS", "SIZE", "SPEED", "NAME"]]
@@ -67,6 +115,10 @@ enum Format {
         if let next = job["next_attempt_at"]?.stringValue { lines.append(("next try", next)) }
         if let finished = job["finished_at"]?.stringValue { lines.append(("finished", finished)) }
         if let finalURL = job["final_url"]?.stringValue, finalURL != job["url"]?.stringValue { lines.append(("final url", finalURL)) }
+        if let sha256 = job["sha256"]?.stringValue { lines.append(("sha256", sha256)) }
+        if let checksum = job["checksum"]?.stringValue { lines.append(("checksum", checksum + (job["digest"]?.stringValue == checksum.split(separator: ":").last.map(String.init) ? " (verified)" : ""))) }
+        if let group = job["group"]?.int64Value { lines.append(("group", String(group))) }
+        if job["insecure"] == true { lines.append(("tls", "NOT verified (insecure)")) }
         if let key = job["key"]?.stringValue { lines.append(("key", key)) }
         if let meta = job["meta"], !meta.isNull { lines.append(("meta", meta.serializedString())) }
         return lines.map { "\($0.0.padding(toLength: 10, withPad: " ", startingAt: 0)) \($0.1)" }.joined(separator: "\n")

@@ -306,30 +306,24 @@ private func inputError(_ text: String) -> InputListError? {
         Self.expectSafe(FileNames.sanitize(raw), "\(raw.prefix(40).debugDescription)")
     }
 
-    /// Bidi controls such as U+202E should not survive: they make `gpj.exe` display as `exe.jpg`.
+    /// Bidi controls such as U+202E are replaced: they make `gpj.exe` display as `exe.jpg`.
     @Test(arguments: ["\u{202E}gpj.exe", "a\u{200F}b", "a\u{2066}b\u{2069}", "a\u{061C}b"])
     func bidiControlsRemoved(_ raw: String) {
-        withKnownIssue("FileNames.sanitize keeps bidi controls (U+061C, U+200E-F, U+202A-E, U+2066-9)") {
-            let name = FileNames.sanitize(raw)
-            #expect(!name.unicodeScalars.contains { [0x061C, 0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E,
-                0x2066, 0x2067, 0x2068, 0x2069].contains($0.value) })
-        }
+        let name = FileNames.sanitize(raw)
+        #expect(!name.unicodeScalars.contains { [0x061C, 0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E,
+            0x2066, 0x2067, 0x2068, 0x2069].contains($0.value) })
     }
 
-    /// C1 controls (U+0080–U+009F, e.g. U+009B, a terminal's CSI) should not survive either.
+    /// C1 controls (U+0080–U+009F, e.g. U+009B, a terminal's CSI) are replaced too.
     @Test func c1ControlsRemoved() {
-        withKnownIssue("FileNames.sanitize only replaces C0 controls and DEL") {
-            let name = FileNames.sanitize("a\u{9B}31mb\u{85}c")
-            #expect(!name.unicodeScalars.contains { (0x80...0x9F).contains($0.value) })
-        }
+        let name = FileNames.sanitize("a\u{9B}31mb\u{85}c")
+        #expect(!name.unicodeScalars.contains { (0x80...0x9F).contains($0.value) })
     }
 
-    /// A name of only dots and spaces should become the fallback, not a name of spaces and dots.
+    /// A name of only dots and spaces becomes the fallback, not a name of spaces and dots.
     @Test(arguments: [". .", ".  .", ". . ."])
     func dotsAndSpaces(_ raw: String) {
-        withKnownIssue("FileNames.sanitize strips leading dots but not the spaces they uncover") {
-            #expect(FileNames.sanitize(raw) == FileNames.fallback)
-        }
+        #expect(FileNames.sanitize(raw) == FileNames.fallback)
     }
 }
 

@@ -214,6 +214,15 @@ extension JSONValue {
             #expect(text.contains("visible"))
         }
     }
+
+    /// insecure is kept and shown; on_exists takes only its two values.
+    @Test func insecureAndOnExists() async throws {
+        try await DispatcherFixture.with { f in
+            let job = try #require(await f.request("enqueue", ["url": "https://127.0.0.1:9/i", "paused": true, "insecure": true]))
+            #expect(job["result"]?["job"]?["insecure"] == true)
+            #expect(await f.request("enqueue", ["url": "https://127.0.0.1:9/j", "on_exists": "clobber"])?.stableCode == "invalid_params")
+        }
+    }
 }
 
 @Suite struct ConfigTests {
@@ -267,6 +276,15 @@ extension JSONValue {
         #expect { try other.apply(file: file) } throws: { "\($0)".contains("line 2") && "\($0)".contains("max_actve") }
         try "max_active = \"three\"\n".write(toFile: file, atomically: true, encoding: .utf8)
         #expect { try other.apply(file: file) } throws: { "\($0)".contains("max_active must be an integer") }
+    }
+
+    /// The download folder from xdg-user-dirs' file; a folder equal to $HOME is not taken
+    /// (xdg-user-dirs writes that when the folder was disabled).
+    @Test func userDirs() {
+        #expect(DaemonConfig.downloadDir(inUserDirs: "# c\nXDG_DOWNLOAD_DIR=\"$HOME/Téléchargements\"\n", home: "/home/u") == "/home/u/Téléchargements")
+        #expect(DaemonConfig.downloadDir(inUserDirs: "XDG_DOWNLOAD_DIR=\"/srv/dl\"", home: "/home/u") == "/srv/dl")
+        #expect(DaemonConfig.downloadDir(inUserDirs: "XDG_DOWNLOAD_DIR=\"$HOME/\"", home: "/home/u") == nil)
+        #expect(DaemonConfig.downloadDir(inUserDirs: "XDG_MUSIC_DIR=\"$HOME/Music\"", home: "/home/u") == nil)
     }
 
     /// Without XDG_RUNTIME_DIR the socket goes to /tmp/dld-UID; DLD_SOCKET wins for clients.

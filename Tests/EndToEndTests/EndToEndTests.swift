@@ -177,7 +177,7 @@ func expectOriginBytes(at path: String, count: Int, sourceLocation: SourceLocati
             #"{"jsonrpc":"2.0","id":2,"method":"explode"}"#,
             #"{"jsonrpc":"2.0","id":3,"method":"enqueue","params":{"url":"http://127.0.0.1:9/x","colour":"red"}}"#,
             #"{"jsonrpc":"2.0","id":4,"method":"enqueue","params":{"url":"file:///etc/passwd"}}"#,
-            #"{"jsonrpc":"2.0","id":5,"method":"enqueue","params":{"url":"http://127.0.0.1:9/x","dir":"/no/such/folder"}}"#,
+            "{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"enqueue\",\"params\":{\"url\":\"http://127.0.0.1:9/x\",\"dir\":\"\(daemon.downloadDir)/no/such\"}}",
             #"{"jsonrpc":"2.0","id":6,"method":"enqueue","params":{"url":"http://127.0.0.1:9/exists.bin"}}"#,
             #"{"jsonrpc":"2.0","id":7,"method":"pause","params":{"id":12345}}"#,
             #"[{"jsonrpc":"2.0","id":8,"method":"version"},{"bad":true}]"#,

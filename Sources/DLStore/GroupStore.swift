@@ -1,0 +1,137 @@
+import DLCore
+import Foundation
+import GRDB
+
+extension JobStore {
+    /// Creates a group and its members in one transaction.
+    public func insertGroup(
+        name: String, dir: String, priority: Int, members: [NewJob], now: Date
+    ) async throws -> (JobGroup, [Job]) {
+        let (group, jobs, events) = try await pool.write { db in
+            try db.execute(
+                sql: "INSERT INTO groups (name, dir, staging, priority, created_at, updated_at) VALUES (?, ?, '', ?, ?, ?)",
+                arguments: [name, dir, priority, now.timeIntervalSince1970, now.timeIntervalSince1970])
+            let id = db.lastInsertedRowID
+            let staging = JobGroup.stagingFolder(for: dir, id: id)
+            try db.execute(sql: "UPDATE groups SET staging = ? WHERE id = ?", arguments: [staging, id])
+            let group = JobGroup(id: id, name: name, dir: dir, staging: staging, priority: priority, createdAt: now, updatedAt: now)
+            // Members stage under the group's folder, at their path relative to `dir`.
+            let staged = members.map { member -> NewJob in
+                var member = member
+                let relative = String(member.path.dropFirst(dir.count + 1))
+                member.stagingPath = staging + "/" + relative
+                return member
+            }
+            var events: [StoredEvent] = []
+            let outcomes = try Self.insert(staged, groupID: id, now: now, events: &events, in: db)
+            return (group, outcomes.map(\.job), events)
+        }
+        publishEvents(events)
+        return (group, jobs)
+    }
+
+    public func fetchGroup(_ id: GroupID) async throws -> JobGroup? {
+        try await pool.read { db in
+            try Row.fetchOne(db, sql: "SELECT * FROM groups WHERE id = ?", arguments: [id]).map(Self.group(from:))
+        }
+    }
+
+    /// Groups with this name, newest first.
+    public func fetchGroups(named name: String) async throws -> [JobGroup] {
+        try await pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM groups WHERE name = ? ORDER BY id DESC", arguments: [name]).map(Self.group(from:))
+        }
+    }
+
+    public func members(of id: GroupID) async throws -> [Job] {
+        try await pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM jobs WHERE group_id = ? ORDER BY id", arguments: [id]).map(Self.job(from:))
+        }
+    }
+
+    /// Records a group's closing (published or canceled), with its event.
+    public func saveGroup(_ group: JobGroup) async throws {
+        let events = try await pool.write { db in
+            let before = try String?.fetchOne(db, sql: "SELECT closed FROM groups WHERE id = ?", arguments: [group.id]) ?? nil
+            try db.execute(
+                sql: """
+                    UPDATE groups SET name = ?, dir = ?, staging = ?, priority = ?, closed = ?, error_code = ?, error_message = ?,
+                        updated_at = ?, finished_at = ? WHERE id = ?
+                    """,
+                arguments: [group.name, group.dir, group.staging, group.priority, group.closed?.rawValue, group.error?.code,
+                            group.error?.message, group.updatedAt.timeIntervalSince1970, group.finishedAt?.timeIntervalSince1970, group.id])
+            guard let closed = group.closed, before != closed.rawValue else { return [StoredEvent]() }
+            return [try Self.record(.groupState, job: nil, groupID: group.id, state: closed.rawValue, at: group.updatedAt, in: db)]
+        }
+        publishEvents(events)
+    }
+
+    /// Deletes a group and its member rows in one transaction.
+    public func deleteGroup(_ id: GroupID, now: Date = Date()) async throws {
+        let events = try await pool.write { db in
+            var events: [StoredEvent] = []
+            for jobID in try JobID.fetchAll(db, sql: "SELECT id FROM jobs WHERE group_id = ?", arguments: [id]) {
+                try db.execute(sql: "DELETE FROM jobs WHERE id = ?", arguments: [jobID])
+                var gone = Job(id: jobID, url: "", path: "", createdAt: now, updatedAt: now)
+                gone.groupID = id
+                events.append(try Self.record(.jobRemoved, job: gone, groupID: id, state: "removed", at: now, in: db))
+            }
+            try db.execute(sql: "DELETE FROM groups WHERE id = ?", arguments: [id])
+            events.append(try Self.record(.groupState, job: nil, groupID: id, state: "removed", at: now, in: db))
+            return events
+        }
+        publishEvents(events)
+    }
+
+    /// Ids of groups that are not closed.
+    public func openGroups() async throws -> [GroupID] {
+        try await pool.read { db in try GroupID.fetchAll(db, sql: "SELECT id FROM groups WHERE closed IS NULL ORDER BY id") }
+    }
+
+    /// A page of groups by ascending id.
+    public func listGroups(afterID: GroupID = 0, limit: Int = 1000) async throws -> [JobGroup] {
+        try await pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM groups WHERE id > ? ORDER BY id LIMIT ?", arguments: [afterID, limit]).map(Self.group(from:))
+        }
+    }
+
+    /// Queued units in the scheduler's order: a standalone job, or a group that is not running
+    /// yet (ordered by its first queued member). A group takes one slot whatever its size.
+    public func queuedUnits(excluding active: Set<GroupID>, limit: Int) async throws -> [(entry: QueueEntry, groupID: GroupID?)] {
+        try await pool.read { db in
+            let excluded = active.map(String.init).joined(separator: ",")
+            let rows = try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT id, priority, NULL AS group_id FROM jobs WHERE state = 'queued' AND group_id IS NULL
+                    UNION ALL
+                    SELECT MIN(id) AS id, MAX(priority) AS priority, group_id FROM jobs
+                        WHERE state = 'queued' AND group_id IS NOT NULL AND group_id NOT IN (\(excluded))
+                        GROUP BY group_id
+                    ORDER BY priority DESC, id LIMIT ?
+                    """,
+                arguments: [limit])
+            return rows.map { row in (QueueEntry(id: row["id"], priority: row["priority"]), row["group_id"]) }
+        }
+    }
+
+    /// Queued members of a group, in order, at most `limit`.
+    public func queuedMembers(of id: GroupID, limit: Int) async throws -> [Job] {
+        try await pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM jobs WHERE group_id = ? AND state = 'queued' ORDER BY priority DESC, id LIMIT ?",
+                             arguments: [id, limit]).map(Self.job(from:))
+        }
+    }
+
+    static func group(from row: Row) -> JobGroup {
+        let closed: String? = row["closed"]
+        let code: String? = row["error_code"]
+        let message: String? = row["error_message"]
+        let finished: Double? = row["finished_at"]
+        return JobGroup(
+            id: row["id"], name: row["name"], dir: row["dir"], staging: row["staging"], priority: row["priority"],
+            closed: closed.flatMap(GroupState.init(rawValue:)), error: code.map { JobError(code: $0, message: message ?? "") },
+            createdAt: Date(timeIntervalSince1970: row["created_at"]), updatedAt: Date(timeIntervalSince1970: row["updated_at"]),
+            finishedAt: finished.map(Date.init(timeIntervalSince1970:)))
+    }
+}
