@@ -71,6 +71,13 @@ public enum ExistingFilePolicy: String, Sendable, CaseIterable {
 public enum URLRules {
     public static let maxLength = 8192
 
+    /// `https://user:secret@host/x` → `https://user:***@host/x`, for anything shown or logged.
+    public static func redacted(_ url: String) -> String {
+        guard var components = URLComponents(string: url), components.password != nil else { return url }
+        components.password = "***"
+        return components.string ?? url
+    }
+
     /// The URL if it is an absolute http(s) URL with a host, else a message saying why not.
     public static func validate(_ text: String) -> Result<URL, DLError> {
         guard text.utf8.count <= maxLength else {

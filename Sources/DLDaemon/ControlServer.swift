@@ -253,7 +253,13 @@ final class IdleCloser: ChannelInboundHandler, Sendable {
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read, !busy.withLock({ $0 }) {
-            context.close(promise: nil)
+            // Say why before closing, where it can still be said.
+            let error = RPCResponse(id: .null, result: .failure(RPCError(DLError(.invalidRequest, "idle for too long; closing the connection"))))
+            var line = context.channel.allocator.buffer(capacity: 160)
+            line.writeBytes(error.json.serialized())
+            line.writeInteger(UInt8(ascii: "\n"))
+            let channel = context.channel
+            context.writeAndFlush(NIOAny(line)).whenComplete { _ in channel.close(promise: nil) }
             return
         }
         context.fireUserInboundEventTriggered(event)

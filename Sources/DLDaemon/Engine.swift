@@ -190,6 +190,14 @@ public actor Engine {
             if let reason = configuration.queuePausedReason {
                 logger.warning("the queue is paused: \(reason)")
             }
+            // A group whose last member completed just before the daemon died is published now.
+            for id in try await storage({ try await store.openGroups() }) {
+                guard let group = try await storage({ try await store.fetchGroup(id) }), group.error == nil else { continue }
+                let members = try await storage { try await store.members(of: id) }
+                if !members.isEmpty, members.allSatisfy({ $0.state == .completed }) {
+                    try await publish(group, members: members)
+                }
+            }
             try await schedule()
         }
     }

@@ -97,10 +97,6 @@ public enum JobJSON {
         .string(date.formatted(.iso8601))
     }
 
-    /// `https://user:secret@host/x` → `https://user:***@host/x`.
-    public static func redactURL(_ url: String) -> String {
-        guard var components = URLComponents(string: url), components.password != nil else { return url }
-        components.password = "***"
-        return components.string ?? url
-    }
+    /// URLs are shown without their passwords.
+    public static func redactURL(_ url: String) -> String { URLRules.redacted(url) }
 }

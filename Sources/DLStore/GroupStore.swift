@@ -83,16 +83,9 @@ extension JobStore {
         publishEvents(events)
     }
 
-    /// Ids of groups that are not closed.
+    /// Ids of groups that are neither published nor canceled.
     public func openGroups() async throws -> [GroupID] {
         try await pool.read { db in try GroupID.fetchAll(db, sql: "SELECT id FROM groups WHERE closed IS NULL ORDER BY id") }
-    }
-
-    /// A page of groups by ascending id.
-    public func listGroups(afterID: GroupID = 0, limit: Int = 1000) async throws -> [JobGroup] {
-        try await pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM groups WHERE id > ? ORDER BY id LIMIT ?", arguments: [afterID, limit]).map(Self.group(from:))
-        }
     }
 
     /// Queued units in the scheduler's order: a standalone job, or a group that is not running

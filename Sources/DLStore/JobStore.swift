@@ -357,16 +357,6 @@ public final class JobStore: Sendable {
         }
     }
 
-    /// Queued jobs in the scheduler's order, at most `limit`.
-    public func queued(limit: Int) async throws -> [QueueEntry] {
-        try await pool.read { db in
-            try Row.fetchAll(
-                db, sql: "SELECT id, priority FROM jobs WHERE state = 'queued' ORDER BY priority DESC, id LIMIT ?",
-                arguments: [limit]
-            ).map { QueueEntry(id: $0["id"], priority: $0["priority"]) }
-        }
-    }
-
     public func counts() async throws -> [JobState: Int] {
         try await pool.read { db in
             var counts: [JobState: Int] = [:]

@@ -222,7 +222,7 @@ public final class Downloader: Sendable {
         var finalURL: String?
         var proposedName: String?
         var checkpoint: TransferCheckpoint {
-            TransferCheckpoint(received: received, size: size, validators: validators, finalURL: finalURL.map(JobJSONRedaction.url),
+            TransferCheckpoint(received: received, size: size, validators: validators, finalURL: finalURL.map(URLRules.redacted),
                                proposedName: proposedName)
         }
     }
@@ -285,8 +285,9 @@ public final class Downloader: Sendable {
             take(headers, into: &state)
         case 416:
             if let total = ContentRange(headers.first(name: "content-range"))?.total, total == state.received, total > 0 {
-                // Everything is on disk already.
+                // Everything is on disk already: verified from the file, not fetched again.
                 state.size = total
+                try digests.rebuild(from: file, upTo: state.received)
                 return
             }
             try file.truncate(to: 0)
@@ -407,7 +408,7 @@ public final class Downloader: Sendable {
             _ = try? await response.body.collect(upTo: 64 << 10)
             hops += 1
             guard hops <= configuration.maxRedirects else {
-                throw TransferFailure(.permanent, "too_many_redirects", "more than \(configuration.maxRedirects) redirects from \(JobJSONRedaction.url(request.url))")
+                throw TransferFailure(.permanent, "too_many_redirects", "more than \(configuration.maxRedirects) redirects from \(URLRules.redacted(request.url))")
             }
             guard let base = URL(string: current) else {
                 throw TransferFailure(.permanent, "invalid_url", "invalid URL: \(current.prefix(200))")
@@ -544,14 +545,5 @@ struct ContentRange: Equatable {
         guard bounds.count == 2, let first = Int64(bounds[0]), let last = Int64(bounds[1]) else { return nil }
         start = first
         end = last
-    }
-}
-
-/// URLs in messages and logs lose their passwords.
-enum JobJSONRedaction {
-    static func url(_ url: String) -> String {
-        guard var components = URLComponents(string: url), components.password != nil else { return url }
-        components.password = "***"
-        return components.string ?? url
     }
 }

@@ -84,10 +84,6 @@ public final class PartialFile {
         guard fdatasync(fd) == 0 else { throw Self.failure("sync", path, errno) }
     }
 
-    public func sync() throws(TransferFailure) {
-        guard fsync(fd) == 0 else { throw Self.failure("sync", path, errno) }
-    }
-
     /// fsync on a thread of NIO's blocking pool: it can take as long as the disk needs, and a
     /// cooperative thread must not wait that long.
     public func syncOffThread() async throws {

@@ -293,3 +293,43 @@ extension JSONValue {
         #expect(SocketPath.clientPath(environment: ["DLD_SOCKET": "/x/s", "XDG_RUNTIME_DIR": "/run/user/1"]) == "/x/s")
     }
 }
+
+@Suite struct GroupRecoveryTests {
+    /// A group whose members all completed, but that was not published before the daemon died,
+    /// is published at the next start.
+    @Test func unpublishedCompleteGroupIsPublishedAtStart() async throws {
+        let folder = NSTemporaryDirectory() + "dld-grp-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder + "/dl", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let store = try JobStore(path: folder + "/jobs.sqlite")
+        let dir = folder + "/dl/book"
+        let now = Date()
+        let (group, members) = try await store.insertGroup(
+            name: "book", dir: dir, priority: 0,
+            members: [NewJob(url: "http://127.0.0.1:9/a", path: dir + "/a.txt", state: .paused),
+                      NewJob(url: "http://127.0.0.1:9/b", path: dir + "/sub/b.txt", state: .paused)],
+            now: now)
+        // As if both transfers had completed into the staging folder, and then dld died.
+        var done: [Job] = []
+        for var member in members {
+            let staged = try #require(member.stagingPath)
+            try FileManager.default.createDirectory(atPath: (staged as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+            try Data(member.name.utf8).write(to: URL(fileURLWithPath: staged))
+            member.state = .completed
+            member.received = Int64(member.name.utf8.count)
+            done.append(member)
+        }
+        try await store.save(done)
+        let logger = Logger(label: "test")
+        let downloader = Downloader(logger: logger)
+        let engine = Engine(store: store, downloader: downloader, configuration: EngineConfiguration(downloadDir: folder + "/dl"), logger: logger)
+        try await engine.start()
+        let (after, summary, _) = try await engine.groupStatus(.id(group.id))
+        #expect(summary.state == .completed)
+        #expect(after.closed == .completed)
+        #expect(try String(contentsOfFile: dir + "/a.txt", encoding: .utf8) == "a.txt")
+        #expect(try String(contentsOfFile: dir + "/sub/b.txt", encoding: .utf8) == "b.txt")
+        #expect(!FileManager.default.fileExists(atPath: group.staging))
+        await engine.shutdown()
+    }
+}
