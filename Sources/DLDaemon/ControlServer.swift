@@ -104,7 +104,11 @@ public final class ControlServer: Sendable {
                     try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle), name: "idle")
                     try channel.pipeline.syncOperations.addHandler(IdleCloser(), name: "idle-closer")
                     try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(LineDecoder(maxLength: maxLine)))
-                    return try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+                    // Finishing the writer half-closes the connection after what was written, so
+                    // a cut-off event stream still delivers its last notice.
+                    return try NIOAsyncChannel<ByteBuffer, ByteBuffer>(
+                        wrappingChannelSynchronously: channel,
+                        configuration: .init(isOutboundHalfClosureEnabled: true))
                 }
             }
         chmod(path, 0o600)
@@ -195,20 +199,22 @@ public final class ControlServer: Sendable {
         }
         var delivered = last
         for await item in live {
-                    let data: Data
-                    switch item {
-                    case .stored(let event):
-                        guard event.seq > delivered else { continue }
-                        delivered = event.seq
-                        data = Self.notification(event)
-                    case .progress(let params):
-                        data = RPCRequest(method: "job.progress", params: params.objectValue ?? [:]).json.serialized()
-                    }
+            let data: Data
+            switch item {
+            case .stored(let event):
+                guard event.seq > delivered else { continue }
+                delivered = event.seq
+                data = Self.notification(event)
+            case .progress(let params):
+                data = RPCRequest(method: "job.progress", params: params.objectValue ?? [:]).json.serialized()
+            }
             try await outbound.write(Self.line(data))
         }
         if hub.didOverflow(token) {
+            // Cut off rather than silently missing an event: say so, then end the stream.
             let note = RPCRequest(method: "events.overflow", params: ["message": "this subscriber fell too far behind; subscribe again with since"])
             try? await outbound.write(Self.line(note.json.serialized()))
+            outbound.finish()
         }
     }
 

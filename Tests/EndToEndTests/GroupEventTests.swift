@@ -5,6 +5,9 @@ import DLTransfer
 import Foundation
 import Testing
 
+/// The subscriber buffer of dld's event hub (EventHub.bufferLimit).
+enum EventHubLimit { static let value = 10_000 }
+
 func originDigest(_ algorithm: DigestAlgorithm, count: Int) throws -> String {
     let digest = try #require(StreamingDigest(algorithm))
     digest.update(TestOrigin.bytes(count: count))
@@ -192,6 +195,40 @@ func originDigest(_ algorithm: DigestAlgorithm, count: Int) throws -> String {
             #expect(replayed == seqs)
             #expect(try daemon.callError("subscribe", ["idz": [1]]).stableCode == "invalid_params")
         }
+    }
+
+    /// A subscriber that stops reading is cut off with events.overflow once it is 10000 events
+    /// behind, rather than silently missing one; others are not affected.
+    @Test func slowSubscriberIsCutOff() throws {
+        let daemon = try DaemonHarness(config: "max_line_bytes = 16777216\n")
+        try daemon.start()
+        defer { daemon.stop() }
+        let sleeper = RPCClient(socketPath: daemon.socket)
+        defer { sleeper.close() }
+        let answer = try sleeper.call("subscribe")
+        let start = try #require(answer["seq"]?.int64Value)
+        let jobs = JSONValue.array((0..<12_000).map { n in ["url": .string("http://127.0.0.1:9/f\(n)"), "paused": true] })
+        #expect(try daemon.call("enqueue", ["jobs": jobs])["results"]?.arrayValue?.count == 12_000)
+        try sleeper.setReadTimeout(30)
+        var seen = 0
+        var last = start
+        var overflow = false
+        while true {
+            guard let message = try? sleeper.readMessage() else { break }
+            if message["method"] == "events.overflow" {
+                overflow = true
+                continue
+            }
+            if let seq = message["params"]?["seq"]?.int64Value {
+                #expect(seq == last + 1, "events arrive in order without gaps")
+                last = seq
+                seen += 1
+            }
+        }
+        #expect(overflow)
+        #expect(seen >= EventHubLimit.value && seen < 12_000, "\(seen)")
+        // The daemon and other clients carry on.
+        #expect(try daemon.call("stats")["total"] == 12_000)
     }
 
     /// wait: 0 when all completed, 1 when one failed, 124 on timeout; enqueue --wait; watch
