@@ -190,6 +190,7 @@ public actor Engine {
             if let reason = configuration.queuePausedReason {
                 logger.warning("the queue is paused: \(reason)")
             }
+            try await removeOrphanStaging()
             // A group whose last member completed just before the daemon died is published now.
             for id in try await storage({ try await store.openGroups() }) {
                 guard let group = try await storage({ try await store.fetchGroup(id) }), group.error == nil else { continue }
@@ -247,6 +248,30 @@ public actor Engine {
         var info = stat()
         if lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, unlink(job.partialPath) == 0 {
             logger.notice("removed a partial file of a finished job", metadata: ["job": "\(job.id)", "path": "\(job.partialPath)"])
+        }
+    }
+
+    /// Staging folders of groups that are gone or closed (a crash in the middle of `remove` or
+    /// `cancel`) hold only dld's own partial files: they are removed and logged. Plain `.part`
+    /// files that belong to no job are left alone: browsers use that suffix in the same folders,
+    /// and dld cannot tell theirs from its own once the job's row is gone.
+    private func removeOrphanStaging() async throws(DLError) {
+        let groups = try await storage { try await store.groupFolders() }
+        let open = Set(groups.filter(\.open).map(\.id))
+        var folders = Set([configuration.downloadDir])
+        for group in groups { folders.insert((group.dir as NSString).deletingLastPathComponent) }
+        for folder in folders {
+            guard let entries = try? FileManager.default.contentsOfDirectory(atPath: folder) else { continue }
+            for entry in entries where entry.hasPrefix(".") {
+                guard let range = entry.range(of: ".dld-staging-", options: .backwards),
+                    let id = GroupID(entry[range.upperBound...]), !open.contains(id)
+                else { continue }
+                let path = folder + "/" + entry
+                var info = stat()
+                guard lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { continue }
+                try? FileManager.default.removeItem(atPath: path)
+                logger.notice("removed the staging folder of a group that is gone", metadata: ["path": "\(path)"])
+            }
         }
     }
 

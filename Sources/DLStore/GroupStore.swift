@@ -83,6 +83,16 @@ extension JobStore {
         publishEvents(events)
     }
 
+    /// Every group folder, with whether the group is still open.
+    public func groupFolders() async throws -> [(id: GroupID, dir: String, open: Bool)] {
+        try await pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT id, dir, closed FROM groups").map { row in
+                let closed: String? = row["closed"]
+                return (row["id"], row["dir"], closed == nil)
+            }
+        }
+    }
+
     /// Ids of groups that are neither published nor canceled.
     public func openGroups() async throws -> [GroupID] {
         try await pool.read { db in try GroupID.fetchAll(db, sql: "SELECT id FROM groups WHERE closed IS NULL ORDER BY id") }

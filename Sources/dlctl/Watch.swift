@@ -102,7 +102,7 @@ struct Watch: ParsableCommand {
             do {
                 message = try tracker.client.readMessage()
             } catch {
-                if terminal { renderer.finish() }
+                if terminal { renderer.finish(tracker) }
                 printError("the event stream ended: \(error)")
                 throw ExitCode(1)
             }
@@ -115,7 +115,7 @@ struct Watch: ParsableCommand {
                 print(Format.eventLine(method, params))
             }
         }
-        if terminal { renderer.finish() }
+        if terminal { renderer.finish(tracker) }
     }
 }
 
@@ -155,9 +155,12 @@ func waitFor(common: Common, ids: [Int64], group: String?, timeout: Double?, sho
         let watched = group == nil ? ids : tracker.order
         if group != nil {
             let (done, ok) = try groupDone()
-            if done { throw ExitCode(ok ? 0 : 1) }
+            if done {
+                if terminal { renderer.finish(tracker) }
+                throw ExitCode(ok ? 0 : 1)
+            }
         } else if watched.allSatisfy({ Tracker.finished.contains(tracker.state($0)) }) {
-            if terminal { renderer.finish() }
+            if terminal { renderer.finish(tracker) }
             let ok = watched.allSatisfy { tracker.state($0) == "completed" }
             if !ok {
                 for id in watched where tracker.state(id) != "completed" {
@@ -207,7 +210,9 @@ struct Renderer {
         output.write(Data(text.utf8))
     }
 
-    mutating func finish() {
+    /// The last frame, drawn whatever the rate limit, so that it shows the final states.
+    mutating func finish(_ tracker: Tracker) {
         last = .distantPast
+        draw(tracker)
     }
 }

@@ -303,6 +303,10 @@ func sha256sum(_ path: String) throws -> String {
             try FileManager.default.removeItem(atPath: daemon.downloadDir + "/done.bin")
             try Data("stray".utf8).write(to: URL(fileURLWithPath: daemon.downloadDir + "/done.bin.part"))
             try Data("browser".utf8).write(to: URL(fileURLWithPath: daemon.downloadDir + "/firefox.iso.part"))
+            // The staging folder of a group that no longer exists (a crash in the middle of remove).
+            let orphan = daemon.downloadDir + "/.gone.dld-staging-77"
+            try FileManager.default.createDirectory(atPath: orphan, withIntermediateDirectories: true)
+            try Data("partial".utf8).write(to: URL(fileURLWithPath: orphan + "/page.jpg.part"))
 
             try daemon.start()
             defer { daemon.stop() }
@@ -313,6 +317,8 @@ func sha256sum(_ path: String) throws -> String {
             #expect(missing["error"]?["code"] == "file_missing")
             #expect(!FileManager.default.fileExists(atPath: daemon.downloadDir + "/done.bin.part"))
             #expect(FileManager.default.fileExists(atPath: daemon.downloadDir + "/firefox.iso.part"))
+            #expect(!FileManager.default.fileExists(atPath: orphan))
+            #expect(daemon.log.contains("removed the staging folder"))
             _ = try daemon.call("resume", ["id": .int(paused)])
             #expect(try daemon.waitForState(paused, ["completed", "failed"])["state"] == "completed")
             try expectOriginBytes(at: daemon.downloadDir + "/paused.bin", count: 4 << 20)
