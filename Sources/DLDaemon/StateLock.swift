@@ -34,6 +34,7 @@ enum Folders {
     /// had to be tightened, so that the caller can say so.
     @discardableResult
     static func ensure(_ path: String, mode: mode_t) throws -> mode_t? {
+        let existed = FileManager.default.fileExists(atPath: path)
         do {
             try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         } catch {
@@ -51,6 +52,7 @@ enum Folders {
         guard chmod(path, mode) == 0 else {
             throw DaemonError("cannot set mode \(String(mode, radix: 8)) on \(path): \(String(cString: strerror(errno)))")
         }
-        return old
+        // A folder just created under the umask is not news; one that was looser is.
+        return existed ? old : nil
     }
 }

@@ -22,6 +22,8 @@ func mode(_ path: String) -> mode_t? {
         try daemon.start()
         defer { daemon.stop() }
         #expect(mode(daemon.root + "/xdg/dld") == 0o700)
+        #expect(daemon.log.contains("socket folder had mode 777; set to 700"), "\(daemon.log.prefix(2000))")
+        #expect(!daemon.log.contains("state folder had mode"), "a folder dld just created is not reported")
         #expect(mode(daemon.socket) == 0o600)
         #expect(mode(daemon.stateDir) == 0o700)
         #expect(mode(daemon.stateDir + "/jobs.sqlite") == 0o600)
