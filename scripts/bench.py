@@ -65,10 +65,14 @@ def start_origin(work):
     if nginx:
         docroot = os.path.join(work, "www")
         os.makedirs(docroot)
+        # nginx's workers drop to an unprivileged user: they must be able to read the file.
+        os.chmod(work, 0o755)
+        os.chmod(docroot, 0o755)
         with open(os.path.join(docroot, "file.bin"), "wb") as f:
             chunk = os.urandom(1 << 20)
             for _ in range(SIZE >> 20):
                 f.write(chunk)
+        os.chmod(os.path.join(docroot, "file.bin"), 0o644)
         conf = os.path.join(work, "nginx.conf")
         port = free_port()
         with open(conf, "w") as f:
