@@ -51,6 +51,12 @@ public struct JobError: Sendable, Equatable, Codable {
 
 /// One header a client asked to be sent with a job's requests.
 public struct HeaderField: Sendable, Equatable, Codable {
+    /// Headers whose values are credentials: stored, sent only to the job's own host, never
+    /// shown. Lowercase.
+    public static let credentialNames: Set<String> = ["authorization", "cookie", "proxy-authorization"]
+
+    public var isCredential: Bool { Self.credentialNames.contains(name.lowercased()) }
+
     public var name: String
     public var value: String
 

@@ -73,12 +73,8 @@ public enum Daemon {
     /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not
     /// exist are left out until they do (at the next start).
     static func pathPolicy(_ config: DaemonConfig) -> PathPolicy {
-        func resolved(_ path: String) -> String? {
-            guard let real = realpath(path, nil) else { return nil }
-            defer { free(real) }
-            return String(cString: real)
-        }
-        return PathPolicy(allowedRoots: config.effectiveAllowedRoots.compactMap(resolved), home: resolved(config.home))
+        PathPolicy(allowedRoots: config.effectiveAllowedRoots.compactMap(Destination.realPath),
+                   home: Destination.realPath(config.home))
     }
 
     /// The socket's folder: created 0700 when missing; the default folders (which only dld

@@ -69,10 +69,16 @@ struct Destination {
     func resolvedFolder(_ folder: String) throws(DLError) -> String {
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory), isDirectory.boolValue,
-            let real = realpath(folder, nil)
+            let real = Self.realPath(folder)
         else {
             throw DLError(.destinationInvalid, "the folder \(folder) does not exist")
         }
+        return real
+    }
+
+    /// `realpath(3)`: absolute, symlinks resolved; nil when the path does not exist.
+    static func realPath(_ path: String) -> String? {
+        guard let real = realpath(path, nil) else { return nil }
         defer { free(real) }
         return String(cString: real)
     }

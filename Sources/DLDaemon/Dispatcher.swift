@@ -209,6 +209,9 @@ public struct Dispatcher: Sendable {
         "on_exists", "insecure",
     ]
 
+    /// RFC 9110 token characters, the only ones allowed in a header name.
+    static let tokenCharacters = CharacterSet(charactersIn: "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
     static let groupKeys: Set<String> = ["group", "jobs", "priority", "headers", "overwrite", "paused"]
     static let memberKeys: Set<String> = ["url", "name", "path", "checksum", "size", "meta"]
 
@@ -328,8 +331,7 @@ public struct Dispatcher: Sendable {
         var total = 0
         for (name, value) in object.sorted(by: { $0.key < $1.key }) {
             guard let text = value.stringValue else { throw .invalidParams("header \"\(name)\" must be a string") }
-            let tokenChars = CharacterSet(charactersIn: "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-            guard !name.isEmpty, name.unicodeScalars.allSatisfy(tokenChars.contains) else {
+            guard !name.isEmpty, name.unicodeScalars.allSatisfy(Self.tokenCharacters.contains) else {
                 throw .invalidParams("invalid header name \"\(name.prefix(100))\"")
             }
             // By scalars: "\r\n" is one Character, equal to neither "\r" nor "\n".

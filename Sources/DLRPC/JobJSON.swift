@@ -17,15 +17,13 @@ public struct LiveProgress: Sendable, Equatable {
 
 /// The protocol's view of a job (see docs/protocol.md, "The job object").
 public enum JobJSON {
-    /// Header names whose values are secrets: stored, never shown.
-    public static let secretHeaders: Set<String> = ["authorization", "cookie", "proxy-authorization"]
 
     public static func encode(_ job: Job, live: LiveProgress? = nil) -> JSONValue {
         let received = max(live?.received ?? job.received, job.received)
         let size = live?.size ?? job.size
         var object: [String: JSONValue] = [
             "id": .int(job.id),
-            "url": .string(redactURL(job.url)),
+            "url": .string(URLRules.redacted(job.url)),
             "path": .string(job.path),
             "name": .string(job.name),
             "state": .string(job.state.rawValue),
@@ -52,10 +50,10 @@ public enum JobJSON {
         object["key"] = job.key.map { .string($0) } ?? .null
         object["meta"] = job.meta.flatMap { try? JSONValue.parse(Data($0.utf8)) } ?? .null
         object["headers"] = .array(job.headers.map { header in
-            let shown = secretHeaders.contains(header.name.lowercased()) ? "<redacted>" : header.value
+            let shown = header.isCredential ? "<redacted>" : header.value
             return ["name": .string(header.name), "value": .string(shown)]
         })
-        object["final_url"] = job.finalURL.map { .string(redactURL($0)) } ?? .null
+        object["final_url"] = job.finalURL.map { .string(URLRules.redacted($0)) } ?? .null
         object["checksum"] = job.checksum.map { .string($0.description) } ?? .null
         object["sha256"] = job.sha256.map { .string($0) } ?? .null
         object["digest"] = job.digest.map { .string($0) } ?? .null
@@ -97,6 +95,4 @@ public enum JobJSON {
         .string(date.formatted(.iso8601))
     }
 
-    /// URLs are shown without their passwords.
-    public static func redactURL(_ url: String) -> String { URLRules.redacted(url) }
 }

@@ -385,7 +385,7 @@ public final class Downloader: Sendable {
             // Credentials are for the host they were given for: a redirect to another host
             // does not carry them.
             let sameHost = URL(string: current)?.host?.lowercased() == origin
-            for header in request.headers where sameHost || !Self.credentialHeaders.contains(header.name.lowercased()) {
+            for header in request.headers where sameHost || !header.isCredential {
                 http.headers.add(name: header.name, value: header.value)
             }
             if sameHost, !hasOwnAuthorization, let basic {
@@ -439,8 +439,6 @@ public final class Downloader: Sendable {
                 "\(folder) has \(free) bytes free, below the floor of \(request.diskSpace.minFree)")
         }
     }
-
-    static let credentialHeaders: Set<String> = ["authorization", "cookie", "proxy-authorization"]
 
     private func expect200(_ response: HTTPClientResponse) throws {
         let status = Int(response.status.code)

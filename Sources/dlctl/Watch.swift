@@ -151,9 +151,13 @@ func waitFor(common: Common, ids: [Int64], group: String?, timeout: Double?, sho
         let state = status["group"]?["state"]?.stringValue ?? ""
         return (["completed", "failed", "canceled"].contains(state), state == "completed")
     }
+    // A group's state is derived by the daemon; it is asked again only after a state change
+    // (progress notifications cannot finish it).
+    var groupMayHaveChanged = true
     while true {
         let watched = group == nil ? ids : tracker.order
-        if group != nil {
+        if group != nil, groupMayHaveChanged {
+            groupMayHaveChanged = false
             let (done, ok) = try groupDone()
             if done {
                 if terminal { renderer.finish(tracker) }
@@ -177,6 +181,7 @@ func waitFor(common: Common, ids: [Int64], group: String?, timeout: Double?, sho
         do {
             let message = try tracker.client.readMessage()
             tracker.apply(message)
+            if message["method"] != "job.progress" { groupMayHaveChanged = true }
             if terminal { renderer.draw(tracker) }
         } catch .timedOut {
             throw ExitCode(124)
