@@ -71,6 +71,13 @@ public enum ExistingFilePolicy: String, Sendable, CaseIterable {
 public enum URLRules {
     public static let maxLength = 8192
 
+    /// What the per-host limit counts: the lowercased host, with the port when one is given
+    /// (`example.org`, `127.0.0.1:8080`). Empty when the URL has no host.
+    public static func hostKey(_ url: String) -> String {
+        guard let components = URLComponents(string: url), let host = components.host?.lowercased() else { return "" }
+        return components.port.map { "\(host):\($0)" } ?? host
+    }
+
     /// `https://user:secret@host/x` → `https://user:***@host/x`, for anything shown or logged.
     public static func redacted(_ url: String) -> String {
         guard var components = URLComponents(string: url), components.password != nil else { return url }

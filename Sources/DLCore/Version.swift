@@ -1,6 +1,6 @@
 /// dld's version, reported by `version` and in the User-Agent.
 public enum DLDVersion {
-    public static let current = "0.1.0"
+    public static let current = "0.2.0"
     /// The protocol's version: bumped when docs/protocol.md changes incompatibly.
-    public static let protocolVersion = 1
+    public static let protocolVersion = 2
 }

@@ -16,13 +16,15 @@ public struct DaemonConfig: Sendable, Equatable {
     public var retryMaxDelay: Double = 600
     public var connectTimeout: Int = 20
     public var readTimeout: Int = 60
-    public var maxLineBytes: Int = 1 << 20
+    public var maxLineBytes: Int = 4 << 20
     public var maxConnections: Int = 64
     public var minFree: Int64 = 1 << 30
     public var giveUpAfter: Double = 86_400
     public var checkpointInterval: Double = 2
     public var diskRecheck: Double = 30
     public var groupParallel: Int = 4
+    /// Transfers to one host (and port) at once, as browsers limit theirs.
+    public var maxPerHost: Int = 6
     /// Hook commands (argv lists, run without a shell) and their time limit in seconds.
     public var onComplete: [String]?
     public var onError: [String]?
@@ -100,7 +102,7 @@ public struct DaemonConfig: Sendable, Equatable {
     public static let keys = [
         "socket", "state_dir", "download_dir", "max_active", "log_level", "max_attempts", "retry_base",
         "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections", "min_free",
-        "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "on_complete", "on_error", "hook_timeout",
+        "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
         "allowed_roots", "max_queued", "idle_timeout", "netrc",
     ]
 
@@ -145,6 +147,7 @@ public struct DaemonConfig: Sendable, Equatable {
         case "max_line_bytes": maxLineBytes = try int(1024...(64 << 20))
         case "max_connections": maxConnections = try int(1...10_000)
         case "group_parallel": groupParallel = try int(1...64)
+        case "max_per_host": maxPerHost = try int(1...64)
         case "max_queued": maxQueued = try int(1...100_000_000)
         case "idle_timeout": idleTimeout = try int(1...86_400)
         case "netrc":
@@ -221,6 +224,7 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("checkpoint_interval = \(number(checkpointInterval))")
         lines.append("disk_recheck = \(number(diskRecheck))")
         lines.append("group_parallel = \(groupParallel)")
+        lines.append("max_per_host = \(maxPerHost)")
         lines.append("hook_timeout = \(hookTimeout)")
         if let onComplete { lines.append("on_complete = [\(onComplete.map(quote).joined(separator: ", "))]") }
         if let onError { lines.append("on_error = [\(onError.map(quote).joined(separator: ", "))]") }

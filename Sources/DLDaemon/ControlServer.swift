@@ -54,7 +54,7 @@ struct LineDecoder: ByteToMessageDecoder {
 /// answered in order. Only the daemon's own uid is served.
 public final class ControlServer: Sendable {
     public struct Limits: Sendable {
-        public var maxLineBytes = 1 << 20
+        public var maxLineBytes = 4 << 20
         public var maxConnections = 64
         /// A connection silent this long between requests is closed.
         public var idleTimeout: TimeAmount = .seconds(300)

@@ -31,6 +31,7 @@ public enum Daemon {
         var downloaderConfig = DownloaderConfiguration()
         downloaderConfig.connectTimeout = .seconds(Int64(config.connectTimeout))
         downloaderConfig.readTimeout = .seconds(Int64(config.readTimeout))
+        downloaderConfig.connectionsPerHost = max(8, config.maxPerHost)
         let downloader = Downloader(configuration: downloaderConfig, logger: logger)
         let bootGuard = BootGuard(stateDir: config.stateDir)
         let failedStarts = bootGuard.starting()
@@ -38,19 +39,21 @@ public enum Daemon {
         if failedStarts >= BootGuard.limit {
             queuePausedReason = "the last \(failedStarts) start-ups of dld did not finish; the queue is paused so that it does not crash again. Read the log, then run `dlctl queue resume`"
         }
+        var engineConfiguration = EngineConfiguration(
+            downloadDir: config.downloadDir, maxActive: config.maxActive,
+            backoff: BackoffPolicy(base: config.retryBase, cap: config.retryMaxDelay, maxAttempts: config.maxAttempts,
+                                   giveUpAfter: config.giveUpAfter, diskRecheck: config.diskRecheck),
+            diskSpace: DiskSpacePolicy(minFree: config.minFree),
+            checkpoints: CheckpointPolicy(interval: config.checkpointInterval),
+            queuePausedReason: queuePausedReason, groupParallel: config.groupParallel,
+            pathPolicy: pathPolicy(config), maxQueued: config.maxQueued, netrcPath: config.effectiveNetrc)
+        engineConfiguration.maxPerHost = config.maxPerHost
         let engine = Engine(
             store: store, downloader: downloader,
-            configuration: EngineConfiguration(
-                downloadDir: config.downloadDir, maxActive: config.maxActive,
-                backoff: BackoffPolicy(base: config.retryBase, cap: config.retryMaxDelay, maxAttempts: config.maxAttempts,
-                                       giveUpAfter: config.giveUpAfter, diskRecheck: config.diskRecheck),
-                diskSpace: DiskSpacePolicy(minFree: config.minFree),
-                checkpoints: CheckpointPolicy(interval: config.checkpointInterval),
-                queuePausedReason: queuePausedReason, groupParallel: config.groupParallel,
-                pathPolicy: pathPolicy(config), maxQueued: config.maxQueued, netrcPath: config.effectiveNetrc),
+            configuration: engineConfiguration,
             logger: logger)
         let hub = EventHub()
-        store.setEventSink { hub.publish($0) }
+        store.setEventSink(wanted: { hub.subscriberCount > 0 }) { hub.publish($0) }
         await engine.startProgressReports(every: .milliseconds(500)) { hub.publishProgress($0, $1) }
         let hooks = HookRunner(
             onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger)

@@ -8,7 +8,9 @@ import Foundation
 public struct Dispatcher: Sendable {
     public struct Limits: Sendable {
         public var maxMetaBytes = 64 << 10
-        public var maxJobsPerEnqueue = 100_000
+        /// Jobs in one `enqueue`. With the 4 MiB line limit this leaves about 400 bytes a job
+        /// (docs/protocol.md); `dlctl` splits longer lists into several calls.
+        public var maxJobsPerEnqueue = 10_000
         public var maxHeaders = 64
         public var maxHeaderBytes = 8 << 10
         public var maxListLimit = 10_000
@@ -107,17 +109,16 @@ public struct Dispatcher: Sendable {
         case "pause", "resume", "cancel":
             let params = try Params(raw, allowed: ["id", "ids", "all", "group"])
             let selection = try params.selection()
-            let jobs: [Job]
             switch method {
-            case "pause": jobs = try await engine.pause(selection)
-            case "resume": jobs = try await engine.resume(selection)
-            default: jobs = try await engine.cancel(selection)
+            case "pause": return Self.bulkReply(try await engine.pause(selection))
+            case "resume": return Self.bulkReply(try await engine.resume(selection))
+            default: return Self.bulkReply(try await engine.cancel(selection))
             }
-            return ["jobs": .array(jobs.map { JobJSON.encode($0) })]
         case "remove":
             let params = try Params(raw, allowed: ["id", "ids", "all", "group", "delete_file"])
-            let jobs = try await engine.remove(try params.selection(), deleteFile: try params.bool("delete_file") ?? false)
-            return ["removed": .array(jobs.map { .int($0.id) })]
+            let outcome = try await engine.remove(try params.selection(), deleteFile: try params.bool("delete_file") ?? false)
+            // `removed`, the list protocol 1 answered with, stays: the same ids.
+            return Self.bulkReply(outcome, alsoAs: "removed")
         case "status":
             let params = try Params(raw, allowed: ["id", "ids", "group"])
             switch try params.selection() {
@@ -182,6 +183,15 @@ public struct Dispatcher: Sendable {
         default:
             throw DLError(.methodNotFound, "unknown method \"\(method.prefix(100))\"; methods: \(Self.methods.joined(separator: ", "))")
         }
+    }
+
+    /// The reply of a bulk command: how many jobs changed and the first of their ids, so that
+    /// it stays small whatever the count (docs/protocol.md, "Bulk commands").
+    static func bulkReply(_ outcome: BulkOutcome, alsoAs alias: String? = nil) -> JSONValue {
+        let ids = JSONValue.array(outcome.ids.map { .int($0) })
+        var reply: [String: JSONValue] = ["count": .int(Int64(outcome.count)), "ids": ids, "more": .bool(outcome.count > outcome.ids.count)]
+        if let alias { reply[alias] = ids }
+        return .object(reply)
     }
 
     private func parseStates(_ params: Params) throws(DLError) -> [JobState]? {
@@ -251,7 +261,10 @@ public struct Dispatcher: Sendable {
             headers: try headers(params), overwrite: try params.bool("overwrite") ?? false,
             paused: try params.bool("paused") ?? false, members: members)
         let summary = GroupSummary.summarize(created, members: jobs, active: false)
-        return ["group": JobJSON.encodeGroup(created, summary), "results": .array(jobs.map { ["job": JobJSON.encode($0), "created": true] })]
+        return [
+            "group": JobJSON.encodeGroup(created, summary), "count": .int(Int64(jobs.count)),
+            "results": .array(jobs.map { ["id": .int($0.id), "created": true, "path": .string($0.path)] }),
+        ]
     }
 
     private func meta(_ params: Params) throws(DLError) -> String? {
@@ -281,7 +294,13 @@ public struct Dispatcher: Sendable {
                 }
             }
             let outcomes = try await engine.enqueue(specs)
-            return ["results": .array(outcomes.map { ["job": JobJSON.encode($0.job), "created": .bool($0.created)] })]
+            // One short entry a job, not the whole job: 10 000 of them stay well under the
+            // line limit (a client asks `status` for more).
+            return [
+                "count": .int(Int64(outcomes.count)),
+                "created": .int(Int64(outcomes.filter(\.created).count)),
+                "results": .array(outcomes.map { ["id": .int($0.job.id), "created": .bool($0.created), "path": .string($0.job.path)] }),
+            ]
         }
         let spec = try spec(Params(raw, allowed: Self.jobKeys))
         let outcomes = try await engine.enqueue([spec])

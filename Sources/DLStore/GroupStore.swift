@@ -66,19 +66,12 @@ extension JobStore {
         publishEvents(events)
     }
 
-    /// Deletes a group and its member rows in one transaction.
+    /// Deletes a group record (its members are deleted with `delete(.group(id), …)` in the
+    /// same command), with its event.
     public func deleteGroup(_ id: GroupID, now: Date = Date()) async throws {
         let events = try await pool.write { db in
-            var events: [StoredEvent] = []
-            for jobID in try JobID.fetchAll(db, sql: "SELECT id FROM jobs WHERE group_id = ?", arguments: [id]) {
-                try db.execute(sql: "DELETE FROM jobs WHERE id = ?", arguments: [jobID])
-                var gone = Job(id: jobID, url: "", path: "", createdAt: now, updatedAt: now)
-                gone.groupID = id
-                events.append(try Self.record(.jobRemoved, job: gone, groupID: id, state: "removed", at: now, in: db))
-            }
             try db.execute(sql: "DELETE FROM groups WHERE id = ?", arguments: [id])
-            events.append(try Self.record(.groupState, job: nil, groupID: id, state: "removed", at: now, in: db))
-            return events
+            return [try Self.record(.groupState, job: nil, groupID: id, state: "removed", at: now, in: db)]
         }
         publishEvents(events)
     }
@@ -96,34 +89,6 @@ extension JobStore {
     /// Ids of groups that are neither published nor canceled.
     public func openGroups() async throws -> [GroupID] {
         try await pool.read { db in try GroupID.fetchAll(db, sql: "SELECT id FROM groups WHERE closed IS NULL ORDER BY id") }
-    }
-
-    /// Queued units in the scheduler's order: a standalone job, or a group that is not running
-    /// yet (ordered by its first queued member). A group takes one slot whatever its size.
-    public func queuedUnits(excluding active: Set<GroupID>, limit: Int) async throws -> [(entry: QueueEntry, groupID: GroupID?)] {
-        try await pool.read { db in
-            let excluded = active.map(String.init).joined(separator: ",")
-            let rows = try Row.fetchAll(
-                db,
-                sql: """
-                    SELECT id, priority, NULL AS group_id FROM jobs WHERE state = 'queued' AND group_id IS NULL
-                    UNION ALL
-                    SELECT MIN(id) AS id, MAX(priority) AS priority, group_id FROM jobs
-                        WHERE state = 'queued' AND group_id IS NOT NULL AND group_id NOT IN (\(excluded))
-                        GROUP BY group_id
-                    ORDER BY priority DESC, id LIMIT ?
-                    """,
-                arguments: [limit])
-            return rows.map { row in (QueueEntry(id: row["id"], priority: row["priority"]), row["group_id"]) }
-        }
-    }
-
-    /// Queued members of a group, in order, at most `limit`.
-    public func queuedMembers(of id: GroupID, limit: Int) async throws -> [Job] {
-        try await pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM jobs WHERE group_id = ? AND state = 'queued' ORDER BY priority DESC, id LIMIT ?",
-                             arguments: [id, limit]).map(Self.job(from:))
-        }
     }
 
     static func group(from row: Row) -> JobGroup {

@@ -154,67 +154,111 @@ public final class JobStore: Sendable {
         migrator.registerMigration("v4-options") { db in
             try db.execute(sql: "ALTER TABLE jobs ADD COLUMN options TEXT NOT NULL DEFAULT '{}'")
         }
+        migrator.registerMigration("v5-hosts") { db in
+            // `host` is what the per-host limit counts; (group_id, state, id) finds a group's
+            // next queued member and its counts without reading the whole group.
+            try db.execute(sql: """
+                ALTER TABLE jobs ADD COLUMN host TEXT NOT NULL DEFAULT '';
+                CREATE INDEX jobs_by_group_state ON jobs(group_id, state, id);
+                """)
+            let rows = try Row.fetchAll(db, sql: "SELECT id, url FROM jobs")
+            for row in rows {
+                try db.execute(sql: "UPDATE jobs SET host = ? WHERE id = ?", arguments: [URLRules.hostKey(row["url"]), row["id"] as Int64])
+            }
+        }
         return migrator
     }
 
     /// Jobs that are not finished (they count against `max_queued`).
     public func unfinishedCount() async throws -> Int {
         try await pool.read { db in
-            try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM jobs WHERE state NOT IN ('completed', 'failed', 'canceled')") ?? 0
+            try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM jobs WHERE state IN ('queued', 'running', 'waiting', 'paused')") ?? 0
         }
     }
 
-    /// Destinations of unfinished jobs.
-    public func unfinishedPaths() async throws -> [String] {
-        try await pool.read { db in
-            try String.fetchAll(db, sql: "SELECT path FROM jobs WHERE state NOT IN ('completed', 'failed', 'canceled')")
-        }
+    /// Whether an unfinished job downloads to `path` (an indexed look-up, for `on_exists`).
+    public func isPathInUse(_ path: String) -> Bool {
+        ((try? pool.read { db in try Self.pathUser(path, in: db) }) ?? nil) != nil
+    }
+
+    static func pathUser(_ path: String, in db: Database) throws -> JobID? {
+        try JobID.fetchOne(
+            db.cachedStatement(sql: "SELECT id FROM jobs WHERE path = ? AND state NOT IN ('completed', 'failed', 'canceled') LIMIT 1"),
+            arguments: [path])
     }
 
     /// Events kept for replay; older ones are pruned as new ones are written.
     public static let eventsKept: Int64 = 10_000
 
-    private let sink = Mutex<(@Sendable ([StoredEvent]) -> Void)?>(nil)
-
-    /// Receives the events of every committed write, in commit order, after the commit.
-    public func setEventSink(_ sink: @escaping @Sendable ([StoredEvent]) -> Void) {
-        self.sink.withLock { $0 = sink }
+    private struct Sink {
+        var deliver: @Sendable ([StoredEvent]) -> Void
+        /// Whether anyone listens: events of a bulk change are read back from the table only
+        /// then, a page at a time.
+        var wanted: @Sendable () -> Bool
     }
 
-    func publishEvents(_ events: [StoredEvent]) {
+    private let sink = Mutex<Sink?>(nil)
+
+    /// Receives the events of every committed write, in commit order, after the commit.
+    public func setEventSink(wanted: @escaping @Sendable () -> Bool = { true }, _ deliver: @escaping @Sendable ([StoredEvent]) -> Void) {
+        self.sink.withLock { $0 = Sink(deliver: deliver, wanted: wanted) }
+    }
+
+    /// Hands events to the sink. Writers that must finish something first (linking the files
+    /// that were just recorded as completed) call this themselves after it.
+    public func publishEvents(_ events: [StoredEvent]) {
         guard !events.isEmpty, let sink = sink.withLock({ $0 }) else { return }
-        sink(events)
+        sink.deliver(events)
+    }
+
+    /// Hands the events numbered `(after, through]` to the sink, read from the table a page at
+    /// a time, so that a change of 100 000 rows never holds 100 000 events in memory.
+    func publishEvents(after first: Int64, through last: Int64) {
+        guard last > first, let sink = sink.withLock({ $0 }), sink.wanted() else { return }
+        var cursor = first
+        while cursor < last {
+            guard let page = try? pool.read({ db in try Self.events(after: cursor, through: last, limit: 1000, in: db) }),
+                let end = page.last?.seq
+            else { return }
+            sink.deliver(page)
+            cursor = end
+        }
     }
 
     /// Records an event in the same transaction as the change it describes.
     static func record(
         _ kind: StoredEvent.Kind, job: Job?, groupID: GroupID?, state: String, at: Date, in db: Database
     ) throws -> StoredEvent {
-        try db.execute(
-            sql: "INSERT INTO events (at, kind, job_id, group_id, state, wait_reason, error_code, error_message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            arguments: [at.timeIntervalSince1970, kind.rawValue, job?.id, groupID, state, job?.waitReason?.rawValue,
-                        job?.error?.code, job?.error?.message])
+        try db.cachedStatement(
+            sql: "INSERT INTO events (at, kind, job_id, group_id, state, wait_reason, error_code, error_message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        ).execute(arguments: [at.timeIntervalSince1970, kind.rawValue, job?.id, groupID, state, job?.waitReason?.rawValue,
+                              job?.error?.code, job?.error?.message])
         let seq = db.lastInsertedRowID
-        if seq % 100 == 0 {
-            try db.execute(sql: "DELETE FROM events WHERE seq <= ?", arguments: [seq - eventsKept])
-        }
+        if seq % 100 == 0 { try pruneEvents(through: seq, in: db) }
         return StoredEvent(seq: seq, at: at, kind: kind, jobID: job?.id, groupID: groupID, state: state,
                            waitReason: job?.waitReason, error: job?.error)
     }
 
+    /// Keeps the newest `eventsKept` events.
+    static func pruneEvents(through seq: Int64, in db: Database) throws {
+        try db.cachedStatement(sql: "DELETE FROM events WHERE seq <= ?").execute(arguments: [seq - eventsKept])
+    }
+
     /// Events after `seq`, oldest first.
     public func events(after seq: Int64, limit: Int = Int(eventsKept)) async throws -> [StoredEvent] {
-        try await pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", arguments: [seq, limit]).map { row in
-                let code: String? = row["error_code"]
-                let message: String? = row["error_message"]
-                let reason: String? = row["wait_reason"]
-                return StoredEvent(
-                    seq: row["seq"], at: Date(timeIntervalSince1970: row["at"]),
-                    kind: StoredEvent.Kind(rawValue: row["kind"]) ?? .jobState, jobID: row["job_id"], groupID: row["group_id"],
-                    state: row["state"], waitReason: reason.flatMap(WaitReason.init(rawValue:)),
-                    error: code.map { JobError(code: $0, message: message ?? "") })
-            }
+        try await pool.read { db in try Self.events(after: seq, through: Int64.max, limit: limit, in: db) }
+    }
+
+    static func events(after seq: Int64, through last: Int64, limit: Int, in db: Database) throws -> [StoredEvent] {
+        try Row.fetchAll(db, sql: "SELECT * FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?", arguments: [seq, last, limit]).map { row in
+            let code: String? = row["error_code"]
+            let message: String? = row["error_message"]
+            let reason: String? = row["wait_reason"]
+            return StoredEvent(
+                seq: row["seq"], at: Date(timeIntervalSince1970: row["at"]),
+                kind: StoredEvent.Kind(rawValue: row["kind"]) ?? .jobState, jobID: row["job_id"], groupID: row["group_id"],
+                state: row["state"], waitReason: reason.flatMap(WaitReason.init(rawValue:)),
+                error: code.map { JobError(code: $0, message: message ?? "") })
         }
     }
 
@@ -248,16 +292,12 @@ public final class JobStore: Sendable {
             var outcomes: [InsertOutcome] = []
             for new in jobs {
                 if let key = new.key,
-                    let row = try Row.fetchOne(db, sql: "SELECT * FROM jobs WHERE key = ?", arguments: [key])
+                    let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM jobs WHERE key = ?"), arguments: [key])
                 {
                     outcomes.append(InsertOutcome(job: try Self.job(from: row), created: false))
                     continue
                 }
-                if let other = try JobID.fetchOne(
-                    db,
-                    sql: "SELECT id FROM jobs WHERE path = ? AND state NOT IN ('completed', 'failed', 'canceled') LIMIT 1",
-                    arguments: [new.path])
-                {
+                if let other = try pathUser(new.path, in: db) {
                     throw StoreError.pathInUse(path: new.path, by: other)
                 }
                 var job = Job(
@@ -266,17 +306,18 @@ public final class JobStore: Sendable {
                     headers: new.headers, overwrite: new.overwrite, checksum: new.checksum,
                     expectedSize: new.expectedSize, progressAt: now, groupID: groupID, stagingPath: new.stagingPath)
                 job.options = new.options
-                try db.execute(
+                try db.cachedStatement(
                     sql: """
                         INSERT INTO jobs (url, path, state, priority, created_at, updated_at, key, meta, headers, overwrite,
-                            checksum, expected_size, size, progress_at, group_id, staging_path, options)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                        """,
+                            checksum, expected_size, size, progress_at, group_id, staging_path, options, host)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        """
+                ).execute(
                     arguments: [
                         job.url, job.path, job.state.rawValue, job.priority, now.timeIntervalSince1970,
                         now.timeIntervalSince1970, job.key, job.meta, Self.encodeHeaders(job.headers), job.overwrite,
                         job.checksum?.description, job.expectedSize, job.expectedSize, now.timeIntervalSince1970,
-                        groupID, job.stagingPath, Self.encodeOptions(job.options),
+                        groupID, job.stagingPath, Self.encodeOptions(job.options), URLRules.hostKey(job.url),
                     ])
                 job.size = job.expectedSize
                 job.id = db.lastInsertedRowID
@@ -287,13 +328,16 @@ public final class JobStore: Sendable {
         }
     }
 
-    /// Writes whole rows (their state, error, counters) in one transaction.
-    public func save(_ jobs: [Job]) async throws {
-        guard !jobs.isEmpty else { return }
+    /// Writes whole rows (their state, error, counters) in one transaction: one commit for
+    /// every change that is ready (group commit). With `publish: false` the events are
+    /// returned instead of published, for a caller that has work to finish first.
+    @discardableResult
+    public func save(_ jobs: [Job], publish: Bool = true) async throws -> [StoredEvent] {
+        guard !jobs.isEmpty else { return [] }
         let events = try await pool.write { db in
             var events: [StoredEvent] = []
             for job in jobs {
-                let before = try String.fetchOne(db, sql: "SELECT state FROM jobs WHERE id = ?", arguments: [job.id])
+                let before = try String.fetchOne(db.cachedStatement(sql: "SELECT state FROM jobs WHERE id = ?"), arguments: [job.id])
                 try Self.update(job, in: db)
                 if before != job.state.rawValue {
                     events.append(try Self.record(.jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))
@@ -301,28 +345,16 @@ public final class JobStore: Sendable {
             }
             return events
         }
-        publishEvents(events)
+        if publish { publishEvents(events) }
+        return events
     }
 
     public func save(_ job: Job) async throws { try await save([job]) }
 
-    /// Deletes rows in one transaction.
+    /// Deletes rows in one transaction (see `delete(_:deleteFiles:now:)`).
     public func delete(_ ids: [JobID], now: Date = Date()) async throws {
         guard !ids.isEmpty else { return }
-        let events = try await pool.write { db in
-            var events: [StoredEvent] = []
-            for id in ids {
-                let groupID = try GroupID?.fetchOne(db, sql: "SELECT group_id FROM jobs WHERE id = ?", arguments: [id]) ?? nil
-                try db.execute(sql: "DELETE FROM jobs WHERE id = ?", arguments: [id])
-                if db.changesCount > 0 {
-                    var gone = Job(id: id, url: "", path: "", createdAt: now, updatedAt: now)
-                    gone.groupID = groupID
-                    events.append(try Self.record(.jobRemoved, job: gone, groupID: groupID, state: "removed", at: now, in: db))
-                }
-            }
-            return events
-        }
-        publishEvents(events)
+        _ = try await delete(.ids(ids), deleteFiles: false, now: now)
     }
 
     // MARK: Reads (concurrent with the writer: WAL snapshots)
@@ -337,7 +369,7 @@ public final class JobStore: Sendable {
     public func fetch(_ ids: [JobID]) async throws -> [Job] {
         try await pool.read { db in
             try ids.compactMap { id in
-                try Row.fetchOne(db, sql: "SELECT * FROM jobs WHERE id = ?", arguments: [id]).map(Self.job(from:))
+                try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM jobs WHERE id = ?"), arguments: [id]).map(Self.job(from:))
             }
         }
     }
@@ -377,8 +409,8 @@ public final class JobStore: Sendable {
 
     // MARK: Rows
 
-    private static func update(_ job: Job, in db: Database) throws {
-        try db.execute(
+    static func update(_ job: Job, in db: Database) throws {
+        try db.cachedStatement(
             sql: """
                 UPDATE jobs SET url = ?, path = ?, state = ?, wait_reason = ?, priority = ?, size = ?,
                     received = ?, error_code = ?, error_message = ?, attempts = ?, updated_at = ?,
@@ -386,7 +418,8 @@ public final class JobStore: Sendable {
                     final_url = ?, etag = ?, last_modified = ?, accepts_ranges = ?, checksum = ?, expected_size = ?,
                     sha256 = ?, digest = ?, progress_at = ?, staging_path = ?, options = ?
                 WHERE id = ?
-                """,
+                """
+        ).execute(
             arguments: [
                 job.url, job.path, job.state.rawValue, job.waitReason?.rawValue, job.priority, job.size,
                 job.received, job.error?.code, job.error?.message, job.attempts, job.updatedAt.timeIntervalSince1970,

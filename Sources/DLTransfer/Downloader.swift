@@ -59,6 +59,9 @@ public struct TransferCheckpoint: Sendable, Equatable {
     public var finalPath: String?
     /// The sanitized name from Content-Disposition, when the job's name is automatic.
     public var proposedName: String?
+    /// For a downloaded file: the name to publish it under first (the job's path, or the
+    /// server's proposed name in the same folder).
+    public var publishTarget: String?
 
     public init(received: Int64, size: Int64?, validators: Validators, finalURL: String?,
                 sha256: String? = nil, digest: String? = nil, proposedName: String? = nil) {
@@ -72,10 +75,12 @@ public struct TransferCheckpoint: Sendable, Equatable {
     }
 }
 
-/// How an attempt ended. Every case carries a checkpoint whose bytes are synced.
+/// How an attempt ended. Every case but `downloaded` carries a checkpoint whose bytes are synced.
 public enum TransferResult: Sendable, Equatable {
-    /// The file is complete, synced and under its final name.
-    case completed(TransferCheckpoint)
+    /// The file is complete and verified in its partial file, but neither synced nor under
+    /// its final name: the caller syncs it, records it and publishes it (see `Publisher`).
+    /// Its checkpoint's `received` is the whole file, which is not yet durable.
+    case downloaded(TransferCheckpoint)
     /// Stopped because its task was cancelled (pause, cancel, shutdown).
     case stopped(TransferCheckpoint)
     case failed(TransferFailure, TransferCheckpoint)
@@ -89,6 +94,9 @@ public struct DownloaderConfiguration: Sendable {
     /// Until the response head has arrived (AsyncHTTPClient's deadline ends there).
     public var headTimeout: TimeAmount = .seconds(90)
     public var maxRedirects = 10
+    /// Connections kept per host: at least the engine's per-host limit, so that every transfer
+    /// to a host reuses a kept-alive connection instead of opening one.
+    public var connectionsPerHost = 8
     public var userAgent = "dld/\(DLDVersion.current)"
 
     public init() {}
@@ -115,6 +123,7 @@ public final class Downloader: Sendable {
         // inside the client until the deadline.
         config.connectionPool.retryConnectionEstablishment = false
         config.timeout = .init(connect: configuration.connectTimeout, read: configuration.readTimeout)
+        config.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = configuration.connectionsPerHost
         config.http1_1ConnectionDebugInitializer = Self.largeReads
         client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: config)
         var insecure = HTTPClient.Configuration(certificateVerification: .none)
@@ -123,6 +132,7 @@ public final class Downloader: Sendable {
         insecure.httpVersion = .http1Only
         insecure.connectionPool.retryConnectionEstablishment = false
         insecure.timeout = config.timeout
+        insecure.connectionPool = config.connectionPool
         insecure.http1_1ConnectionDebugInitializer = Self.largeReads
         insecureClient = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: insecure)
     }
@@ -162,39 +172,25 @@ public final class Downloader: Sendable {
         }
         do {
             try await attempt(request, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
-            try await file.syncOffThread()
             var done = state.checkpoint
             done.sha256 = digests.sha256.finalize()
             done.digest = digests.requested?.finalize() ?? (request.checksum != nil ? done.sha256 : nil)
+            var mismatch: TransferFailure? = nil
             if let expected = request.checksum, let actual = done.digest, actual != expected.hex {
-                // The bytes stay in the partial file, never under the final name.
-                return .failed(TransferFailure(.permanent, "checksum_mismatch",
-                    "\(expected.algorithm.rawValue) is \(actual), expected \(expected.hex)"), done)
+                mismatch = TransferFailure(.permanent, "checksum_mismatch", "\(expected.algorithm.rawValue) is \(actual), expected \(expected.hex)")
+            } else if let size = request.expectedSize, size != state.received {
+                mismatch = TransferFailure(.permanent, "size_mismatch", "the file is \(state.received) bytes, expected \(size)")
             }
-            if let size = request.expectedSize, size != state.received {
-                return .failed(TransferFailure(.permanent, "size_mismatch",
-                    "the file is \(state.received) bytes, expected \(size)"), done)
+            if let mismatch {
+                // The bytes stay in the partial file, never under the final name; they are
+                // synced because the offset reported is committed.
+                try await file.syncOffThread()
+                return .failed(mismatch, done)
             }
-            file.close()
-            do {
-                let target = Self.publishTarget(request, proposed: state.proposedName)
-                var published: String? = nil
-                if target != request.path {
-                    // A name the server chose never replaces a file: if it is taken (and the
-                    // job does not take `name (N)`), the job's own name is used.
-                    published = try? PartialFile.publish(request.partialPath, to: target, overwrite: false,
-                                                         renameIfTaken: request.options.renameIfTaken)
-                }
-                if published == nil {
-                    published = try PartialFile.publish(request.partialPath, to: request.path, overwrite: request.overwrite,
-                                                        renameIfTaken: request.options.renameIfTaken)
-                }
-                if let published, published != request.path { done.finalPath = published }
-            } catch {
-                // The complete, synced file stays as the partial file; its offset is all of it.
-                return .failed(error, done)
-            }
-            return .completed(done)
+            // Complete and verified. Syncing and publishing are the caller's, in batches
+            // (Publisher): a finished file does not hold its slot while the disk flushes.
+            done.publishTarget = Self.publishTarget(request, proposed: state.proposedName)
+            return .downloaded(done)
         } catch {
             // Whatever happened, the bytes counted so far are made durable before they are
             // reported, so the caller may commit them.

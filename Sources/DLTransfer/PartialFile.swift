@@ -106,34 +106,13 @@ public final class PartialFile {
         try await commit(checkpoint)
     }
 
-    /// Moves the complete file to its final name, then syncs the folder so the name survives a
-    /// crash (durability rule 4). Without `overwrite`, an existing file is never replaced:
+    /// Moves the complete file to its final name (durability rule 4; the caller syncs the
+    /// folder, once per batch). Without `overwrite`, an existing file is never replaced:
     /// `link` fails when the name exists, atomically, where a check-then-rename would race.
-    /// With `renameIfTaken`, a taken name becomes `name (N).ext`. Returns where the file went.
-    @discardableResult
-    public static func publish(_ partial: String, to final: String, overwrite: Bool, renameIfTaken: Bool = false) throws(TransferFailure) -> String {
-        guard !overwrite, renameIfTaken else {
-            try publish(partial, to: final, overwrite: overwrite)
-            return final
-        }
-        let folder = (final as NSString).deletingLastPathComponent
-        let name = (final as NSString).lastPathComponent
-        for n in 1..<1000 {
-            let candidate = n == 1 ? final : folder + "/" + FileNames.numbered(name, n)
-            do {
-                try publish(partial, to: candidate, overwrite: false)
-                return candidate
-            } catch where error.error.code == "destination_exists" {
-                continue
-            }
-        }
-        throw TransferFailure(.permanent, "destination_exists", "no free name like \(final) (the download is kept at \(partial))")
-    }
-
-    public static func publish(_ partial: String, to final: String, overwrite: Bool) throws(TransferFailure) {
+    public static func link(_ partial: String, to final: String, overwrite: Bool) throws(TransferFailure) {
         if overwrite {
             guard rename(partial, final) == 0 else { throw failure("rename", final, errno) }
-        } else if link(partial, final) == 0 {
+        } else if Glibc.link(partial, final) == 0 {
             unlink(partial)
         } else {
             let linkErrno = errno
@@ -150,7 +129,6 @@ public final class PartialFile {
             }
             guard rename(partial, final) == 0 else { throw failure("rename", final, errno) }
         }
-        syncDirectory(of: final)
     }
 
     /// fsync of the folder that holds `path`, so that a rename in it is durable.

@@ -186,9 +186,24 @@ struct Enqueue: ParsableCommand {
                 if let size = entry.size { params["size"] = .int(size) }
                 return .object(params)
             }
-            let result = try common.call("enqueue", ["jobs": .array(jobs)])
-            let outcomes = result["results"]?.arrayValue ?? []
-            ids = outcomes.compactMap { $0["job"]?["id"]?.int64Value }
+            // A long list goes in several calls, each under the daemon's limits on jobs and
+            // bytes per request (docs/protocol.md); each call is atomic on its own.
+            var outcomes: [JSONValue] = []
+            for chunk in EnqueueChunks.split(jobs) {
+                do {
+                    let result = try common.call("enqueue", ["jobs": .array(chunk)])
+                    outcomes += result["results"]?.arrayValue ?? []
+                } catch {
+                    if !outcomes.isEmpty { printError("\(outcomes.count) jobs were enqueued before this error; the rest were not") }
+                    throw error
+                }
+            }
+            ids = outcomes.compactMap { $0["id"]?.int64Value }
+            let result: JSONValue = [
+                "count": .int(Int64(outcomes.count)),
+                "created": .int(Int64(outcomes.filter { $0["created"]?.boolValue == true }.count)),
+                "results": .array(outcomes),
+            ]
             common.emit(result) { outcomes.map(describe).joined(separator: "\n") }
         }
         if wait { try waitFor(common: common, ids: ids, group: nil, timeout: nil, showProgress: true) }
@@ -228,7 +243,7 @@ struct Enqueue: ParsableCommand {
     }
 
     private func describe(_ outcome: JSONValue) -> String {
-        let id = outcome["job"]?["id"]?.int64Value.map(String.init) ?? "?"
+        let id = (outcome["job"]?["id"] ?? outcome["id"])?.int64Value.map(String.init) ?? "?"
         return outcome["created"]?.boolValue == false ? "\(id) (exists already)" : id
     }
 }
@@ -281,6 +296,7 @@ struct Status: ParsableCommand {
 /// pause, resume and cancel share their shape.
 protocol SelectionCommand: ParsableCommand {
     static var method: String { get }
+    static var pastTense: String { get }
     var selection: Selection { get }
     var common: Common { get }
 }
@@ -288,16 +304,14 @@ protocol SelectionCommand: ParsableCommand {
 extension SelectionCommand {
     func run() throws {
         let result = try common.call(Self.method, selection.params)
-        let jobs = result["jobs"]?.arrayValue ?? []
-        common.emit(result) {
-            jobs.isEmpty ? "no job changed" : jobs.map { "\($0["id"]?.int64Value ?? 0) \(Format.state($0))" }.joined(separator: "\n")
-        }
+        common.emit(result) { Format.bulk(result, verb: Self.pastTense) }
     }
 }
 
 struct Pause: SelectionCommand {
     static let configuration = CommandConfiguration(abstract: "Pause jobs; they keep their bytes.")
     static let method = "pause"
+    static let pastTense = "paused"
     @OptionGroup var selection: Selection
     @OptionGroup var common: Common
 }
@@ -305,6 +319,7 @@ struct Pause: SelectionCommand {
 struct Resume: SelectionCommand {
     static let configuration = CommandConfiguration(abstract: "Queue paused, waiting or failed jobs again.")
     static let method = "resume"
+    static let pastTense = "resumed"
     @OptionGroup var selection: Selection
     @OptionGroup var common: Common
 }
@@ -312,6 +327,7 @@ struct Resume: SelectionCommand {
 struct Cancel: SelectionCommand {
     static let configuration = CommandConfiguration(abstract: "Cancel jobs and delete their partial data.")
     static let method = "cancel"
+    static let pastTense = "canceled"
     @OptionGroup var selection: Selection
     @OptionGroup var common: Common
 }
@@ -327,8 +343,7 @@ struct Remove: ParsableCommand {
         var params = selection.params
         if deleteFile { params["delete_file"] = true }
         let result = try common.call("remove", params)
-        let removed = result["removed"]?.arrayValue ?? []
-        common.emit(result) { removed.isEmpty ? "no job removed" : "removed " + removed.map { $0.serializedString() }.joined(separator: " ") }
+        common.emit(result) { Format.bulk(result, verb: "removed") }
     }
 }
 
@@ -395,4 +410,29 @@ func absolute(_ path: String) -> String {
     let expanded = (path as NSString).expandingTildeInPath
     if expanded.hasPrefix("/") { return expanded }
     return FileManager.default.currentDirectoryPath + "/" + expanded
+}
+
+/// Splits an enqueue list into calls the daemon accepts: at most `maxJobs` jobs and about
+/// `maxBytes` of JSON each (the daemon's defaults are 10 000 jobs and 4 MiB lines).
+enum EnqueueChunks {
+    static let maxJobs = 5000
+    static let maxBytes = 2 << 20
+
+    static func split(_ jobs: [JSONValue]) -> [[JSONValue]] {
+        var chunks: [[JSONValue]] = []
+        var current: [JSONValue] = []
+        var bytes = 0
+        for job in jobs {
+            let size = job.serialized().count + 1
+            if !current.isEmpty && (current.count >= maxJobs || bytes + size > maxBytes) {
+                chunks.append(current)
+                current = []
+                bytes = 0
+            }
+            current.append(job)
+            bytes += size
+        }
+        if !current.isEmpty { chunks.append(current) }
+        return chunks
+    }
 }

@@ -123,4 +123,14 @@ enum Format {
         if let meta = job["meta"], !meta.isNull { lines.append(("meta", meta.serializedString())) }
         return lines.map { "\($0.0.padding(toLength: 10, withPad: " ", startingAt: 0)) \($0.1)" }.joined(separator: "\n")
     }
+
+    /// The text of a bulk command's reply: how many jobs changed, and their ids when few.
+    static func bulk(_ result: JSONValue, verb: String) -> String {
+        let count = result["count"]?.int64Value ?? 0
+        guard count > 0 else { return "no job \(verb == "removed" ? "removed" : "changed")" }
+        let ids = (result["ids"]?.arrayValue ?? []).compactMap(\.int64Value)
+        let shown = ids.prefix(20).map(String.init).joined(separator: " ")
+        let jobs = count == 1 ? "1 job" : "\(count) jobs"
+        return "\(verb) \(jobs): \(shown)\(count > 20 ? " …" : "")"
+    }
 }

@@ -166,7 +166,9 @@ extension JSONValue {
                 ["url": "http://127.0.0.1:9/1", "paused": true], ["url": "http://127.0.0.1:9/2", "dir": .string(f.downloads), "name": "two", "paused": true],
             ]]))
             let results = try #require(many["result"]?["results"]?.arrayValue)
-            #expect(results.map { $0["job"]?["name"] } == ["1", "two"])
+            #expect(results.map { $0["path"] } == [.string(f.downloads + "/1"), .string(f.downloads + "/two")])
+            #expect(results.map { $0["created"] } == [true, true])
+            #expect(many["result"]?["count"] == 2)
             #expect(await f.request("stats")?["result"]?["counts"]?["paused"] == 3)
         }
     }
@@ -176,12 +178,16 @@ extension JSONValue {
         try await DispatcherFixture.with { f in
             for n in 1...3 { _ = await f.request("enqueue", ["url": .string("http://127.0.0.1:9/\(n)"), "paused": true]) }
             let canceled = try #require(await f.request("cancel", ["id": 2]))
-            #expect(canceled["result"]?["jobs"]?[0]?["state"] == "canceled")
+            #expect(canceled["result"] == ["count": 1, "ids": [2], "more": false])
+            #expect(await f.request("status", ["id": 2])?["result"]?["state"] == "canceled")
             #expect(await f.request("pause", ["ids": [1, 2]])?.stableCode == "invalid_state")
+            #expect(await f.request("pause", ["ids": [1, 99]])?.stableCode == "job_not_found")
             // Pausing a paused job is not an error: it is already what was asked.
-            #expect(await f.request("pause", ["id": 1])?["result"]?["jobs"]?[0]?["state"] == "paused")
+            #expect(await f.request("pause", ["id": 1])?["result"] == ["count": 0, "ids": [], "more": false])
+            #expect(await f.request("status", ["id": 1])?["result"]?["state"] == "paused")
             let removed = try #require(await f.request("remove", ["ids": [2, 3]]))
             #expect(removed["result"]?["removed"] == [2, 3])
+            #expect(removed["result"]?["count"] == 2)
             #expect(await f.request("status", ["id": 3])?.stableCode == "job_not_found")
             #expect(await f.request("status", ["ids": [1]])?["result"]?["jobs"]?.arrayValue?.count == 1)
         }

@@ -205,11 +205,11 @@ func expectOriginBytes(at path: String, count: Int, sourceLocation: SourceLocati
         try daemon.start()
         defer { daemon.stop() }
         let client = RPCClient(socketPath: daemon.socket)
-        try client.sendLine(Data(("{\"x\":\"" + String(repeating: "a", count: (1 << 20) + 100) + "\"}").utf8))
+        try client.sendLine(Data(("{\"x\":\"" + String(repeating: "a", count: (4 << 20) + 100) + "\"}").utf8))
         let response = try JSONValue.parse(Data(try client.readLine()))
         #expect(response["error"]?["data"]?["code"] == "line_too_long")
         #expect(throws: RPCClientError.self) { _ = try client.readLine() }
-        #expect(try daemon.call("version")["protocol"] == 1)
+        #expect(try daemon.call("version")["protocol"] == 2)
     }
 
     /// dlctl: enqueue prints the id, status shows a table and JSON, stats counts.
@@ -286,7 +286,7 @@ func expectOriginBytes(at path: String, count: Int, sourceLocation: SourceLocati
             environment: daemon.environment)
         #expect(third.status != 0)
         #expect(third.stderr.contains("already running"))
-        #expect(try daemon.call("version")["protocol"] == 1)
+        #expect(try daemon.call("version")["protocol"] == 2)
     }
 
     /// `shutdown` answers, then the daemon exits 0; SIGTERM does the same.

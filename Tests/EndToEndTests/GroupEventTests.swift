@@ -207,8 +207,11 @@ func originDigest(_ algorithm: DigestAlgorithm, count: Int) throws -> String {
         defer { sleeper.close() }
         let answer = try sleeper.call("subscribe")
         let start = try #require(answer["seq"]?.int64Value)
-        let jobs = JSONValue.array((0..<12_000).map { n in ["url": .string("http://127.0.0.1:9/f\(n)"), "paused": true] })
-        #expect(try daemon.call("enqueue", ["jobs": jobs])["results"]?.arrayValue?.count == 12_000)
+        // Two calls: one takes at most 10 000 jobs.
+        for part in 0..<2 {
+            let jobs = JSONValue.array((0..<6_000).map { n in ["url": .string("http://127.0.0.1:9/f\(part)-\(n)"), "paused": true] })
+            #expect(try daemon.call("enqueue", ["jobs": jobs])["results"]?.arrayValue?.count == 6_000)
+        }
         try sleeper.setReadTimeout(30)
         var seen = 0
         var last = start

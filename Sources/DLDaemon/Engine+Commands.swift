@@ -1,0 +1,245 @@
+import DLCore
+import DLRPC
+import DLStore
+import DLTransfer
+import Foundation
+import Logging
+
+/// What clients ask: enqueue, the bulk commands (one statement each, whatever the count),
+/// and reads.
+extension Engine {
+    public func enqueue(_ specs: [EnqueueSpec]) async throws(DLError) -> [InsertOutcome] {
+        try await serial { () async throws(DLError) in
+            try requireAccepting()
+            var existing: [Int: Job] = [:]
+            var news: [NewJob] = []
+            var seenPaths: [String: Int] = [:]
+            let unfinished = try await storage { try await store.unfinishedCount() }
+            guard unfinished + specs.count <= configuration.maxQueued else {
+                throw DLError(.queueFull, "\(unfinished) jobs are unfinished and the limit is \(configuration.maxQueued) (max_queued)")
+            }
+            // Names in use by unfinished jobs, for on_exists "rename" (else the store refuses
+            // them): an indexed look-up per candidate name, never the whole table.
+            let jobs = self.store
+            let destination = Destination(downloadDir: configuration.downloadDir, policy: configuration.pathPolicy)
+            for (index, spec) in specs.enumerated() {
+                if let key = spec.key, let job = try await storage({ try await store.fetch(key: key) }) {
+                    existing[index] = job
+                    continue
+                }
+                do throws(DLError) {
+                    _ = try URLRules.validate(spec.url).get()
+                    let resolved = try destination.resolve(
+                        url: spec.url, path: spec.path, dir: spec.dir, name: spec.name, overwrite: spec.overwrite,
+                        onExists: spec.onExists, taken: { seenPaths[$0] != nil || (spec.onExists == .rename && jobs.isPathInUse($0)) })
+                    let path = resolved.path
+                    if let other = seenPaths[path] {
+                        throw DLError(.destinationExists, "jobs \(other) and \(index) of this request both download to \(path)")
+                    }
+                    seenPaths[path] = index
+                    var new = NewJob(
+                        url: spec.url, path: path, priority: spec.priority, key: spec.key, meta: spec.meta,
+                        headers: spec.headers, overwrite: spec.overwrite, state: spec.paused ? .paused : .queued,
+                        checksum: spec.checksum, expectedSize: spec.size)
+                    new.options = JobOptions(automaticName: resolved.automatic, renameIfTaken: spec.onExists == .rename, insecure: spec.insecure)
+                    news.append(new)
+                } catch {
+                    if specs.count == 1 { throw error }
+                    throw DLError(error.code, "jobs[\(index)]: \(error.message)")
+                }
+            }
+            let inserted = try await storage { try await store.insert(news, now: now()) }
+            var outcomes: [InsertOutcome] = []
+            var next = inserted.makeIterator()
+            for index in specs.indices {
+                if let job = existing[index] {
+                    outcomes.append(InsertOutcome(job: job, created: false))
+                } else if let outcome = next.next() {
+                    outcomes.append(outcome)
+                }
+            }
+            let created = outcomes.filter(\.created).count
+            if created > 0 { logger.info("enqueued", metadata: ["jobs": "\(created)"]) }
+            try await schedule()
+            try await flush()
+            return outcomes
+        }
+    }
+
+    public func pause(_ selection: JobSelection) async throws(DLError) -> BulkOutcome {
+        try await bulk(.pause, selection, noOp: [.paused], stopping: .pause)
+    }
+
+    public func resume(_ selection: JobSelection) async throws(DLError) -> BulkOutcome {
+        try await serial { () async throws(DLError) in
+            if case .group(let reference) = selection {
+                var group = try await resolve(reference)
+                if group.closed == nil, group.error != nil {
+                    // A publish that failed (a file appeared in the folder) is tried again.
+                    group.error = nil
+                    group.updatedAt = now()
+                    try await storage { try await store.saveGroup(group) }
+                    try await settle(group.id)
+                }
+            }
+            return try await bulkInQueue(.resume, selection, noOp: [.queued, .running], stopping: nil)
+        }
+    }
+
+    public func cancel(_ selection: JobSelection) async throws(DLError) -> BulkOutcome {
+        try await serial { () async throws(DLError) in
+            let outcome = try await bulkInQueue(.cancel, selection, noOp: [.canceled], stopping: .cancel)
+            if case .group(let reference) = selection {
+                var group = try await resolve(reference)
+                if group.closed == nil {
+                    activeGroups.remove(group.id)
+                    group.closed = .canceled
+                    group.updatedAt = now()
+                    group.finishedAt = now()
+                    try await storage { try await store.saveGroup(group) }
+                    removeStaging(group)
+                    try await schedule()
+                    try await flush()
+                }
+            }
+            return outcome
+        }
+    }
+
+    private func bulk(_ command: BulkCommand, _ selection: JobSelection, noOp: Set<JobState>, stopping: StopIntent?) async throws(DLError) -> BulkOutcome {
+        try await serial { () async throws(DLError) in
+            try await bulkInQueue(command, selection, noOp: noOp, stopping: stopping)
+        }
+    }
+
+    /// Applies a user command to the selected jobs in one statement. With explicit ids, every
+    /// job must exist and accept the command, or nothing changes; with `all` or a group, the
+    /// jobs that accept it change. Transfers of the jobs it stops are stopped first (their
+    /// last checkpoints commit with the command). Runs inside `serial`.
+    private func bulkInQueue(_ command: BulkCommand, _ selection: JobSelection, noOp: Set<JobState>, stopping: StopIntent?) async throws(DLError) -> BulkOutcome {
+        try requireAccepting()
+        let refused = Set(JobState.allCases).subtracting(command.sources).subtracting(noOp)
+        let rows = try await rowSelection(selection, refusing: refused, verb: command.event.verb)
+        var first: [Job] = []
+        if let stopping {
+            first = await stopTransfers(in: rows, intent: stopping)
+        }
+        let outcome = try await storage { try await store.apply(command, to: rows, first: first, now: now()) }
+        for path in outcome.files { removePartial(at: path) }
+        if outcome.count > 0 {
+            logger.info("\(command.event.verb)", metadata: ["jobs": "\(outcome.count)"])
+        }
+        try await schedule()
+        try await flush()
+        return outcome
+    }
+
+    /// Stops the running transfers of the selected jobs, all at once, and returns their rows
+    /// with their last checkpoints.
+    func stopTransfers(in rows: RowSelection, intent: StopIntent) async -> [Job] {
+        let ids = running.values.filter { entry in
+            switch rows {
+            case .all: return true
+            case .ids(let ids): return ids.contains(entry.job.id)
+            case .group(let group): return entry.job.groupID == group
+            }
+        }.map(\.job.id)
+        for id in ids {
+            guard var entry = running[id] else { continue }
+            entry.stop = max(entry.stop ?? intent, intent)
+            running[id] = entry
+            entry.task.cancel()
+        }
+        var stopped: [Job] = []
+        for id in ids {
+            if let job = await stopTransfer(id, intent: intent) { stopped.append(job) }
+        }
+        return stopped
+    }
+
+    /// Deletes job records. Unfinished jobs are stopped and their partial data removed; a
+    /// finished file stays unless `deleteFile` (nothing the user owns goes silently).
+    public func remove(_ selection: JobSelection, deleteFile: Bool) async throws(DLError) -> BulkOutcome {
+        try await serial { () async throws(DLError) in
+            try requireAccepting()
+            let rows = try await rowSelection(selection, refusing: [], verb: "remove")
+            let stopped = await stopTransfers(in: rows, intent: .remove)
+            var group: JobGroup? = nil
+            if case .group(let reference) = selection { group = try await resolve(reference) }
+            if !stopped.isEmpty {
+                // Their offsets are recorded so that the delete below knows they have files.
+                try await storage { try await store.save(stopped) }
+            }
+            let outcome = try await storage { try await store.delete(rows, deleteFiles: deleteFile, now: now()) }
+            for path in outcome.files where unlink(path) != 0 && errno != ENOENT {
+                logger.warning("could not delete file", metadata: ["path": "\(path)", "errno": "\(errno)"])
+            }
+            if let group {
+                activeGroups.remove(group.id)
+                try await storage { try await store.deleteGroup(group.id, now: now()) }
+                if group.closed != .completed { removeStaging(group) }
+            }
+            try await schedule()
+            try await flush()
+            return outcome
+        }
+    }
+
+    /// The rows a selection names, checked: explicit ids must all exist and none may be in a
+    /// state in `refusing`; a group must exist.
+    func rowSelection(_ selection: JobSelection, refusing: Set<JobState>, verb: String) async throws(DLError) -> RowSelection {
+        switch selection {
+        case .all:
+            return .all
+        case .group(let reference):
+            return .group(try await resolve(reference).id)
+        case .ids(let ids):
+            let (missing, refusedBy) = try await storage { try await store.check(ids, refused: refusing) }
+            if let missing { throw DLError(.jobNotFound, "no job with id \(missing)") }
+            if let (id, state) = refusedBy {
+                throw DLError(.invalidState, "job \(id): cannot \(verb) a job that is \(state.rawValue)")
+            }
+            return .ids(ids)
+        }
+    }
+
+    // MARK: Reads
+
+    public func status(_ ids: [JobID]) async throws(DLError) -> [JSONValue] {
+        let jobs = try await storage { try await store.fetch(ids) }
+        let found = Set(jobs.map(\.id))
+        if let missing = ids.first(where: { !found.contains($0) }) {
+            throw DLError(.jobNotFound, "no job with id \(missing)")
+        }
+        return jobs.map(view)
+    }
+
+    public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws(DLError) -> [JSONValue] {
+        try await storage { try await store.list(states: states, afterID: afterID, limit: limit) }.map(view)
+    }
+
+    public struct Stats: Sendable {
+        public var counts: [JobState: Int]
+        public var active: Int
+        public var speed: Double
+        public var maxActive: Int
+        public var accepting: Bool
+        public var uptime: TimeInterval
+        public var queuePausedReason: String?
+    }
+
+    public func stats() async throws(DLError) -> Stats {
+        let counts = try await storage { try await store.counts() }
+        let speed = running.values.reduce(0) { $0 + $1.progress.snapshot.speed }
+        return Stats(
+            counts: counts, active: running.count, speed: speed, maxActive: configuration.maxActive,
+            accepting: accepting, uptime: now().timeIntervalSince(startedAt),
+            queuePausedReason: configuration.queuePausedReason)
+    }
+
+    func view(_ job: Job) -> JSONValue {
+        guard let live = running[job.id]?.progress.snapshot else { return JobJSON.encode(job) }
+        return JobJSON.encode(job, live: LiveProgress(received: live.received, size: live.size, speed: live.speed))
+    }
+
+}

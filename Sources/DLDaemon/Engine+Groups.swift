@@ -1,0 +1,199 @@
+import DLCore
+import DLRPC
+import DLStore
+import DLTransfer
+import Foundation
+import Logging
+
+/// Groups: files that are complete only together. A group holds one slot; its members stage
+/// in a hidden folder and are published together.
+extension Engine {
+    /// Looks at an active group after a change: fills its slot, gives the slot back when
+    /// nothing of it can run, and publishes it when every member is complete. Reads the
+    /// group's counts by state (an index range), and its members only to publish them.
+    func settle(_ groupID: GroupID) async throws(DLError) {
+        guard let group = try await storage({ try await store.fetchGroup(groupID) }), group.closed == nil else {
+            activeGroups.remove(groupID)
+            return
+        }
+        let counts = try await storage { try await store.memberCounts(of: groupID) }
+        if counts[.queued, default: 0] > 0 || counts[.running, default: 0] > 0
+            || pending.launches.contains(where: { $0.groupID == groupID })
+        {
+            if activeGroups.contains(groupID) { try await fill(groupID) }
+            return
+        }
+        activeGroups.remove(groupID)
+        let total = counts.values.reduce(0, +)
+        if group.error == nil, total > 0, counts[.completed, default: 0] == total {
+            let members = try await storage { try await store.members(of: groupID) }
+            try await publish(group, members: members)
+        } else if counts[.failed, default: 0] > 0 {
+            let failed = try await storage { try await store.firstFailedMember(of: groupID) }
+            logger.notice("group failed", metadata: ["group": "\(groupID)", "member": "\(failed?.id ?? 0)"])
+            pending.notices.append(FinishedNotice(
+                jobID: nil, group: group, path: group.dir, url: "", state: "failed",
+                error: failed.flatMap { member in
+                    member.error.map { JobError(code: $0.code, message: "member \(member.id) (\(member.name)): \($0.message)") }
+                }))
+        }
+    }
+
+    /// Moves a complete group from its staging folder into its folder. A folder that does not
+    /// exist yet appears whole, in one rename; into an existing folder the files move one by one,
+    /// after checking that none would replace a file that is there.
+    func publish(_ group: JobGroup, members: [Job]) async throws(DLError) {
+        var group = group
+        let fm = FileManager.default
+        do throws(DLError) {
+            if !fm.fileExists(atPath: group.dir), rename(group.staging, group.dir) == 0 {
+                PartialFile.syncDirectory(of: group.dir)
+            } else {
+                if let clash = members.first(where: { !$0.overwrite && fm.fileExists(atPath: $0.path) }) {
+                    throw DLError(.destinationExists, "\(clash.path) exists already; the group stays staged in \(group.staging)")
+                }
+                for member in members {
+                    let folder = (member.path as NSString).deletingLastPathComponent
+                    try? fm.createDirectory(atPath: folder, withIntermediateDirectories: true)
+                    guard rename(member.downloadPath, member.path) == 0 else {
+                        throw DLError(.storageError, "cannot move \(member.downloadPath) to \(member.path): \(String(cString: strerror(errno)))")
+                    }
+                    PartialFile.syncDirectory(of: member.path)
+                }
+                removeStaging(group)
+            }
+        } catch {
+            group.error = JobError(code: error.code.rawValue, message: error.message)
+            group.updatedAt = now()
+            try await storage { try await store.saveGroup(group) }
+            logger.warning("group not published", metadata: ["group": "\(group.id)", "error": "\(error.message)"])
+            pending.notices.append(FinishedNotice(jobID: nil, group: group, path: group.dir, url: "", state: "failed", error: group.error))
+            return
+        }
+        var published: [Job] = []
+        for var member in members {
+            member.stagingPath = nil
+            member.updatedAt = now()
+            published.append(member)
+        }
+        try await storage { try await store.save(published) }
+        group.closed = .completed
+        group.error = nil
+        group.updatedAt = now()
+        group.finishedAt = now()
+        try await storage { try await store.saveGroup(group) }
+        logger.info("group completed", metadata: ["group": "\(group.id)", "files": "\(members.count)", "dir": "\(group.dir)"])
+        pending.notices.append(FinishedNotice(jobID: nil, group: group, path: group.dir, url: "", state: "completed", error: nil))
+    }
+
+    /// Deletes a group's staging folder: it holds only dld's own partial and staged files.
+    func removeStaging(_ group: JobGroup) {
+        guard group.staging.contains(".dld-staging-") else { return }
+        try? FileManager.default.removeItem(atPath: group.staging)
+    }
+
+    /// A group by id or name (the newest of that name).
+    func resolve(_ reference: GroupReference) async throws(DLError) -> JobGroup {
+        switch reference {
+        case .id(let id):
+            guard let group = try await storage({ try await store.fetchGroup(id) }) else {
+                throw DLError(.groupNotFound, "no group with id \(id)")
+            }
+            return group
+        case .name(let name):
+            guard let group = try await storage({ try await store.fetchGroups(named: name) }).first else {
+                throw DLError(.groupNotFound, "no group named \(name)")
+            }
+            return group
+        }
+    }
+
+    // MARK: Groups
+
+    /// One member of a group to create: a URL and a path relative to the group's folder.
+    public struct MemberSpec: Sendable, Equatable {
+        public var url: String
+        public var relativePath: String?
+        public var checksum: Checksum?
+        public var size: Int64?
+        public var meta: String?
+        public init(url: String) { self.url = url }
+    }
+
+    /// Creates a group and its members in one transaction.
+    public func enqueueGroup(
+        name: String, dir: String, priority: Int, headers: [HeaderField], overwrite: Bool, paused: Bool, members: [MemberSpec]
+    ) async throws(DLError) -> (JobGroup, [Job]) {
+        try await serial { () async throws(DLError) in
+            try requireAccepting()
+            guard dir.hasPrefix("/") else { throw .invalidParams("group \"dir\" must be absolute, got \(dir)") }
+            let unfinished = try await storage { try await store.unfinishedCount() }
+            guard unfinished + members.count <= configuration.maxQueued else {
+                throw DLError(.queueFull, "\(unfinished) jobs are unfinished and the limit is \(configuration.maxQueued) (max_queued)")
+            }
+            let destination = Destination(downloadDir: configuration.downloadDir, policy: configuration.pathPolicy)
+            let normalized = Destination.normalized(dir)
+            let folder = try destination.resolvedFolder((normalized as NSString).deletingLastPathComponent)
+                + "/" + (normalized as NSString).lastPathComponent
+            var isDirectory: ObjCBool = false
+            if FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory), !isDirectory.boolValue {
+                throw DLError(.destinationInvalid, "\(folder) is a file, not a folder")
+            }
+            var seen: Set<String> = []
+            var news: [NewJob] = []
+            for (index, member) in members.enumerated() {
+                do throws(DLError) {
+                    _ = try URLRules.validate(member.url).get()
+                    let relative = try RelativePath.validate(member.relativePath ?? FileNames.fromURL(member.url)).get()
+                    guard seen.insert(relative).inserted else {
+                        throw DLError(.destinationExists, "two members of the group are both named \(relative)")
+                    }
+                    let path = folder + "/" + relative
+                    try destination.check(path)
+                    if (path as NSString).lastPathComponent.lowercased().hasSuffix(".part") {
+                        throw DLError(.destinationInvalid, "\(relative): names ending in .part are kept for partial files")
+                    }
+                    if !overwrite && FileManager.default.fileExists(atPath: path) {
+                        throw DLError(.destinationExists, "\(path) exists already; pass overwrite to replace it")
+                    }
+                    news.append(NewJob(
+                        url: member.url, path: path, priority: priority, meta: member.meta, headers: headers,
+                        overwrite: overwrite, state: paused ? .paused : .queued, checksum: member.checksum, expectedSize: member.size))
+                } catch {
+                    throw DLError(error.code, "jobs[\(index)]: \(error.message)")
+                }
+            }
+            let (group, jobs) = try await storage {
+                try await store.insertGroup(name: name, dir: folder, priority: priority, members: news, now: now())
+            }
+            // Staged members keep their relative folders.
+            for job in jobs {
+                let folder = (job.downloadPath as NSString).deletingLastPathComponent
+                try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            }
+            logger.info("enqueued group", metadata: ["group": "\(group.id)", "members": "\(jobs.count)"])
+            try await schedule()
+            try await flush()
+            return (group, jobs)
+        }
+    }
+
+    /// A group with its summary and members.
+    public func groupStatus(_ reference: GroupReference) async throws(DLError) -> (JobGroup, GroupSummary, [JSONValue]) {
+        let group = try await resolve(reference)
+        let members = try await storage { try await store.members(of: group.id) }
+        let summary = GroupSummary.summarize(group, members: members, active: activeGroups.contains(group.id))
+        return (group, summary, members.map(view))
+    }
+
+    // MARK: Events
+
+    public func lastEventSeq() async throws(DLError) -> Int64 {
+        try await storage { try await store.lastEventSeq() }
+    }
+
+    public func events(after seq: Int64) async throws(DLError) -> [StoredEvent] {
+        try await storage { try await store.events(after: seq) }
+    }
+
+}

@@ -1,0 +1,180 @@
+import DLCore
+import DLStore
+import DLTransfer
+import Foundation
+import Logging
+
+/// Start-up and shutdown.
+extension Engine {
+    /// Rows reconciled per read at start-up: memory stays flat whatever the table holds.
+    static let reconcilePage = 1000
+
+    /// Recovers from a crash and starts the queue: jobs left `running` by a daemon that died
+    /// are queued again, and resume from their committed offset. The table is read a page at
+    /// a time, and only the rows that can have files on disk.
+    public func start() async throws(DLError) {
+        try await serial { () async throws(DLError) in
+            var cursor: JobID = 0
+            var requeued = 0
+            while true {
+                let page = try await storage { try await store.reconcilePage(afterID: cursor, limit: Self.reconcilePage) }
+                guard let last = page.last?.id else { break }
+                cursor = last
+                requeued += page.filter { $0.state == .running }.count
+                let changed = page.compactMap(reconcile)
+                try await storage { try await store.save(changed) }
+            }
+            if requeued > 0 {
+                logger.info("requeued jobs that were running when dld stopped", metadata: ["count": "\(requeued)"])
+            }
+            if let reason = configuration.queuePausedReason {
+                logger.warning("the queue is paused: \(reason)")
+            }
+            try await removeOrphanStaging()
+            // A group whose last member completed just before the daemon died is published now.
+            for id in try await storage({ try await store.openGroups() }) {
+                guard let group = try await storage({ try await store.fetchGroup(id) }), group.error == nil else { continue }
+                let counts = try await storage { try await store.memberCounts(of: id) }
+                let total = counts.values.reduce(0, +)
+                if total > 0, counts[.completed, default: 0] == total {
+                    let members = try await storage { try await store.members(of: id) }
+                    try await publish(group, members: members)
+                }
+            }
+            try await schedule()
+            try await flush()
+        }
+    }
+
+    /// A completed job whose file is still `<name>.part`, complete: dld died between recording
+    /// it and linking it. Links it now; returns whether it did.
+    func finishPublish(_ job: Job) -> Bool {
+        var info = stat()
+        guard lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Int64(info.st_size) == job.received else {
+            return false
+        }
+        do throws(TransferFailure) {
+            try PartialFile.link(job.partialPath, to: job.downloadPath, overwrite: job.overwrite)
+            PartialFile.syncDirectory(of: job.downloadPath)
+            logger.notice("published a file recorded as completed before dld stopped", metadata: ["job": "\(job.id)", "path": "\(job.downloadPath)"])
+            return true
+        } catch {
+            logger.warning("could not publish a completed file", metadata: ["job": "\(job.id)", "error": "\(error.error.message)"])
+            return false
+        }
+    }
+
+    /// Start-up reconciliation of one row with the disk. Returns the row if it changed.
+    ///  - running (the daemon died): queued again.
+    ///  - unfinished: the partial file is cut back to the committed offset (durability rule 3);
+    ///    a partial file that is shorter or gone lowers the offset to what is really there.
+    ///  - completed: a file that was recorded but not yet linked when dld died is linked now
+    ///    (Publisher's order); a file that is gone is marked `file_missing` (the state stays).
+    ///  - completed or canceled: a leftover partial file is ours and is removed. Other `.part`
+    ///    files are never touched: browsers use the same suffix in the same folders.
+    func reconcile(_ job: Job) -> Job? {
+        var fixed = job
+        switch job.state {
+        case .running, .queued, .paused, .waiting, .failed:
+            if job.state == .running { fixed.state = .queued }
+            var info = stat()
+            if lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG {
+                let onDisk = Int64(info.st_size)
+                if onDisk > job.received {
+                    if let file = try? PartialFile(path: job.partialPath) {
+                        try? file.truncate(to: job.received)
+                        try? file.syncData()
+                        logger.info("cut partial file back to its committed offset", metadata: ["job": "\(job.id)", "from": "\(onDisk)", "to": "\(job.received)"])
+                    }
+                } else if onDisk < job.received {
+                    fixed.received = onDisk
+                }
+            } else if job.received > 0 {
+                fixed.received = 0
+            }
+        case .completed:
+            if access(job.downloadPath, F_OK) != 0, finishPublish(job) {
+                break
+            }
+            if access(job.downloadPath, F_OK) != 0, job.error?.code != "file_missing" {
+                fixed.error = JobError(code: "file_missing", message: "\(job.downloadPath) was deleted or moved after it completed")
+                logger.notice("completed file is missing", metadata: ["job": "\(job.id)", "path": "\(job.downloadPath)"])
+            }
+            removeLeftover(of: job)
+        case .canceled:
+            removeLeftover(of: job)
+        }
+        guard fixed != job else { return nil }
+        fixed.updatedAt = now()
+        return fixed
+    }
+
+    func removeLeftover(of job: Job) {
+        var info = stat()
+        if lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, unlink(job.partialPath) == 0 {
+            logger.notice("removed a partial file of a finished job", metadata: ["job": "\(job.id)", "path": "\(job.partialPath)"])
+        }
+    }
+
+    /// Staging folders of groups that are gone or closed (a crash in the middle of `remove` or
+    /// `cancel`) hold only dld's own partial files: they are removed and logged. Plain `.part`
+    /// files that belong to no job are left alone: browsers use that suffix in the same folders,
+    /// and dld cannot tell theirs from its own once the job's row is gone.
+    func removeOrphanStaging() async throws(DLError) {
+        let groups = try await storage { try await store.groupFolders() }
+        let open = Set(groups.filter(\.open).map(\.id))
+        var folders = Set([configuration.downloadDir])
+        for group in groups { folders.insert((group.dir as NSString).deletingLastPathComponent) }
+        for folder in folders {
+            guard let entries = try? FileManager.default.contentsOfDirectory(atPath: folder) else { continue }
+            for entry in entries where entry.hasPrefix(".") {
+                guard let range = entry.range(of: ".dld-staging-", options: .backwards),
+                    let id = GroupID(entry[range.upperBound...]), !open.contains(id)
+                else { continue }
+                let path = folder + "/" + entry
+                var info = stat()
+                guard lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { continue }
+                try? FileManager.default.removeItem(atPath: path)
+                logger.notice("removed the staging folder of a group that is gone", metadata: ["path": "\(path)"])
+            }
+        }
+    }
+
+    /// Stops or restarts the queue as a whole. Stopped, commands still work but nothing starts.
+    public func setQueuePaused(_ paused: Bool) async throws(DLError) -> String? {
+        try await serial { () async throws(DLError) in
+            configuration.queuePausedReason = paused ? (configuration.queuePausedReason ?? "paused by the user") : nil
+            try await schedule()
+            try await flush()
+            return configuration.queuePausedReason
+        }
+    }
+
+    /// Stops taking commands, stops every transfer with its bytes synced and committed, and
+    /// leaves those jobs queued so that the next start resumes them. Files already downloaded
+    /// are synced, recorded and published first.
+    public func shutdown() async {
+        do {
+            try await serial { () async throws(DLError) in
+                accepting = false
+                wakeTask?.cancel()
+                progressTask?.cancel()
+                let ready = toPublish
+                toPublish = []
+                if !ready.isEmpty {
+                    try await complete(ready, syncFailures: await Publisher.syncAll(ready.map(\.partialPath)))
+                }
+                var stopped = await stopTransfers(in: .all, intent: .shutdown)
+                for index in stopped.indices {
+                    stopped[index].state = .queued
+                    stopped[index].updatedAt = now()
+                }
+                pending.saves += stopped
+                try await flush()
+            }
+        } catch {
+            logger.error("could not record every transfer at shutdown", metadata: ["error": "\(error)"])
+        }
+        await downloader.shutdown()
+    }
+}

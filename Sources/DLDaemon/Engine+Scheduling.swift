@@ -1,0 +1,272 @@
+import DLCore
+import DLStore
+import DLTransfer
+import Foundation
+import Logging
+
+/// Slots, transfers and their outcomes.
+extension Engine {
+    /// Standalone jobs looked at per free slot when choosing what starts: enough to step over
+    /// jobs of hosts that are at their limit, and bounded so that a turn of the queue never
+    /// reads more than `maxLookahead` rows, however long the queue.
+    static let lookaheadPerSlot = 8
+    static let maxLookahead = 1000
+
+    /// Starts queued work while slots are free. A slot holds a standalone job or a whole group;
+    /// inside its slot a group runs up to `groupParallel` members; no host gets more than
+    /// `maxPerHost` transfers. Runs inside `serial`; the caller flushes (which also arms the
+    /// wake-up of waiting jobs, once their rows are committed).
+    func schedule() async throws(DLError) {
+        guard accepting else { return }
+        for id in activeGroups.sorted() { try await settle(id) }
+        guard configuration.queuePausedReason == nil else { return }
+        let standalone = running.values.filter { $0.job.groupID == nil }.count
+            + pending.launches.filter { $0.groupID == nil }.count
+        let used = standalone + activeGroups.count
+        let free = configuration.maxActive - used
+        if free > 0 {
+            let window = min(Self.maxLookahead, free * Self.lookaheadPerSlot)
+            let jobs = try await storage { try await store.queuedStandalone(limit: window) }
+            let groups = try await storage { try await store.queuedGroups(excluding: activeGroups) }
+            var hostOf: [JobID: String] = [:]
+            for (entry, host) in jobs { hostOf[entry.id] = host }
+            var groupOf: [JobID: GroupID] = [:]
+            for (entry, group) in groups { groupOf[entry.id] = group }
+            let order = SchedulerPolicy.jobsToStart(
+                queued: jobs.map(\.entry) + groups.map(\.entry), active: 0, maxActive: jobs.count + groups.count)
+            var hosts = hostLoad()
+            var slots = free
+            for id in order where slots > 0 {
+                if let groupID = groupOf[id] {
+                    activeGroups.insert(groupID)
+                    slots -= 1
+                    try await fill(groupID)
+                    hosts = hostLoad()
+                } else if let host = hostOf[id], hosts[host, default: 0] < configuration.maxPerHost,
+                    let job = try await storage({ try await store.fetch(id) }), job.state == .queued
+                {
+                    try launch(job)
+                    hosts[host, default: 0] += 1
+                    slots -= 1
+                }
+            }
+        }
+    }
+
+    /// Transfers by host: running, and about to start in this turn.
+    func hostLoad() -> [String: Int] {
+        var load: [String: Int] = [:]
+        for entry in running.values { load[URLRules.hostKey(entry.job.url), default: 0] += 1 }
+        for job in pending.launches { load[URLRules.hostKey(job.url), default: 0] += 1 }
+        return load
+    }
+
+    /// Starts queued members of an active group up to `groupParallel` (and the host limit).
+    func fill(_ groupID: GroupID) async throws(DLError) {
+        guard configuration.queuePausedReason == nil else { return }
+        let busy = running.values.filter { $0.job.groupID == groupID }.count
+            + pending.launches.filter { $0.groupID == groupID }.count
+        let want = configuration.groupParallel - busy
+        guard want > 0 else { return }
+        var hosts = hostLoad()
+        for member in try await storage({ try await store.queuedMembers(of: groupID, limit: want) }) {
+            let host = URLRules.hostKey(member.url)
+            guard hosts[host, default: 0] < configuration.maxPerHost else { continue }
+            try launch(member)
+            hosts[host, default: 0] += 1
+        }
+    }
+
+    /// Records the job as running in this turn's commit; its transfer starts after the commit.
+    func launch(_ job: Job) throws(DLError) {
+        let started = try transition(job, .start)
+        pending.launches.append(started)
+    }
+
+    /// Starts the transfer of a job whose `running` row is committed.
+    func startTransfer(_ started: Job) {
+        let progress = TransferProgress(received: started.received, size: started.size)
+        var request = TransferRequest(
+            jobID: started.id, url: started.url, headers: started.headers, path: started.downloadPath,
+            overwrite: started.overwrite, offset: started.received, size: started.size, validators: started.validators,
+            checksum: started.checksum)
+        request.expectedSize = started.expectedSize
+        request.diskSpace = configuration.diskSpace
+        request.checkpoints = configuration.checkpoints
+        request.options = started.options
+        if started.groupID != nil { request.options.automaticName = false }
+        if let netrc = configuration.netrcPath, let text = try? String(contentsOfFile: netrc, encoding: .utf8) {
+            request.netrc = Netrc.parse(text)
+        }
+        if started.options.insecure {
+            logger.warning("TLS certificates are not verified for this job (insecure)", metadata: ["job": "\(started.id)"])
+        }
+        let store = self.store
+        let downloader = self.downloader
+        let id = started.id
+        let task = Task {
+            await downloader.run(request, progress: progress) { checkpoint in
+                try await store.checkpoint(id, received: checkpoint.received, size: checkpoint.size,
+                                           validators: checkpoint.validators, finalURL: checkpoint.finalURL)
+            }
+        }
+        running[id] = Running(job: started, progress: progress, task: task, stop: nil)
+        // The watcher hands a transfer that ends by itself to the serial queue. A transfer
+        // stopped by a command is handled by that command, and the queue finds it gone.
+        Task { [weak self] in
+            let result = await task.value
+            await self?.transferEnded(id, task: task, result: result)
+        }
+    }
+
+    /// Buffers the outcome; one turn of the queue records every outcome buffered by then.
+    func transferEnded(_ id: JobID, task: Task<TransferResult, Never>, result: TransferResult) {
+        ended.append((id, task, result))
+        guard !drainScheduled else { return }
+        drainScheduled = true
+        Task { [weak self] in await self?.drainEnded() }
+    }
+
+    private func drainEnded() async {
+        do {
+            try await serial { () async throws(DLError) in
+                drainScheduled = false
+                let batch = ended
+                ended = []
+                var finished = 0
+                for (id, task, result) in batch {
+                    guard let entry = running[id], entry.task == task, entry.stop == nil else { continue }
+                    running[id] = nil
+                    record(result, for: entry.job)
+                    finished += 1
+                }
+                guard finished > 0 else { return }
+                try await schedule()
+                try await flush()
+            }
+        } catch {
+            logger.error("could not record the end of transfers", metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// Records what a transfer reported into this turn's changes. `started` is the row as it
+    /// was committed when the transfer began; the checkpoint carries everything since.
+    func record(_ result: TransferResult, for started: Job) {
+        var job = started
+        switch result {
+        case .downloaded(let checkpoint):
+            apply(checkpoint, to: &job, startedAt: started.received)
+            enqueuePublish(PublishItem(job: job, partialPath: started.partialPath, checkpoint: checkpoint, committed: started.received))
+        case .stopped(let checkpoint):
+            apply(checkpoint, to: &job, startedAt: started.received)
+            job.state = .queued
+            job.updatedAt = now()
+            pending.saves.append(job)
+        case .failed(let failure, let checkpoint):
+            apply(checkpoint, to: &job, startedAt: started.received)
+            fail(job, failure)
+        }
+    }
+
+    /// A failed attempt: waiting (with backoff) or failed, by the failure's kind.
+    func fail(_ job: Job, _ failure: TransferFailure) {
+        var job = job
+        if failure.kind == .transient(.diskSpace) {
+            // A full disk is not the server's fault: it does not use up the retry budget.
+            job.attempts = max(0, job.attempts - 1)
+        }
+        let sinceProgress = now().timeIntervalSince(job.progressAt ?? job.createdAt)
+        let decision = RetryDecision.decide(
+            failure, attempts: job.attempts, sinceProgress: sinceProgress, policy: configuration.backoff,
+            now: now(), unit: Double.random(in: 0..<1))
+        do throws(DLError) {
+            switch decision {
+            case .wait(let reason, let until):
+                logger.notice("waiting", metadata: ["job": "\(job.id)", "reason": "\(reason.rawValue)", "error": "\(failure.error.message)"])
+                try transition(job, .wait(reason, failure.error, until: until))
+            case .fail(let error):
+                logger.notice("failed", metadata: ["job": "\(job.id)", "code": "\(error.code)", "error": "\(error.message)"])
+                let failed = try transition(job, .fail(error))
+                if failed.groupID == nil {
+                    pending.notices.append(FinishedNotice(jobID: failed.id, group: nil, path: failed.path, url: failed.url, state: "failed", error: failed.error))
+                }
+            }
+        } catch {
+            logger.error("could not record a failed attempt", metadata: ["job": "\(job.id)", "error": "\(error.message)"])
+        }
+    }
+
+    /// Stops a running transfer for a command, waits for it, and returns its row with the
+    /// transfer's last synced checkpoint applied (still `running`: the command decides what it
+    /// becomes). Nil when no transfer of that job runs.
+    func stopTransfer(_ id: JobID, intent: StopIntent) async -> Job? {
+        guard var entry = running[id] else { return nil }
+        entry.stop = max(entry.stop ?? intent, intent)
+        running[id] = entry
+        entry.task.cancel()
+        let result = await entry.task.value
+        running[id] = nil
+        var job = entry.job
+        switch result {
+        case .stopped(let checkpoint), .failed(_, let checkpoint):
+            apply(checkpoint, to: &job, startedAt: entry.job.received)
+        case .downloaded(var checkpoint):
+            // It finished just before it could be stopped. Its bytes are kept only once synced.
+            if intent == .pause || intent == .shutdown, await Publisher.syncAll([entry.job.partialPath]).isEmpty {
+                checkpoint.publishTarget = nil
+            } else {
+                checkpoint.received = entry.job.received
+            }
+            apply(checkpoint, to: &job, startedAt: entry.job.received)
+        }
+        return job
+    }
+
+    /// Records a transfer's checkpoint in the row. `startedAt` is the offset the attempt
+    /// began from.
+    func apply(_ checkpoint: TransferCheckpoint, to job: inout Job, startedAt: Int64) {
+        // Progress resets the retry budget: an attempt that moved bytes counts as the first.
+        if checkpoint.received > startedAt {
+            job.attempts = 1
+            job.progressAt = now()
+        }
+        job.received = checkpoint.received
+        job.size = checkpoint.size
+        job.validators = checkpoint.validators
+        if let finalURL = checkpoint.finalURL { job.finalURL = finalURL }
+        if let sha256 = checkpoint.sha256 { job.sha256 = sha256 }
+        if let digest = checkpoint.digest { job.digest = digest }
+        if let finalPath = checkpoint.finalPath { job.path = finalPath }
+    }
+
+    // MARK: Waiting jobs
+
+    /// Sleeps until the earliest `next_attempt_at`, then requeues what is due.
+    func armWakeUp() async throws(DLError) {
+        let next = try await storage { try await store.nextWakeUp() }
+        guard next != wakeAt else { return }
+        wakeTask?.cancel()
+        wakeAt = next
+        guard let next else { return }
+        let delay = max(0, next.timeIntervalSince(now()))
+        wakeTask = Task { [weak self] in
+            try? await Task.sleep(for: .milliseconds(Int(delay * 1000) + 10))
+            guard !Task.isCancelled else { return }
+            await self?.wake()
+        }
+    }
+
+    private func wake() async {
+        do {
+            try await serial { () async throws(DLError) in
+                wakeAt = nil
+                guard accepting else { return }
+                _ = try await storage { try await store.requeueDue(now: now()) }
+                try await schedule()
+                try await flush()
+            }
+        } catch {
+            logger.error("could not requeue waiting jobs", metadata: ["error": "\(error)"])
+        }
+    }
+}

@@ -1,0 +1,319 @@
+import DLCore
+import Foundation
+import GRDB
+
+/// The jobs a command names: every job, a list of ids, or a group's members.
+public enum RowSelection: Sendable, Equatable {
+    case all
+    case ids([JobID])
+    case group(GroupID)
+
+    /// The SQL condition and its arguments. Ids travel as one JSON array (`json_each`), so a
+    /// list of 100 000 ids is one argument, not 100 000 host parameters.
+    /// The condition names its argument `:selection`; `now` is passed as `:now` when given.
+    func condition(now: Date? = nil) -> (sql: String, arguments: StatementArguments) {
+        var arguments: StatementArguments = [:]
+        if let now { _ = arguments.append(contentsOf: ["now": now.timeIntervalSince1970]) }
+        switch self {
+        case .all:
+            return ("1", arguments)
+        case .ids(let ids):
+            _ = arguments.append(contentsOf: ["selection": Self.jsonArray(ids)])
+            return ("id IN (SELECT value FROM json_each(:selection))", arguments)
+        case .group(let id):
+            _ = arguments.append(contentsOf: ["selection": id])
+            return ("group_id = :selection", arguments)
+        }
+    }
+
+    static func jsonArray(_ ids: [JobID]) -> String {
+        "[" + ids.map(String.init).joined(separator: ",") + "]"
+    }
+}
+
+/// A user command applied to many rows at once.
+public enum BulkCommand: Sendable, CaseIterable {
+    case pause, resume, cancel
+
+    public var event: JobEvent {
+        switch self {
+        case .pause: return .pause
+        case .resume: return .resume
+        case .cancel: return .cancel
+        }
+    }
+
+    /// States the command changes. Derived from the state machine, so that a bulk command and
+    /// a single transition can never disagree on where they apply.
+    public var sources: [JobState] { JobState.allCases.filter { StateMachine.allows(event, from: $0) } }
+
+    /// Failures after which the partial file cannot be trusted: a resume starts over from zero.
+    public static let startOverCodes = ["checksum_mismatch", "size_mismatch"]
+
+    /// The columns the command sets: the same result as `StateMachine.apply` on each row (a
+    /// store test checks that they agree). SQLite evaluates every expression on the old row.
+    var assignments: String {
+        switch self {
+        case .pause:
+            return "state = 'paused', wait_reason = NULL, next_attempt_at = NULL, updated_at = :now"
+        case .cancel:
+            return "state = 'canceled', wait_reason = NULL, next_attempt_at = NULL, finished_at = :now, updated_at = :now"
+        case .resume:
+            let startOver = "error_code IN (" + Self.startOverCodes.map { "'\($0)'" }.joined(separator: ",") + ")"
+            return """
+                state = 'queued', wait_reason = NULL, next_attempt_at = NULL, finished_at = NULL, attempts = 0,
+                updated_at = :now,
+                error_code = CASE WHEN state = 'failed' THEN NULL ELSE error_code END,
+                error_message = CASE WHEN state = 'failed' THEN NULL ELSE error_message END,
+                received = CASE WHEN \(startOver) THEN 0 ELSE received END,
+                etag = CASE WHEN \(startOver) THEN NULL ELSE etag END,
+                last_modified = CASE WHEN \(startOver) THEN NULL ELSE last_modified END,
+                accepts_ranges = CASE WHEN \(startOver) THEN 0 ELSE accepts_ranges END,
+                sha256 = CASE WHEN \(startOver) THEN NULL ELSE sha256 END,
+                digest = CASE WHEN \(startOver) THEN NULL ELSE digest END
+                """
+        }
+    }
+}
+
+/// What a bulk change did: how many rows, and the first of their ids (a reply stays small
+/// whatever the count).
+public struct BulkOutcome: Sendable, Equatable {
+    public var count: Int
+    /// The smallest changed ids, at most `BulkOutcome.idsShown`.
+    public var ids: [JobID]
+    /// Files to delete after the commit (partial files of removed or canceled jobs, and
+    /// finished files that `delete_file` asked for). Only jobs that ever started have any.
+    public var files: [String] = []
+
+    public static let idsShown = 1000
+
+    public init(count: Int, ids: [JobID], files: [String] = []) {
+        self.count = count
+        self.ids = ids
+        self.files = files
+    }
+}
+
+extension JobStore {
+    // MARK: Bulk commands: one statement, one transaction, whatever the count
+
+    /// For an explicit list: the first id that does not exist, and the first job whose state
+    /// refuses the command (its states in `refused`). Reads one index range, not the rows.
+    public func check(_ ids: [JobID], refused: Set<JobState>) async throws -> (missing: JobID?, refusedBy: (JobID, JobState)?) {
+        try await pool.read { db in
+            let list = RowSelection.jsonArray(ids)
+            let missing = try JobID.fetchOne(
+                db,
+                sql: "SELECT value FROM json_each(?) WHERE value NOT IN (SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))) LIMIT 1",
+                arguments: [list, list])
+            var refusedBy: (JobID, JobState)? = nil
+            if !refused.isEmpty {
+                let states = refused.map { "'\($0.rawValue)'" }.joined(separator: ",")
+                if let row = try Row.fetchOne(
+                    db, sql: "SELECT id, state FROM jobs WHERE id IN (SELECT value FROM json_each(?)) AND state IN (\(states)) ORDER BY id LIMIT 1",
+                    arguments: [list]),
+                    let state = JobState(rawValue: row["state"])
+                {
+                    refusedBy = (row["id"], state)
+                }
+            }
+            return (missing, refusedBy)
+        }
+    }
+
+    /// Applies `command` to every selected job in a state it changes, in one transaction, with
+    /// one event per changed job. `first` rows (jobs whose transfers were just stopped, with
+    /// their last checkpoint) are written in the same transaction, before the command.
+    public func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job] = [], now: Date) async throws -> BulkOutcome {
+        let (outcome, range) = try await pool.write { db -> (BulkOutcome, (Int64, Int64)) in
+            for job in first { try Self.update(job, in: db) }
+            let before = try Self.lastSeq(db)
+            let (condition, arguments) = selection.condition(now: now)
+            let states = command.sources.map { "'\($0.rawValue)'" }.joined(separator: ",")
+            let changed = try JobID.fetchAll(
+                db,
+                sql: "UPDATE jobs SET \(command.assignments) WHERE state IN (\(states)) AND \(condition) RETURNING id",
+                arguments: arguments
+            ).sorted()
+            let files = command == .cancel ? try Self.partialFiles(of: changed, in: db) : []
+            try Self.recordStates(of: changed, at: now, in: db)
+            return (BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files),
+                    (before, try Self.lastSeq(db)))
+        }
+        publishEvents(after: range.0, through: range.1)
+        return outcome
+    }
+
+    /// Deletes the selected job records in one transaction, with one `job.removed` event each.
+    /// Returns the files to delete after the commit: the partial files of unfinished jobs,
+    /// and with `deleteFiles` the files of completed ones.
+    public func delete(_ selection: RowSelection, deleteFiles: Bool, now: Date) async throws -> BulkOutcome {
+        let (outcome, range) = try await pool.write { db -> (BulkOutcome, (Int64, Int64)) in
+            let before = try Self.lastSeq(db)
+            let (condition, arguments) = selection.condition(now: now)
+            try db.execute(
+                sql: """
+                    INSERT INTO events (at, kind, job_id, group_id, state)
+                    SELECT :now, 'job.removed', id, group_id, 'removed' FROM jobs WHERE \(condition) ORDER BY id
+                    """,
+                arguments: arguments)
+            let (deleteCondition, deleteArguments) = selection.condition()
+            var ids: [JobID] = []
+            var files: [String] = []
+            var count = 0
+            let rows = try Row.fetchCursor(
+                db, sql: "DELETE FROM jobs WHERE \(deleteCondition) RETURNING id, state, path, staging_path, attempts, received",
+                arguments: deleteArguments)
+            while let row = try rows.next() {
+                count += 1
+                let id: JobID = row["id"]
+                if ids.count < BulkOutcome.idsShown { ids.append(id) }
+                let state = JobState(rawValue: row["state"]) ?? .failed
+                let path: String = row["path"]
+                let staging: String? = row["staging_path"]
+                let attempts: Int = row["attempts"]
+                let received: Int64 = row["received"]
+                if state == .completed {
+                    if deleteFiles { files.append(path) }
+                } else if state != .canceled, attempts > 0 || received > 0 {
+                    files.append((staging ?? path) + ".part")
+                }
+            }
+            let last = try Self.lastSeq(db)
+            try Self.pruneEvents(through: last, in: db)
+            ids.sort()
+            return (BulkOutcome(count: count, ids: Array(ids.prefix(BulkOutcome.idsShown)), files: files), (before, last))
+        }
+        publishEvents(after: range.0, through: range.1)
+        return outcome
+    }
+
+    /// Waiting jobs whose time has come are queued again, in one statement.
+    public func requeueDue(now: Date) async throws -> Int {
+        let (count, range) = try await pool.write { db -> (Int, (Int64, Int64)) in
+            let before = try Self.lastSeq(db)
+            let changed = try JobID.fetchAll(
+                db,
+                sql: """
+                    UPDATE jobs SET state = 'queued', wait_reason = NULL, next_attempt_at = NULL, updated_at = ?
+                    WHERE state = 'waiting' AND next_attempt_at <= ? RETURNING id
+                    """,
+                arguments: [now.timeIntervalSince1970, now.timeIntervalSince1970]
+            ).sorted()
+            try Self.recordStates(of: changed, at: now, in: db)
+            return (changed.count, (before, try Self.lastSeq(db)))
+        }
+        publishEvents(after: range.0, through: range.1)
+        return count
+    }
+
+    /// One `job.state` event per job, as the rows are now, in id order.
+    static func recordStates(of ids: [JobID], at now: Date, in db: Database) throws {
+        guard !ids.isEmpty else { return }
+        try db.execute(
+            sql: """
+                INSERT INTO events (at, kind, job_id, group_id, state, wait_reason, error_code, error_message)
+                SELECT ?, 'job.state', id, group_id, state, wait_reason, error_code, error_message
+                FROM jobs WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id
+                """,
+            arguments: [now.timeIntervalSince1970, RowSelection.jsonArray(ids)])
+        try pruneEvents(through: try lastSeq(db), in: db)
+    }
+
+    /// Partial files that jobs which ever started may have left.
+    static func partialFiles(of ids: [JobID], in db: Database) throws -> [String] {
+        guard !ids.isEmpty else { return [] }
+        return try Row.fetchAll(
+            db,
+            sql: "SELECT path, staging_path FROM jobs WHERE id IN (SELECT value FROM json_each(?)) AND (attempts > 0 OR received > 0)",
+            arguments: [RowSelection.jsonArray(ids)]
+        ).map { row in
+            let staging: String? = row["staging_path"]
+            return (staging ?? row["path"]) + ".part"
+        }
+    }
+
+    static func lastSeq(_ db: Database) throws -> Int64 {
+        try Int64.fetchOne(db, sql: "SELECT seq FROM events ORDER BY seq DESC LIMIT 1") ?? 0
+    }
+
+    // MARK: Scheduling reads: indexed, bounded by what can start
+
+    /// Queued standalone jobs in the scheduler's order (priority, then id), at most `limit`:
+    /// one walk of the (state, priority, id) index.
+    public func queuedStandalone(limit: Int) async throws -> [(entry: QueueEntry, host: String)] {
+        try await pool.read { db in
+            try Row.fetchAll(
+                db.cachedStatement(sql: """
+                    SELECT id, priority, host FROM jobs INDEXED BY jobs_by_state
+                    WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
+                    """),
+                arguments: [limit]
+            ).map { (QueueEntry(id: $0["id"], priority: $0["priority"]), $0["host"]) }
+        }
+    }
+
+    /// Open groups with queued members that do not hold a slot yet, each with the position of
+    /// its first queued member. Groups are few next to jobs: this reads one index entry each.
+    public func queuedGroups(excluding active: Set<GroupID>) async throws -> [(entry: QueueEntry, groupID: GroupID)] {
+        try await pool.read { db in
+            try Row.fetchAll(
+                db.cachedStatement(sql: """
+                    SELECT g.id AS group_id, g.priority AS priority,
+                        (SELECT MIN(j.id) FROM jobs j WHERE j.group_id = g.id AND j.state = 'queued') AS first
+                    FROM groups g WHERE g.closed IS NULL
+                    """)
+            ).compactMap { row in
+                let group: GroupID = row["group_id"]
+                guard !active.contains(group), let first: JobID = row["first"] else { return nil }
+                return (QueueEntry(id: first, priority: row["priority"]), group)
+            }
+        }
+    }
+
+    /// Queued members of a group, in order, at most `limit`, with their hosts.
+    public func queuedMembers(of id: GroupID, limit: Int) async throws -> [Job] {
+        try await pool.read { db in
+            try Row.fetchAll(
+                db.cachedStatement(sql: "SELECT * FROM jobs INDEXED BY jobs_by_group_state WHERE group_id = ? AND state = 'queued' ORDER BY id LIMIT ?"),
+                arguments: [id, limit]
+            ).map(Self.job(from:))
+        }
+    }
+
+    /// How many members of a group are in each state.
+    public func memberCounts(of id: GroupID) async throws -> [JobState: Int] {
+        try await pool.read { db in
+            var counts: [JobState: Int] = [:]
+            for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT state, COUNT(*) AS n FROM jobs WHERE group_id = ? GROUP BY state"), arguments: [id]) {
+                if let state = JobState(rawValue: row["state"]) { counts[state, default: 0] += row["n"] as Int }
+            }
+            return counts
+        }
+    }
+
+    /// The first failed member of a group.
+    public func firstFailedMember(of id: GroupID) async throws -> Job? {
+        try await pool.read { db in
+            try Row.fetchOne(db, sql: "SELECT * FROM jobs WHERE group_id = ? AND state = 'failed' ORDER BY id LIMIT 1", arguments: [id])
+                .map(Self.job(from:))
+        }
+    }
+
+    /// A page of rows that start-up reconciliation looks at: every row that may have a file on
+    /// disk (finished, or started at least once), by ascending id.
+    public func reconcilePage(afterID: JobID, limit: Int) async throws -> [Job] {
+        try await pool.read { db in
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT * FROM jobs WHERE id > ?
+                        AND (state IN ('running', 'completed', 'canceled') OR attempts > 0 OR received > 0)
+                    ORDER BY id LIMIT ?
+                    """,
+                arguments: [afterID, limit]
+            ).map(Self.job(from:))
+        }
+    }
+}
