@@ -90,7 +90,7 @@ let package = Package(
         ),
         .testTarget(
             name: "EndToEndTests",
-            dependencies: ["DLTestSupport", "DLRPC", "DLCore", "DLTransfer"]
+            dependencies: ["DLTestSupport", "DLRPC", "DLCore", "DLTransfer", "DLStore"]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -46,7 +46,11 @@ extension Engine {
         var group = group
         let fm = FileManager.default
         do throws(DLError) {
-            if !fm.fileExists(atPath: group.dir), rename(group.staging, group.dir) == 0 {
+            if !fm.fileExists(atPath: group.staging), members.allSatisfy({ fm.fileExists(atPath: $0.path) }) {
+                // Published already: dld died after the folder's rename and before the group's
+                // row said so.
+                PartialFile.syncDirectory(of: group.dir)
+            } else if !fm.fileExists(atPath: group.dir), rename(group.staging, group.dir) == 0 {
                 PartialFile.syncDirectory(of: group.dir)
             } else {
                 if let clash = members.first(where: { !$0.overwrite && fm.fileExists(atPath: $0.path) }) {

@@ -1,0 +1,150 @@
+import DLCore
+import DLStore
+import Foundation
+import Testing
+
+/// Set-based commands: one statement for any number of rows, the same result as the state
+/// machine on each row, small outcomes.
+@Suite struct BulkStoreTests {
+    /// A row in `state` with every field a command may touch set to something.
+    private func row(_ store: JobStore, _ n: Int, _ state: JobState, error: String = "http_status") async throws -> Job {
+        let created = try await store.insert([NewJob(url: "https://e.com/\(n)", path: "/tmp/bulk/\(n)")], now: t0)
+        var job = created[0].job
+        job.state = state
+        job.attempts = 3
+        job.received = 4096
+        job.size = 10_000
+        job.validators = Validators(etag: "\"v1\"", lastModified: nil, acceptsRanges: true)
+        job.sha256 = state == .completed ? "ab" : nil
+        job.digest = state == .completed ? "ab" : nil
+        if state == .waiting {
+            job.waitReason = .retry
+            job.nextAttemptAt = t0.addingTimeInterval(60)
+        }
+        if state == .failed || state == .waiting { job.error = JobError(code: error, message: "it broke") }
+        if state.isFinished { job.finishedAt = t0 }
+        try await store.save(job)
+        return try #require(try await store.fetch(job.id))
+    }
+
+    /// For every command and every state it applies to, the bulk statement writes the same row
+    /// as `StateMachine.apply` (and resume after a checksum failure starts over from zero).
+    @Test(arguments: BulkCommand.allCases)
+    func bulkAgreesWithTheStateMachine(_ command: BulkCommand) async throws {
+        let folder = try TempFolder()
+        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        let now = t0.addingTimeInterval(100)
+        var n = 0
+        for state in command.sources {
+            for code in state == .failed ? ["http_status", "checksum_mismatch"] : ["http_status"] {
+                n += 1
+                let before = try await row(store, n, state, error: code)
+                var expected = try StateMachine.apply(command.event, to: before, now: now)
+                if command == .resume, BulkCommand.startOverCodes.contains(code) {
+                    expected.received = 0
+                    expected.validators = Validators()
+                    expected.sha256 = nil
+                    expected.digest = nil
+                }
+                let outcome = try await store.apply(command, to: .ids([before.id]), now: now)
+                #expect(outcome.count == 1)
+                let after = try #require(try await store.fetch(before.id))
+                #expect(after == expected, "\(command) from \(state) (\(code))")
+            }
+        }
+        // A state the command does not apply to is left alone.
+        for state in JobState.allCases where !command.sources.contains(state) {
+            n += 1
+            let before = try await row(store, n, state)
+            #expect(try await store.apply(command, to: .ids([before.id]), now: now).count == 0)
+            #expect(try await store.fetch(before.id) == before)
+        }
+    }
+
+    /// Thousands of rows in mixed states: pause, resume and cancel change exactly the rows they
+    /// apply to (checked row by row), write one event each, and answer with a count and at
+    /// most 1000 ids.
+    @Test func thousandsOfRows() async throws {
+        let folder = try TempFolder()
+        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        let states: [JobState] = [.queued, .paused, .waiting, .failed, .completed, .canceled]
+        let news = (0..<3000).map { NewJob(url: "https://e.com/\($0)", path: "/tmp/many/\($0)") }
+        let jobs = try await store.insert(news, now: t0).map(\.job)
+        var rows: [Job] = []
+        for (index, job) in jobs.enumerated() {
+            var job = job
+            job.state = states[index % states.count]
+            if job.state == .waiting { job.nextAttemptAt = t0 }
+            rows.append(job)
+        }
+        try await store.save(rows)
+        let stateOf = Dictionary(uniqueKeysWithValues: rows.map { ($0.id, $0.state) })
+        let eventsBefore = try await store.lastEventSeq()
+
+        let paused = try await store.apply(.pause, to: .all, now: t0)
+        let pausable = rows.filter { [.queued, .waiting].contains($0.state) }.map(\.id)
+        #expect(paused.count == pausable.count)
+        #expect(paused.ids == Array(pausable.prefix(1000)))
+        for job in try await store.list() {
+            let expected: JobState = [.queued, .waiting].contains(stateOf[job.id] ?? .failed) ? .paused : stateOf[job.id] ?? .failed
+            #expect(job.state == expected, "job \(job.id)")
+        }
+        let eventsAfter = try await store.lastEventSeq()
+        #expect(eventsAfter - eventsBefore == Int64(pausable.count))
+        let events = try await store.events(after: eventsBefore)
+        #expect(events.map(\.jobID) == pausable.map { Optional($0) })
+        #expect(events.allSatisfy { $0.state == "paused" })
+
+        let resumed = try await store.apply(.resume, to: .all, now: t0)
+        let resumable = rows.filter { [.queued, .waiting, .paused, .failed].contains($0.state) }
+        #expect(resumed.count == resumable.count)
+        #expect(resumed.ids.count == 1000)
+        for job in try await store.list() {
+            let before = stateOf[job.id] ?? .failed
+            #expect(job.state == (before.isFinished && before != .failed ? before : .queued), "job \(job.id)")
+        }
+
+        // Explicit ids: only those; cancel reports the partial files of jobs that had started.
+        let some = Array(rows.filter { stateOf[$0.id] == .queued }.map(\.id).prefix(5))
+        let canceled = try await store.apply(.cancel, to: .ids(some), now: t0)
+        #expect(canceled.count == 5)
+        #expect(try await store.counts()[.canceled] == 500 + 5)
+
+        let removed = try await store.delete(.all, deleteFiles: true, now: t0)
+        #expect(removed.count == 3000)
+        #expect(removed.ids.count == 1000)
+        #expect(removed.files.count == 500, "the completed jobs' files, and no partial file of jobs that never started")
+        #expect(try await store.list().isEmpty)
+        // The events table keeps its bound.
+        #expect(try await store.events(after: 0).count <= Int(JobStore.eventsKept))
+    }
+
+    /// Explicit ids are checked as a set: the first missing id, and the first refused state.
+    @Test func checkIds() async throws {
+        let folder = try TempFolder()
+        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        let a = try await row(store, 1, .completed)
+        let b = try await row(store, 2, .queued)
+        let (missing, refused) = try await store.check([b.id, 99, a.id], refused: [.completed])
+        #expect(missing == 99)
+        #expect(refused?.0 == a.id && refused?.1 == .completed)
+        let (none, ok) = try await store.check([b.id], refused: [.completed])
+        #expect(none == nil && ok == nil)
+    }
+
+    /// Waiting jobs are requeued by time, in one statement.
+    @Test func requeueDue() async throws {
+        let folder = try TempFolder()
+        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        var due = try await row(store, 1, .waiting)
+        due.nextAttemptAt = t0
+        try await store.save(due)
+        var later = try await row(store, 2, .waiting)
+        later.nextAttemptAt = t0.addingTimeInterval(3600)
+        try await store.save(later)
+        #expect(try await store.requeueDue(now: t0.addingTimeInterval(1)) == 1)
+        #expect(try await store.fetch(due.id)?.state == .queued)
+        #expect(try await store.fetch(due.id)?.waitReason == nil)
+        #expect(try await store.fetch(later.id)?.state == .waiting)
+    }
+}

@@ -1,0 +1,181 @@
+import DLCore
+import DLRPC
+import DLStore
+import DLTestSupport
+import Foundation
+import Testing
+
+/// Many jobs and many small files with the real `dld`: bulk commands checked row by row, small
+/// replies, SIGTERM and SIGKILL in the middle of grouped commits. No timing is asserted.
+@Suite(.serialized) struct ScaleTests {
+    /// Every job, through `list` pages.
+    private func allJobs(_ daemon: DaemonHarness) throws -> [JSONValue] {
+        var jobs: [JSONValue] = []
+        var after: Int64 = 0
+        while true {
+            let page = try daemon.call("list", ["limit": 10_000, "after_id": .int(after)])
+            jobs += page["jobs"]?.arrayValue ?? []
+            guard let next = page["next_after_id"]?.int64Value else { return jobs }
+            after = next
+        }
+    }
+
+    /// pause, resume, cancel and remove with `all`, `ids` and `group` on thousands of jobs:
+    /// every row checked, replies small (count, at most 1000 ids), and `pause` all straight
+    /// after `resume` all (which once crashed dld) answered.
+    @Test func bulkCommandsOnThousandsOfJobs() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        // Nothing may start: the rows stay where the commands put them.
+        _ = try daemon.call("queue", ["paused": true])
+        let count = 6000
+        for part in 0..<2 {
+            let jobs = JSONValue.array((0..<count / 2).map { n in
+                ["url": .string("http://127.0.0.1:9/p\(part)-\(n)"), "paused": true]
+            })
+            let reply = try daemon.call("enqueue", ["jobs": jobs])
+            #expect(reply["count"]?.int64Value == Int64(count / 2))
+        }
+        let client = RPCClient(socketPath: daemon.socket)
+        defer { client.close() }
+        let resumed = try client.call("resume", ["all": true])
+        #expect(resumed["count"]?.int64Value == Int64(count))
+        #expect(resumed["ids"]?.arrayValue?.count == 1000)
+        #expect(resumed["ids"]?[0]?.int64Value == 1)
+        #expect(resumed["more"] == true)
+        #expect(resumed.serialized().count < 16 << 10, "a bulk reply stays small")
+        let paused = try client.call("pause", ["all": true])
+        #expect(paused["count"]?.int64Value == Int64(count))
+        var jobs = try allJobs(daemon)
+        #expect(jobs.count == count)
+        #expect(jobs.allSatisfy { $0["state"] == "paused" })
+
+        let some: [JSONValue] = (1...50).map { .int($0 * 7) }
+        let canceled = try client.call("cancel", ["ids": .array(some)])
+        #expect(canceled["count"]?.int64Value == 50)
+        #expect(canceled["more"] == false)
+        let again = try client.call("resume", ["all": true])
+        #expect(again["count"]?.int64Value == Int64(count - 50))
+        jobs = try allJobs(daemon)
+        for job in jobs {
+            let id = job["id"]?.int64Value ?? 0
+            #expect(job["state"] == (id % 7 == 0 && id <= 350 ? "canceled" : "queued"), "job \(id)")
+        }
+        // A canceled job refuses resume when named; nothing changes then.
+        #expect(try daemon.callError("pause", ["ids": [1, 7]]).stableCode == "invalid_state")
+        #expect(try daemon.call("status", ["id": 1])["state"] == "queued")
+
+        let removed = try client.call("remove", ["all": true])
+        #expect(removed["count"]?.int64Value == Int64(count))
+        #expect(try daemon.call("stats")["total"] == 0)
+        #expect(daemon.stop() == 0)
+    }
+
+    /// SIGTERM with a large queue while transfers run: dld exits 0, and the transfers it
+    /// stopped are queued with their bytes kept; the queue is intact after a restart.
+    @Test func sigtermWithALargeQueue() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: "checkpoint_interval = 0.2\n")
+            try daemon.start()
+            let slow = (0..<3).map { n -> JSONValue in
+                ["url": .string("\(origin.baseURL)/bytes/\(2 << 20)?rate=400000"), "name": .string("slow\(n)")]
+            }
+            _ = try daemon.call("enqueue", ["jobs": .array(slow)])
+            for part in 0..<2 {
+                let jobs = JSONValue.array((0..<5000).map { n in
+                    ["url": .string("http://127.0.0.1:9/q\(part)-\(n)"), "paused": true]
+                })
+                _ = try daemon.call("enqueue", ["jobs": jobs])
+            }
+            for id: Int64 in 1...3 {
+                _ = try daemon.waitForJob(id) { $0["state"] == "running" && ($0["received"]?.int64Value ?? 0) > 0 }
+            }
+            // The sequence that once crashed dld, with transfers running.
+            _ = try daemon.call("resume", ["all": true])
+            _ = try daemon.call("pause", ["all": true])
+            _ = try daemon.call("resume", ["ids": [1, 2, 3]])
+            for id: Int64 in 1...3 { _ = try daemon.waitForState(id, ["running"]) }
+            #expect(daemon.stop() == 0, "\(daemon.log.suffix(2000))")
+
+            try daemon.start()
+            defer { daemon.stop() }
+            let stats = try daemon.call("stats")
+            #expect(stats["total"]?.int64Value == 10_003)
+            #expect(stats["counts"]?["paused"]?.int64Value == 10_000)
+            for id: Int64 in 1...3 {
+                let job = try daemon.job(id)
+                #expect(job["state"] == "queued" || job["state"] == "running" || job["state"] == "completed")
+            }
+            for id: Int64 in 1...3 {
+                let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
+                #expect(done["state"] == "completed")
+                try expectOriginBytes(at: daemon.downloadDir + "/slow\(id - 1)", count: 2 << 20)
+            }
+        }
+    }
+
+    /// SIGKILL while hundreds of small files and a group complete in grouped commits: after
+    /// each kill, every file under its final name belongs to a completed job, and every
+    /// completed job has its file (or its complete `.part`, which start-up links). After the
+    /// restarts every file is byte-exact.
+    @Test func sigkillDuringGroupedCommits() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: "max_active = 8\n")
+            try daemon.start()
+            let files = 400
+            let jobs = JSONValue.array((0..<files).map { n in
+                ["url": .string("\(origin.baseURL)/bytes/\(1000 + n)"), "name": .string("f\(n)")]
+            })
+            _ = try daemon.call("enqueue", ["jobs": jobs])
+            let groupDir = daemon.downloadDir + "/chapter"
+            let members = JSONValue.array((0..<100).map { n in
+                ["url": .string("\(origin.baseURL)/bytes/\(3000 + n)"), "name": .string("p\(n)")]
+            })
+            _ = try daemon.call("enqueue", ["group": ["name": "chapter", "dir": .string(groupDir)], "jobs": members])
+
+            for threshold in [60, 200, 330] {
+                let deadline = Date().addingTimeInterval(120)
+                while Date() < deadline {
+                    let done = try daemon.call("stats")["counts"]?["completed"]?.int64Value ?? 0
+                    if done >= threshold { break }
+                    usleep(2000)
+                }
+                daemon.crash()
+                try await checkAfterCrash(daemon, groupDir: groupDir)
+                try daemon.start()
+            }
+            defer { daemon.stop() }
+            for id in Int64(1)...Int64(files + 100) {
+                let job = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
+                #expect(job["state"] == "completed", "\(job.serializedString())")
+            }
+            for n in 0..<files { try expectOriginBytes(at: daemon.downloadDir + "/f\(n)", count: 1000 + n) }
+            for n in 0..<100 { try expectOriginBytes(at: groupDir + "/p\(n)", count: 3000 + n) }
+            let left = try FileManager.default.contentsOfDirectory(atPath: daemon.downloadDir)
+            #expect(!left.contains { $0.hasSuffix(".part") || $0.contains(".dld-staging-") }, "\(left.filter { $0.hasSuffix(".part") })")
+        }
+    }
+
+    /// Reads the job table of a killed daemon and checks that no change was half made.
+    private func checkAfterCrash(_ daemon: DaemonHarness, groupDir: String) async throws {
+        let store = try JobStore(path: daemon.stateDir + "/jobs.sqlite")
+        let fm = FileManager.default
+        func size(_ path: String) -> Int64? {
+            (try? fm.attributesOfItem(atPath: path)[.size] as? NSNumber)?.int64Value
+        }
+        for job in try await store.list() {
+            let published = size(job.path) != nil
+            if job.state == .completed {
+                let staged = job.stagingPath.map { size($0) != nil || size($0 + ".part") == job.received } ?? false
+                let pending = size(job.path + ".part") == job.received
+                #expect(published || staged || pending, "completed job \(job.id) has no file")
+            } else {
+                #expect(!published, "job \(job.id) is \(job.state.rawValue) but \(job.path) exists")
+            }
+        }
+        if fm.fileExists(atPath: groupDir) {
+            #expect(try await store.list().filter { $0.groupID != nil }.allSatisfy { $0.state == .completed })
+        }
+    }
+}
