@@ -83,6 +83,7 @@ extension Engine {
         // Failures above are in `pending`; they commit with the completions.
         var saves = pending.saves
         pending.saves = []
+        if saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
         saves += completed.map(\.job)
         let events = try await storage { try await store.save(saves, publish: false) }
         var linked: [String] = []

@@ -6,9 +6,9 @@ import Logging
 
 /// Slots, transfers and their outcomes.
 extension Engine {
-    /// Standalone jobs looked at per free slot when choosing what starts: enough to step over
-    /// jobs of hosts that are at their limit, and bounded so that a turn of the queue never
-    /// reads more than `maxLookahead` rows, however long the queue.
+    /// Standalone jobs looked at per free slot, when a host is at its limit, to step over its
+    /// jobs; bounded so that a turn of the queue never reads more than `maxLookahead` rows,
+    /// however long the queue (jobs of other hosts further back wait for the window).
     static let lookaheadPerSlot = 8
     static let maxLookahead = 1000
 
@@ -25,15 +25,15 @@ extension Engine {
         let used = standalone + activeGroups.count
         let free = configuration.maxActive - used
         if free > 0 {
-            let window = min(Self.maxLookahead, free * Self.lookaheadPerSlot)
-            let jobs = try await storage { try await store.queuedStandalone(limit: window) }
-            let groups = try await storage { try await store.queuedGroups(excluding: activeGroups) }
-            var hostOf: [JobID: String] = [:]
-            for (entry, host) in jobs { hostOf[entry.id] = host }
-            var groupOf: [JobID: GroupID] = [:]
-            for (entry, group) in groups { groupOf[entry.id] = group }
+            // Past jobs of hosts at their limit only when one is: usually `free` rows suffice.
+            let saturated = hostLoad().values.contains { $0 >= configuration.maxPerHost }
+            let window = saturated ? min(Self.maxLookahead, free * Self.lookaheadPerSlot) : free
+            let (jobs, groups) = try await storage { try await store.nextQueued(limit: window, excludingGroups: activeGroups) }
+            let byID = Dictionary(jobs.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
+            let groupOf = Dictionary(groups.map { ($0.entry.id, $0.groupID) }, uniquingKeysWith: { first, _ in first })
             let order = SchedulerPolicy.jobsToStart(
-                queued: jobs.map(\.entry) + groups.map(\.entry), active: 0, maxActive: jobs.count + groups.count)
+                queued: jobs.map { QueueEntry(id: $0.id, priority: $0.priority) } + groups.map(\.entry),
+                active: 0, maxActive: jobs.count + groups.count)
             var hosts = hostLoad()
             var slots = free
             for id in order where slots > 0 {
@@ -42,11 +42,9 @@ extension Engine {
                     slots -= 1
                     try await fill(groupID)
                     hosts = hostLoad()
-                } else if let host = hostOf[id], hosts[host, default: 0] < configuration.maxPerHost,
-                    let job = try await storage({ try await store.fetch(id) }), job.state == .queued
-                {
+                } else if let job = byID[id], hosts[URLRules.hostKey(job.url), default: 0] < configuration.maxPerHost {
                     try launch(job)
-                    hosts[host, default: 0] += 1
+                    hosts[URLRules.hostKey(job.url), default: 0] += 1
                     slots -= 1
                 }
             }
@@ -241,8 +239,11 @@ extension Engine {
 
     // MARK: Waiting jobs
 
-    /// Sleeps until the earliest `next_attempt_at`, then requeues what is due.
+    /// Sleeps until the earliest `next_attempt_at`, then requeues what is due. Asks the table
+    /// only when a job may have started or stopped waiting since it last asked.
     func armWakeUp() async throws(DLError) {
+        guard wakeMayHaveChanged else { return }
+        wakeMayHaveChanged = false
         let next = try await storage { try await store.nextWakeUp() }
         guard next != wakeAt else { return }
         wakeTask?.cancel()
@@ -260,6 +261,7 @@ extension Engine {
         do {
             try await serial { () async throws(DLError) in
                 wakeAt = nil
+                wakeMayHaveChanged = true
                 guard accepting else { return }
                 _ = try await storage { try await store.requeueDue(now: now()) }
                 try await schedule()

@@ -119,6 +119,9 @@ public actor Engine {
     private var waiters: [CheckedContinuation<Void, Never>] = []
     var wakeTask: Task<Void, Never>?
     var wakeAt: Date?
+    /// Set when a commit may have made a job `waiting` or requeued waiting jobs: the next flush
+    /// looks up the earliest wake-up again.
+    var wakeMayHaveChanged = true
     let startedAt: Date
 
     /// Rows to write in the next commit, and what to do once it is durable.
@@ -207,6 +210,7 @@ public actor Engine {
     func flush() async throws(DLError) {
         let batch = pending
         pending = Pending()
+        if batch.saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
         try await storage { try await store.save(batch.saves) }
         // Rows that became `waiting` are committed now: the wake-up can see them.
         try await armWakeUp()

@@ -240,35 +240,31 @@ extension JobStore {
 
     // MARK: Scheduling reads: indexed, bounded by what can start
 
-    /// Queued standalone jobs in the scheduler's order (priority, then id), at most `limit`:
-    /// one walk of the (state, priority, id) index.
-    public func queuedStandalone(limit: Int) async throws -> [(entry: QueueEntry, host: String)] {
+    /// What can start next, in one read: queued standalone jobs in the scheduler's order
+    /// (priority, then id; one walk of the (state, priority, id) index, at most `limit` rows),
+    /// and the open groups with queued members that hold no slot yet, each placed by its first
+    /// queued member. Groups are few next to jobs: one index look-up each.
+    public func nextQueued(limit: Int, excludingGroups active: Set<GroupID>) async throws -> (jobs: [Job], groups: [(entry: QueueEntry, groupID: GroupID)]) {
         try await pool.read { db in
-            try Row.fetchAll(
+            let jobs = try Row.fetchAll(
                 db.cachedStatement(sql: """
-                    SELECT id, priority, host FROM jobs INDEXED BY jobs_by_state
+                    SELECT * FROM jobs INDEXED BY jobs_by_state
                     WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
                     """),
                 arguments: [limit]
-            ).map { (QueueEntry(id: $0["id"], priority: $0["priority"]), $0["host"]) }
-        }
-    }
-
-    /// Open groups with queued members that do not hold a slot yet, each with the position of
-    /// its first queued member. Groups are few next to jobs: this reads one index entry each.
-    public func queuedGroups(excluding active: Set<GroupID>) async throws -> [(entry: QueueEntry, groupID: GroupID)] {
-        try await pool.read { db in
-            try Row.fetchAll(
+            ).map(Self.job(from:))
+            let groups = try Row.fetchAll(
                 db.cachedStatement(sql: """
                     SELECT g.id AS group_id, g.priority AS priority,
                         (SELECT MIN(j.id) FROM jobs j WHERE j.group_id = g.id AND j.state = 'queued') AS first
                     FROM groups g WHERE g.closed IS NULL
                     """)
-            ).compactMap { row in
+            ).compactMap { row -> (entry: QueueEntry, groupID: GroupID)? in
                 let group: GroupID = row["group_id"]
                 guard !active.contains(group), let first: JobID = row["first"] else { return nil }
                 return (QueueEntry(id: first, priority: row["priority"]), group)
             }
+            return (jobs, groups)
         }
     }
 

@@ -54,7 +54,8 @@ public final class PartialFile {
 
     /// Reads the first `length` bytes in 1 MiB blocks.
     public func read(upTo length: Int64, _ body: (UnsafeRawBufferPointer) -> Void) throws(TransferFailure) {
-        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        guard length > 0 else { return }
+        var buffer = [UInt8](repeating: 0, count: Int(min(length, 1 << 20)))
         var offset: Int64 = 0
         while offset < length {
             let want = Int(min(Int64(buffer.count), length - offset))
