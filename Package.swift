@@ -48,7 +48,7 @@ let package = Package(
         .target(
             name: "DLDaemon",
             dependencies: [
-                "DLCore", "DLStore", "DLTransfer", "DLRPC",
+                "DLCore", "DLStore", "DLTransfer", "DLRPC", "CDLSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -5,3 +5,9 @@
 int dld_reserve_keep_size(int fd, off_t offset, off_t length) {
     return fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length);
 }
+
+#include <malloc.h>
+
+int dld_limit_malloc_arenas(int arenas) {
+    return mallopt(M_ARENA_MAX, arenas);
+}

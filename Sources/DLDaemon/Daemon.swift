@@ -1,3 +1,4 @@
+import CDLSystem
 import DLCore
 import DLRPC
 import DLStore
@@ -11,6 +12,9 @@ import Synchronization
 /// Wires the daemon together and runs it until SIGTERM, SIGINT or a `shutdown` request.
 public enum Daemon {
     public static func run(config: DaemonConfig, logger: Logger) async throws {
+        // glibc gives each thread that allocates an arena of its own; dld's thread pools then
+        // keep a freed reply's memory several times over. Two arenas keep RSS near what is used.
+        _ = dld_limit_malloc_arenas(2)
         if let old = try Folders.ensure(config.stateDir, mode: 0o700) {
             logger.warning("state folder had mode \(String(old, radix: 8)); set to 700", metadata: ["path": "\(config.stateDir)"])
         }

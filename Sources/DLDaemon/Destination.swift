@@ -9,6 +9,18 @@ import Foundation
 struct Destination {
     var downloadDir: String
     var policy: PathPolicy?
+    /// Folders resolved during one request: an enqueue of 10 000 jobs into one folder asks
+    /// the filesystem once, not 10 000 times.
+    private let resolved = FolderCache()
+
+    init(downloadDir: String, policy: PathPolicy?) {
+        self.downloadDir = downloadDir
+        self.policy = policy
+    }
+
+    private final class FolderCache {
+        var folders: [String: String] = [:]
+    }
 
     struct Resolved: Equatable {
         var path: String
@@ -67,12 +79,14 @@ struct Destination {
 
     /// The folder with symlinks resolved; it must exist.
     func resolvedFolder(_ folder: String) throws(DLError) -> String {
+        if let real = resolved.folders[folder] { return real }
         var isDirectory: ObjCBool = false
         guard FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory), isDirectory.boolValue,
             let real = Self.realPath(folder)
         else {
             throw DLError(.destinationInvalid, "the folder \(folder) does not exist")
         }
+        resolved.folders[folder] = real
         return real
     }
 

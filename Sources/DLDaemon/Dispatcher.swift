@@ -14,6 +14,7 @@ public struct Dispatcher: Sendable {
         public var maxHeaders = 64
         public var maxHeaderBytes = 8 << 10
         public var maxListLimit = 10_000
+        public var maxPage = 1000
         public init() {}
     }
 
@@ -141,7 +142,9 @@ public struct Dispatcher: Sendable {
                 let filtered = jobs.filter { job in wanted.map { $0.contains(job["state"]?.stringValue ?? "") } ?? true }
                 return ["jobs": .array(filtered), "next_after_id": .null]
             }
-            let limit = Int(try params.int("limit", in: 1...Int64(limits.maxListLimit)) ?? 1000)
+            // A page holds at most `maxPage` jobs whatever the limit: a page of 10 000 whole jobs
+            // cost over 100 MiB to build; `next_after_id` continues where it stopped.
+            let limit = min(limits.maxPage, Int(try params.int("limit", in: 1...Int64(limits.maxListLimit)) ?? 1000))
             let after = try params.int("after_id", in: 0...Int64.max) ?? 0
             let jobs = try await engine.list(states: states, afterID: after, limit: limit + 1)
             let page = Array(jobs.prefix(limit))

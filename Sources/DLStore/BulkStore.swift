@@ -248,7 +248,7 @@ extension JobStore {
         try await pool.read { db in
             let jobs = try Row.fetchAll(
                 db.cachedStatement(sql: """
-                    SELECT * FROM jobs INDEXED BY jobs_by_state
+                    SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_by_state
                     WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
                     """),
                 arguments: [limit]
@@ -272,7 +272,7 @@ extension JobStore {
     public func queuedMembers(of id: GroupID, limit: Int) async throws -> [Job] {
         try await pool.read { db in
             try Row.fetchAll(
-                db.cachedStatement(sql: "SELECT * FROM jobs INDEXED BY jobs_by_group_state WHERE group_id = ? AND state = 'queued' ORDER BY id LIMIT ?"),
+                db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_by_group_state WHERE group_id = ? AND state = 'queued' ORDER BY id LIMIT ?"),
                 arguments: [id, limit]
             ).map(Self.job(from:))
         }
@@ -292,7 +292,7 @@ extension JobStore {
     /// The first failed member of a group.
     public func firstFailedMember(of id: GroupID) async throws -> Job? {
         try await pool.read { db in
-            try Row.fetchOne(db, sql: "SELECT * FROM jobs WHERE group_id = ? AND state = 'failed' ORDER BY id LIMIT 1", arguments: [id])
+            try Row.fetchOne(db, sql: "SELECT \(Self.jobColumns) FROM jobs WHERE group_id = ? AND state = 'failed' ORDER BY id LIMIT 1", arguments: [id])
                 .map(Self.job(from:))
         }
     }
@@ -304,7 +304,7 @@ extension JobStore {
             try Row.fetchAll(
                 db,
                 sql: """
-                    SELECT * FROM jobs WHERE id > ?
+                    SELECT \(Self.jobColumns) FROM jobs WHERE id > ?
                         AND (state IN ('running', 'completed', 'canceled') OR attempts > 0 OR received > 0)
                     ORDER BY id LIMIT ?
                     """,

@@ -292,7 +292,7 @@ public final class JobStore: Sendable {
             var outcomes: [InsertOutcome] = []
             for new in jobs {
                 if let key = new.key,
-                    let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM jobs WHERE key = ?"), arguments: [key])
+                    let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?"), arguments: [key])
                 {
                     outcomes.append(InsertOutcome(job: try Self.job(from: row), created: false))
                     continue
@@ -361,7 +361,7 @@ public final class JobStore: Sendable {
 
     public func fetch(_ id: JobID) async throws -> Job? {
         try await pool.read { db in
-            try Row.fetchOne(db, sql: "SELECT * FROM jobs WHERE id = ?", arguments: [id]).map(Self.job(from:))
+            try Row.fetchOne(db, sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?", arguments: [id]).map(Self.job(from:))
         }
     }
 
@@ -369,7 +369,7 @@ public final class JobStore: Sendable {
     public func fetch(_ ids: [JobID]) async throws -> [Job] {
         try await pool.read { db in
             try ids.compactMap { id in
-                try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM jobs WHERE id = ?"), arguments: [id]).map(Self.job(from:))
+                try Row.fetchOne(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?"), arguments: [id]).map(Self.job(from:))
             }
         }
     }
@@ -377,7 +377,7 @@ public final class JobStore: Sendable {
     /// A page of jobs by ascending id, optionally only in some states.
     public func list(states: [JobState]? = nil, afterID: JobID = 0, limit: Int = Int.max) async throws -> [Job] {
         try await pool.read { db in
-            var sql = "SELECT * FROM jobs WHERE id > ?"
+            var sql = "SELECT \(Self.jobColumns) FROM jobs WHERE id > ?"
             var arguments: StatementArguments = [afterID]
             if let states {
                 sql += " AND state IN (\(states.map { _ in "?" }.joined(separator: ",")))"
@@ -430,34 +430,43 @@ public final class JobStore: Sendable {
             ])
     }
 
+    /// The columns `job(from:)` reads, in its order: rows are decoded by position, because
+    /// looking each column up by name cost more than the rest of decoding a row.
+    static let jobColumns = """
+        id, url, path, state, wait_reason, priority, size, received, error_code, error_message, attempts, \
+        created_at, updated_at, finished_at, next_attempt_at, key, meta, headers, overwrite, final_url, etag, \
+        last_modified, accepts_ranges, checksum, expected_size, sha256, digest, progress_at, group_id, \
+        staging_path, options
+        """
+
     static func job(from row: Row) throws -> Job {
-        let stateText: String = row["state"]
-        let errorCode: String? = row["error_code"]
-        let errorMessage: String? = row["error_message"]
-        let waitReason: String? = row["wait_reason"]
-        let finished: Double? = row["finished_at"]
-        let nextAttempt: Double? = row["next_attempt_at"]
-        let headersText: String = row["headers"]
-        let checksum: String? = row["checksum"]
-        let progressAt: Double? = row["progress_at"]
+        let stateText: String = row[3]
+        let errorCode: String? = row[8]
+        let errorMessage: String? = row[9]
+        let waitReason: String? = row[4]
+        let finished: Double? = row[13]
+        let nextAttempt: Double? = row[14]
+        let headersText: String = row[17]
+        let checksum: String? = row[23]
+        let progressAt: Double? = row[27]
         return Job(
-            id: row["id"], url: row["url"], path: row["path"],
+            id: row[0], url: row[1], path: row[2],
             // An unknown state can only come from a newer dld; show it as failed, never crash.
             state: JobState(rawValue: stateText) ?? .failed,
             waitReason: waitReason.flatMap(WaitReason.init(rawValue:)),
-            priority: row["priority"], size: row["size"], received: row["received"],
+            priority: row[5], size: row[6], received: row[7],
             error: errorCode.map { JobError(code: $0, message: errorMessage ?? "") },
-            attempts: row["attempts"],
-            createdAt: Date(timeIntervalSince1970: row["created_at"]),
-            updatedAt: Date(timeIntervalSince1970: row["updated_at"]),
+            attempts: row[10],
+            createdAt: Date(timeIntervalSince1970: row[11]),
+            updatedAt: Date(timeIntervalSince1970: row[12]),
             finishedAt: finished.map(Date.init(timeIntervalSince1970:)),
             nextAttemptAt: nextAttempt.map(Date.init(timeIntervalSince1970:)),
-            key: row["key"], meta: row["meta"], headers: decodeHeaders(headersText),
-            overwrite: row["overwrite"], finalURL: row["final_url"],
-            validators: Validators(etag: row["etag"], lastModified: row["last_modified"], acceptsRanges: row["accepts_ranges"]),
-            checksum: checksum.flatMap { try? Checksum.parse($0).get() }, expectedSize: row["expected_size"],
-            sha256: row["sha256"], digest: row["digest"], progressAt: progressAt.map(Date.init(timeIntervalSince1970:)),
-            groupID: row["group_id"], stagingPath: row["staging_path"], options: decodeOptions(row["options"]))
+            key: row[15], meta: row[16], headers: decodeHeaders(headersText),
+            overwrite: row[18], finalURL: row[19],
+            validators: Validators(etag: row[20], lastModified: row[21], acceptsRanges: row[22]),
+            checksum: checksum.flatMap { try? Checksum.parse($0).get() }, expectedSize: row[24],
+            sha256: row[25], digest: row[26], progressAt: progressAt.map(Date.init(timeIntervalSince1970:)),
+            groupID: row[28], stagingPath: row[29], options: decodeOptions(row[30]))
     }
 
     // The JSON columns hold their empty values for almost every job: those skip the coder,
@@ -465,11 +474,23 @@ public final class JobStore: Sendable {
 
     static func encodeOptions(_ options: JobOptions) -> String {
         if options == JobOptions() { return "{}" }
-        return (try? JSONEncoder().encode(options)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+        return "{\"automaticName\":\(options.automaticName),\"renameIfTaken\":\(options.renameIfTaken),\"insecure\":\(options.insecure)}"
     }
 
+    /// The texts `encodeOptions` writes, read without the coder; anything else (an older or
+    /// newer dld's) goes through it.
+    private static let knownOptions: [String: JobOptions] = {
+        var known: [String: JobOptions] = ["{}": JobOptions()]
+        for bits in 0..<8 {
+            let options = JobOptions(automaticName: bits & 1 != 0, renameIfTaken: bits & 2 != 0, insecure: bits & 4 != 0)
+            known[encodeOptions(options)] = options
+        }
+        return known
+    }()
+
     static func decodeOptions(_ text: String?) -> JobOptions {
-        guard let text, text != "{}" else { return JobOptions() }
+        guard let text else { return JobOptions() }
+        if let known = knownOptions[text] { return known }
         return (try? JSONDecoder().decode(JobOptions.self, from: Data(text.utf8))) ?? JobOptions()
     }
 
@@ -488,7 +509,7 @@ extension JobStore {
     /// The job with this client key, if any.
     public func fetch(key: String) async throws -> Job? {
         try await pool.read { db in
-            try Row.fetchOne(db, sql: "SELECT * FROM jobs WHERE key = ?", arguments: [key]).map(Self.job(from:))
+            try Row.fetchOne(db, sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?", arguments: [key]).map(Self.job(from:))
         }
     }
 

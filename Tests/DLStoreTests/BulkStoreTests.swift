@@ -147,4 +147,19 @@ import Testing
         #expect(try await store.fetch(due.id)?.waitReason == nil)
         #expect(try await store.fetch(later.id)?.state == .waiting)
     }
+
+    /// Job options and headers, written and read without the JSON coder, come back the same.
+    @Test func optionsAndHeadersRoundTrip() async throws {
+        let folder = try TempFolder()
+        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        for bits in 0..<8 {
+            var new = NewJob(url: "https://e.com/\(bits)", path: "/tmp/options/\(bits)",
+                             headers: bits == 0 ? [] : [HeaderField(name: "X-N", value: "\(bits) \"q\"")])
+            new.options = JobOptions(automaticName: bits & 1 != 0, renameIfTaken: bits & 2 != 0, insecure: bits & 4 != 0)
+            let job = try await store.insert([new], now: t0)[0].job
+            let back = try #require(try await store.fetch(job.id))
+            #expect(back.options == new.options)
+            #expect(back.headers == new.headers)
+        }
+    }
 }

@@ -5,3 +5,6 @@
 /// fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length): reserve blocks, keep the file size.
 /// Returns 0, or -1 with errno set.
 int dld_reserve_keep_size(int fd, off_t offset, off_t length);
+
+/// mallopt(M_ARENA_MAX, arenas): at most this many glibc malloc arenas. Returns 1 on success.
+int dld_limit_malloc_arenas(int arenas);
