@@ -5,14 +5,19 @@
 /// resolved absolute paths, so that a link inside an allowed folder cannot point out of it.
 public struct PathPolicy: Sendable, Equatable {
     /// Resolved absolute folders that downloads may be written into (at any depth).
-    public var allowedRoots: [String]
+    public let allowedRoots: [String]
     /// Resolved `$HOME`; its hidden entries are refused unless a root lies inside them. nil (or a
     /// relative path) turns that rule off, so pass it whenever it is known.
-    public var home: String?
+    public let home: String?
+    /// The same, split once: every enqueued job is checked twice.
+    private let roots: [[String]]
+    private let homeParts: [String]?
 
     public init(allowedRoots: [String], home: String?) {
         self.allowedRoots = allowedRoots
         self.home = home
+        roots = allowedRoots.compactMap(Self.components)
+        homeParts = home.flatMap(Self.components)
     }
 
     /// nil if `path` (resolved, absolute, normalized: no `.`/`..` segments) may be written; else
@@ -28,7 +33,7 @@ public struct PathPolicy: Sendable, Equatable {
     /// - A relative path, one with `.`, `..` or empty segments, or one with a NUL is refused:
     ///   it is not what the caller resolved, and comparing it by components would be wrong.
     public func refusal(for path: String) -> String? {
-        let shown = String(path.prefix(200))
+        var shown: String { String(path.prefix(200)) }
         guard path.hasPrefix("/") else { return "\(shown) is not an absolute path" }
         guard !path.unicodeScalars.contains("\u{0}") else { return "the path contains a NUL character" }
         let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
@@ -37,7 +42,6 @@ public struct PathPolicy: Sendable, Equatable {
         }
         if parts.contains("") { return "\(shown) is not a normalized file path" }
 
-        let roots = allowedRoots.compactMap(Self.components)
         guard !roots.isEmpty else { return "no download folder is allowed" }
         let admitting = roots.filter { parts.count > $0.count && parts.starts(with: $0) }
         guard !admitting.isEmpty else {
@@ -46,7 +50,7 @@ public struct PathPolicy: Sendable, Equatable {
             return "\(shown) is outside the allowed download folders (\(list))"
         }
 
-        if let home = home.flatMap(Self.components), parts.count > home.count, parts.starts(with: home),
+        if let home = homeParts, parts.count > home.count, parts.starts(with: home),
             parts[home.count].hasPrefix(".")
         {
             let hidden = Array(parts[...home.count])
