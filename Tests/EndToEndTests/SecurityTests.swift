@@ -80,10 +80,21 @@ func mode(_ path: String) -> mode_t? {
 
         // A silent connection is closed after idle_timeout (1 s): dld says why, then closes. The
         // read waits up to 30 s, so only a connection that is never closed fails here.
-        let idle = RPCClient(socketPath: daemon.socket)
-        try idle.connect()
-        try idle.setReadTimeout(30)
-        let farewell = try idle.readMessage()
+        // The closes above free their slots once dld has seen them: until then a new
+        // connection is refused at once, and is tried again.
+        var idle = RPCClient(socketPath: daemon.socket)
+        var farewell: JSONValue = .null
+        let deadline = Date().addingTimeInterval(30)
+        while true {
+            idle = RPCClient(socketPath: daemon.socket)
+            try idle.connect()
+            try idle.setReadTimeout(30)
+            farewell = try idle.readMessage()
+            let refusedAtOnce = farewell["error"]?["message"]?.stringValue?.contains("too many connections") == true
+            guard refusedAtOnce && Date() < deadline else { break }
+            idle.close()
+            usleep(20_000)
+        }
         #expect(farewell["error"]?["message"]?.stringValue?.contains("idle for too long") == true, "\(farewell.serializedString())")
         do {
             _ = try idle.readLine()
