@@ -1,26 +1,40 @@
 import DLRPC
 import Foundation
 
-/// Finds the built `dld`, `dlctl` and `dld-origin`: `DLD_BIN_DIR` if set, else beside the running
-/// test binary, else the package's `.build/debug`.
+/// Finds the `dld`, `dlctl` and `dld-origin` of this build: in `DLD_BIN_DIR` if set, else in
+/// the folder that holds the running test binary (SwiftPM puts a build's executables and its
+/// test binary or `.xctest` bundle side by side). Never elsewhere: binaries left over from
+/// another build or configuration would test code other than the one under test.
 public enum BuiltProducts {
-    public static func path(_ name: String) -> String {
-        var candidates: [String] = []
-        if let dir = ProcessInfo.processInfo.environment["DLD_BIN_DIR"] { candidates.append(dir) }
-        if let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
-            var dir = (exe as NSString).deletingLastPathComponent
-            candidates.append(dir)
-            // Inside an .xctest bundle the binary sits a few folders down.
-            for _ in 0..<4 {
-                dir = (dir as NSString).deletingLastPathComponent
-                candidates.append(dir)
+    /// The folder searched: `DLD_BIN_DIR`, else the products folder of the running build.
+    public static var folder: String {
+        if let dir = ProcessInfo.processInfo.environment["DLD_BIN_DIR"], !dir.isEmpty { return dir }
+        let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        var dir = (exe as NSString).deletingLastPathComponent
+        // Inside an .xctest bundle (macOS) the binary sits a few folders down.
+        var probe = dir
+        while probe != "/" && !probe.isEmpty {
+            if probe.hasSuffix(".xctest") {
+                dir = (probe as NSString).deletingLastPathComponent
+                break
             }
+            probe = (probe as NSString).deletingLastPathComponent
         }
-        candidates.append(FileManager.default.currentDirectoryPath + "/.build/debug")
-        for dir in candidates where FileManager.default.isExecutableFile(atPath: dir + "/" + name) {
-            return dir + "/" + name
+        return dir
+    }
+
+    /// The path of the executable `name` of this build; throws, saying what to do, when it is
+    /// not there.
+    public static func path(_ name: String) throws -> String {
+        let dir = folder
+        let candidate = dir + "/" + name
+        guard FileManager.default.isExecutableFile(atPath: candidate) else {
+            throw HarnessError(
+                "\(name) of this build is missing: no executable at \(candidate). The end-to-end tests run the "
+                    + "binaries built with them: run `swift build --build-tests` (same configuration) first, "
+                    + "or set DLD_BIN_DIR to the folder that holds them.")
         }
-        return FileManager.default.currentDirectoryPath + "/.build/debug/" + name
+        return candidate
     }
 }
 
@@ -127,9 +141,9 @@ public final class DaemonHarness: @unchecked Sendable {
         let process = Process()
         if let umask {
             process.executableURL = URL(fileURLWithPath: "/bin/sh")
-            process.arguments = ["-c", "umask \(umask); exec \"$0\" \"$@\"", BuiltProducts.path("dld")] + arguments
+            process.arguments = ["-c", "umask \(umask); exec \"$0\" \"$@\"", try BuiltProducts.path("dld")] + arguments
         } else {
-            process.executableURL = URL(fileURLWithPath: BuiltProducts.path("dld"))
+            process.executableURL = URL(fileURLWithPath: try BuiltProducts.path("dld"))
             process.arguments = arguments
         }
         process.environment = environment

@@ -4,13 +4,18 @@
 // so tests can compute expected content and digests without storing it. Routes:
 //
 //   /bytes/<N>                    N deterministic bytes; Range, If-Range, HEAD.
-//                                 Query: rate, etag, norange, drop_after, stall_after, length, name.
+//                                 Query: rate, etag, norange, drop_after, stall_after, length, name,
+//                                 nolength (no Content-Length: chunked, the size is unknown),
+//                                 overlong=K (a 206 body runs K bytes past the total its
+//                                 Content-Range announces; Content-Length covers them).
 //   /status/<CODE>                that status and a short text body; query retry_after.
 //   /redirect/<K>?to=<url>        302 chain of K more hops, then Location: <url>.
 //   /loop                         302 Location: /loop, forever.
 //   /fail_first/<M>/bytes/<N>     503 + Retry-After: 1 for the first M requests to that path.
 //   /_stats                       {"bytes_served": N}: body bytes served so far (not counting itself).
 //   anything else                 404.
+//
+// With `tls`, the same routes are served over https with the given (self-signed) certificate.
 //
 // Bodies are streamed from a precomputed table as zero-copy ByteBuffer slices, respecting
 // channel writability, so memory stays flat whatever the size.
@@ -20,6 +25,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
 
 // MARK: - Public API
 
@@ -48,8 +54,49 @@ public struct RecordedRequest: Sendable {
     }
 }
 
-public enum TestOriginError: Error, Sendable {
+public enum TestOriginError: Error, Sendable, CustomStringConvertible {
     case noLocalAddress
+    case certificate(String)
+
+    public var description: String {
+        switch self {
+        case .noLocalAddress: return "the origin has no local address"
+        case .certificate(let message): return "cannot make a test certificate: \(message)"
+        }
+    }
+}
+
+/// A PEM certificate and its private key, for an https origin.
+public struct TLSFiles: Sendable {
+    public let certificatePath: String
+    public let keyPath: String
+
+    /// A self-signed certificate for 127.0.0.1 and localhost, made by `openssl req -x509` in
+    /// `folder`. No client trusts it: only a job with `insecure` can fetch from it.
+    public static func selfSigned(in folder: String) throws -> TLSFiles {
+        let files = TLSFiles(certificatePath: folder + "/origin-cert.pem", keyPath: folder + "/origin-key.pem")
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        process.arguments = [
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout", files.keyPath, "-out", files.certificatePath,
+        ]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        do {
+            try process.run()
+        } catch {
+            throw TestOriginError.certificate("/usr/bin/openssl cannot run: \(error)")
+        }
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw TestOriginError.certificate("openssl req exited with \(process.terminationStatus): \(text)")
+        }
+        return files
+    }
 }
 
 public final class TestOrigin: Sendable {
@@ -57,20 +104,31 @@ public final class TestOrigin: Sendable {
     private let channel: any Channel
     private let state: OriginState
     private let host: String
+    private let scheme: String
 
     /// The port the origin listens on.
     public let port: Int
 
-    private init(group: MultiThreadedEventLoopGroup, channel: any Channel, state: OriginState, host: String, port: Int) {
+    private init(group: MultiThreadedEventLoopGroup, channel: any Channel, state: OriginState, host: String, port: Int, scheme: String) {
         self.group = group
         self.channel = channel
         self.state = state
         self.host = host
         self.port = port
+        self.scheme = scheme
     }
 
-    /// Starts listening on 127.0.0.1 with an OS-chosen port (or `port` if non-zero).
-    public static func start(host: String = "127.0.0.1", port: Int = 0) async throws -> TestOrigin {
+    /// Starts listening on 127.0.0.1 with an OS-chosen port (or `port` if non-zero); over
+    /// https when `tls` is given.
+    public static func start(host: String = "127.0.0.1", port: Int = 0, tls: TLSFiles? = nil) async throws -> TestOrigin {
+        let sslContext: NIOSSLContext?
+        if let tls {
+            let chain = try NIOSSLCertificate.fromPEMFile(tls.certificatePath).map { NIOSSLCertificateSource.certificate($0) }
+            let key = try NIOSSLPrivateKey(file: tls.keyPath, format: .pem)
+            sslContext = try NIOSSLContext(configuration: .makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(key)))
+        } else {
+            sslContext = nil
+        }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let state = OriginState()
         let bootstrap = ServerBootstrap(group: group)
@@ -81,6 +139,9 @@ public final class TestOrigin: Sendable {
             .childChannelOption(.maxMessagesPerRead, value: 16)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    if let sslContext {
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: sslContext))
+                    }
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
                     try channel.pipeline.syncOperations.addHandler(OriginHandler(state: state))
                 }
@@ -91,17 +152,17 @@ public final class TestOrigin: Sendable {
                 try? await channel.close().get()
                 throw TestOriginError.noLocalAddress
             }
-            return TestOrigin(group: group, channel: channel, state: state, host: host, port: boundPort)
+            return TestOrigin(group: group, channel: channel, state: state, host: host, port: boundPort, scheme: tls == nil ? "http" : "https")
         } catch {
             try? await group.shutdownGracefully()
             throw error
         }
     }
 
-    /// "http://127.0.0.1:PORT"
+    /// "http://127.0.0.1:PORT" (https with TLS)
     public var baseURL: String {
         let h = host.contains(":") ? "[\(host)]" : host
-        return "http://\(h):\(port)"
+        return "\(scheme)://\(h):\(port)"
     }
 
     /// Total response BODY bytes written to clients so far (all routes).
@@ -515,7 +576,7 @@ final class OriginHandler: ChannelInboundHandler {
 
     private func serveBytes(context: ChannelHandlerContext, request: HTTPRequestHead, size: Int64, query: Query) {
         var numbers: [String: Int64] = [:]
-        for key in ["rate", "drop_after", "stall_after", "length"] {
+        for key in ["rate", "drop_after", "stall_after", "length", "overlong"] {
             switch query.int(key) {
             case .absent:
                 continue
@@ -531,6 +592,8 @@ final class OriginHandler: ChannelInboundHandler {
         let stallAfter = numbers["stall_after"]
         let lengthLie = numbers["length"]
         let noRange = query["norange"].map { $0 != "0" && $0.lowercased() != "false" } ?? false
+        let noLength = query["nolength"].map { $0 != "0" && $0.lowercased() != "false" } ?? false
+        let overlong = numbers["overlong"] ?? 0
         let override = state.box.withLockedValue { $0.etagOverride }
         let etag = "\"\(override ?? query["etag"] ?? "v1-\(size)")\""
 
@@ -571,12 +634,17 @@ final class OriginHandler: ChannelInboundHandler {
                     first = a
                     length = b - a + 1
                     headers.add(name: "Content-Range", value: "bytes \(a)-\(b)/\(size)")
+                    // The body runs on past the end it announced (the pattern goes on).
+                    length += overlong
                 }
             }
         }
 
         let advertised = lengthLie ?? length
-        headers.add(name: "Content-Length", value: String(advertised))
+        if !noLength {
+            // Without it, NIO frames the body as chunked: the client cannot know the size.
+            headers.add(name: "Content-Length", value: String(advertised))
+        }
         var ending: BodyStream.Ending = request.isKeepAlive ? .keepAlive : .closeAfterEnd
         if advertised > length && request.method != .HEAD {
             ending = .closeWithoutEnd

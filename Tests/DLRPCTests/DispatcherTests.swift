@@ -207,17 +207,38 @@ extension JSONValue {
         }
     }
 
-    /// Credentials in headers and URLs are stored but shown redacted.
+    /// Credentials in headers and URLs are stored but shown redacted: in the enqueue reply,
+    /// `status`, `list`, and the events `subscribe` streams (replayed from the table and encoded
+    /// as the control server sends them).
     @Test func secretsAreRedacted() async throws {
         try await DispatcherFixture.with { f in
             let response = try #require(await f.request("enqueue", [
                 "url": "http://user:hunter2@127.0.0.1:9/f", "paused": true,
                 "headers": ["Authorization": "Bearer s3cret", "X-Trace": "visible"],
             ]))
-            let text = response.serializedString()
-            #expect(!text.contains("hunter2"))
-            #expect(!text.contains("s3cret"))
-            #expect(text.contains("visible"))
+            let id = try #require(response["result"]?["job"]?["id"]?.int64Value)
+            // A change of state, so that there are events beyond the creation.
+            _ = try #require(await f.request("cancel", ["id": .int(id)])?["result"])
+            let status = try #require(await f.request("status", ["id": .int(id)])?["result"])
+            let list = try #require(await f.request("list")?["result"])
+            #expect(list["jobs"]?.arrayValue?.count == 1)
+
+            let subscribe = await f.dispatcher.handle(line: Data(#"{"jsonrpc":"2.0","id":5,"method":"subscribe","params":{"since":0}}"#.utf8))
+            #expect(subscribe.subscription?.since == 0)
+            let events = try await f.engine.events(after: 0)
+            #expect(events.map(\.state) == ["paused", "canceled"], "\(events)")
+            let streamed = events.map { JobJSON.encodeEvent($0).serializedString() }.joined(separator: "\n")
+
+            for (name, text) in [("enqueue", response.serializedString()), ("status", status.serializedString()),
+                                 ("list", list.serializedString()), ("events", streamed)] {
+                #expect(!text.contains("hunter2"), "\(name): \(text)")
+                #expect(!text.contains("s3cret"), "\(name): \(text)")
+            }
+            // What is checked is there: the job, its URL (redacted) and its harmless header.
+            for text in [response.serializedString(), status.serializedString(), list.serializedString()] {
+                #expect(text.contains("user:***@127.0.0.1:9/f"), "\(text)")
+                #expect(text.contains("visible"), "\(text)")
+            }
         }
     }
 

@@ -63,8 +63,17 @@ func expectOriginBytes(at path: String, count: Int, sourceLocation: SourceLocati
             let partial = daemon.downloadDir + "/slow.bin.part"
             let onDisk = try #require(try FileManager.default.attributesOfItem(atPath: partial)[.size] as? Int)
             #expect(Int64(onDisk) >= kept)
-            usleep(300_000)
-            #expect(try daemon.job(id)["received"]?.int64Value == kept)
+            // Nothing moves while paused. Instead of a time window: another download runs to
+            // its end meanwhile (about a second at its rate), and afterwards the paused job has
+            // the same bytes, the same partial file, and the origin had no new request for it.
+            let requestsBefore = origin.requests.filter { $0.path == "/bytes/\(size)" }.count
+            let other = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/400000?rate=400000"), "name": "other.bin"])
+            #expect(try daemon.waitForState(other, ["completed", "failed"])["state"] == "completed")
+            let still = try daemon.job(id)
+            #expect(still["state"] == "paused")
+            #expect(still["received"]?.int64Value == kept)
+            #expect(try FileManager.default.attributesOfItem(atPath: partial)[.size] as? Int == onDisk)
+            #expect(origin.requests.filter { $0.path == "/bytes/\(size)" }.count == requestsBefore)
 
             let resumed = try daemon.dlctl(["resume", "\(id)"])
             #expect(resumed.status == 0, "\(resumed.stderr)")
@@ -243,8 +252,19 @@ func expectOriginBytes(at path: String, count: Int, sourceLocation: SourceLocati
             // Paused enqueue, then pause/resume --all.
             let second = try daemon.dlctl(["enqueue", "--paused", "\(origin.baseURL)/bytes/100", "\(origin.baseURL)/bytes/200"])
             #expect(second.stdout.split(separator: "\n").count == 2)
+            let pausedIDs = try second.stdout.split(separator: "\n").map { try #require(Int64($0.trimmingCharacters(in: .whitespaces))) }
+            for paused in pausedIDs { #expect(try daemon.job(paused)["state"] == "paused") }
             let resumeAll = try daemon.dlctl(["resume", "--all"])
-            #expect(resumeAll.status == 0)
+            #expect(resumeAll.status == 0, "\(resumeAll.stderr)")
+            // Both paused jobs left `paused` and run to the end; the completed one is untouched.
+            for paused in pausedIDs {
+                #expect(try daemon.job(paused)["state"] != "paused")
+                #expect(try daemon.waitForState(paused, ["completed", "failed"])["state"] == "completed")
+            }
+            try expectOriginBytes(at: daemon.downloadDir + "/100", count: 100)
+            try expectOriginBytes(at: daemon.downloadDir + "/200", count: 200)
+            let listed = try daemon.call("list")["jobs"]?.arrayValue ?? []
+            #expect(listed.count == 3 && listed.allSatisfy { $0["state"] == "completed" }, "\(listed)")
             // Errors: exit 1 with the daemon's message; usage errors exit 64.
             let missing = try daemon.dlctl(["pause", "999"])
             #expect(missing.status == 1)

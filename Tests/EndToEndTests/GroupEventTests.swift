@@ -247,10 +247,11 @@ func originDigest(_ algorithm: DigestAlgorithm, count: Int) throws -> String {
             let failed = try daemon.dlctl(["wait", "\(ok)", "\(bad)"])
             #expect(failed.status == 1)
             #expect(failed.stderr.contains("job \(bad) failed"))
-            let slow = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/1000000?rate=50000"), "name": "slow.bin"])
-            let timedOut = try daemon.dlctl(["wait", "\(slow)", "--timeout", "0.5"])
-            #expect(timedOut.status == 124)
-            _ = try daemon.call("cancel", ["id": .int(slow)])
+            // A paused job never finishes by itself, so only the timeout can end this wait.
+            let held = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": "held.bin", "paused": true])
+            let timedOut = try daemon.dlctl(["wait", "\(held)", "--timeout", "1"])
+            #expect(timedOut.status == 124, "\(timedOut.stderr)")
+            _ = try daemon.call("cancel", ["id": .int(held)])
 
             let enqueued = try daemon.dlctl(["enqueue", "--wait", "\(origin.baseURL)/bytes/2000"])
             #expect(enqueued.status == 0, "\(enqueued.stderr)")
@@ -264,47 +265,106 @@ func originDigest(_ algorithm: DigestAlgorithm, count: Int) throws -> String {
         }
     }
 
-    /// Hooks run without a shell, with the job in their environment; a failing hook changes
-    /// nothing.
+    /// Hooks run without a shell: arguments that a shell would expand arrive as written, and
+    /// nothing in them runs. The job is in the environment, with the URL's password as `***`;
+    /// the hook's output reaches dld's log; a hook that never exits is killed at hook_timeout;
+    /// a failing or hanging hook changes nothing.
     @Test func hooks() async throws {
         try await withOrigin { origin in
             let out = NSTemporaryDirectory() + "dld-hooks-\(UUID().uuidString)"
             try FileManager.default.createDirectory(atPath: out, withIntermediateDirectories: true)
             defer { try? FileManager.default.removeItem(atPath: out) }
-            let script = out + "/hook.sh"
+            // Python, not sh: the kernel starts the interpreter from the #! line, no shell.
             // Written aside and renamed, so that the test never reads a half-written file.
-            try "#!/bin/sh\nf=\"\(out)/$DLD_STATE-j$DLD_JOB_ID-g$DLD_GROUP\"\nenv | grep '^DLD_' | sort > \"$f.tmp\" && mv \"$f.tmp\" \"$f\"\nexit 3\n".write(toFile: script, atomically: true, encoding: .utf8)
-            chmod(script, 0o755)
-            let daemon = try DaemonHarness(config: quickRetries + "\non_complete = [\"\(script)\"]\non_error = [\"\(script)\", \"ignored-arg\"]\nhook_timeout = 5\n")
+            let recorder = out + "/record.py"
+            try """
+                #!/usr/bin/python3
+                import json, os, sys
+                env = {k: v for k, v in os.environ.items() if k.startswith("DLD_")}
+                name = "%s-j%s-g%s" % (env["DLD_STATE"], env["DLD_JOB_ID"], env["DLD_GROUP"])
+                path = os.path.join(sys.argv[1], name)
+                with open(path + ".tmp", "w") as f:
+                    json.dump({"argv": sys.argv[2:], "env": env}, f)
+                os.rename(path + ".tmp", path)
+                print("hook-output: recorded " + name, flush=True)
+                sys.exit(3)
+                """.write(toFile: recorder, atomically: true, encoding: .utf8)
+            // Never exits, and ignores SIGTERM: only the SIGKILL after it ends it.
+            let hanger = out + "/hang.py"
+            try """
+                #!/usr/bin/python3
+                import os, signal, sys, time
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                with open(os.path.join(sys.argv[1], "hang-%s.pid" % os.environ["DLD_JOB_ID"]), "w") as f:
+                    f.write(str(os.getpid()))
+                print("hook-output: hanging", flush=True)
+                while True:
+                    time.sleep(3600)
+                """.write(toFile: hanger, atomically: true, encoding: .utf8)
+            chmod(recorder, 0o755)
+            chmod(hanger, 0o755)
+            let hostile = ["$DLD_PATH", "`touch \(out)/pwned1`", "$(touch \(out)/pwned2)", "a b; touch \(out)/pwned3", "*", "'q'\"", ""]
+            func toml(_ items: [String]) -> String {
+                "[" + items.map { "\"" + $0.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\"" }.joined(separator: ", ") + "]"
+            }
+            let daemon = try DaemonHarness(config: quickRetries + "\non_complete = \(toml([recorder, out] + hostile))\non_error = \(toml([hanger, out]))\nhook_timeout = 1\n")
             try daemon.start()
             defer { daemon.stop() }
-            let ok = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": "hooked.bin"])
+            let url = "http://alice:hooksecret@127.0.0.1:\(origin.port)/bytes/1000"
+            let ok = try daemon.enqueue(["url": .string(url), "name": "hooked.bin"])
             let bad = try daemon.enqueue(["url": .string("\(origin.baseURL)/status/404"), "name": "nope.bin"])
             try daemon.waitForState(ok, ["completed"])
             try daemon.waitForState(bad, ["failed"])
             func read(_ name: String) throws -> String {
-                let deadline = Date().addingTimeInterval(10)
+                let deadline = Date().addingTimeInterval(30)
                 while Date() < deadline {
                     if let text = try? String(contentsOfFile: out + "/" + name, encoding: .utf8) { return text }
                     usleep(20_000)
                 }
                 throw HarnessError("hook output \(name) never appeared")
             }
-            let completed = try read("completed-j\(ok)-g")
-            #expect(completed.contains("DLD_JOB_ID=\(ok)"))
-            #expect(completed.contains("DLD_PATH=\(daemon.downloadDir)/hooked.bin"))
-            #expect(completed.contains("DLD_URL=\(origin.baseURL)/bytes/1000"))
-            #expect(completed.contains("DLD_STATE=completed"))
-            #expect(completed.contains("DLD_ERROR_CODE=\n"))
-            let failed = try read("failed-j\(bad)-g")
-            #expect(failed.contains("DLD_ERROR_CODE=http_status"))
+            func record(_ name: String) throws -> (argv: [String], env: [String: String]) {
+                let parsed = try JSONValue.parse(Data(try read(name).utf8))
+                let argv = (parsed["argv"]?.arrayValue ?? []).compactMap(\.stringValue)
+                var env: [String: String] = [:]
+                for (key, value) in parsed["env"]?.objectValue ?? [:] { env[key] = value.stringValue }
+                return (argv, env)
+            }
+            let completed = try record("completed-j\(ok)-g")
+            #expect(completed.argv == hostile, "\(completed.argv)")
+            let files = try FileManager.default.contentsOfDirectory(atPath: out)
+            #expect(!files.contains { $0.hasPrefix("pwned") }, "a shell ran: \(files)")
+            #expect(completed.env["DLD_JOB_ID"] == "\(ok)")
+            #expect(completed.env["DLD_PATH"] == "\(daemon.downloadDir)/hooked.bin")
+            #expect(completed.env["DLD_URL"] == "http://alice:***@127.0.0.1:\(origin.port)/bytes/1000")
+            #expect(completed.env["DLD_STATE"] == "completed")
+            #expect(completed.env["DLD_ERROR_CODE"] == "")
+            #expect(completed.env["DLD_GROUP"] == "")
+
+            // The hung on_error hook: killed once hook_timeout passed (SIGTERM ignored, so SIGKILL).
+            let pid = try #require(Int32(try read("hang-\(bad).pid")))
+            let deadline = Date().addingTimeInterval(30)
+            while kill(pid, 0) == 0 && Date() < deadline { usleep(50_000) }
+            #expect(kill(pid, 0) == -1 && errno == ESRCH, "hook \(pid) still runs")
+            func logged(_ text: String) -> Bool {
+                let deadline = Date().addingTimeInterval(30)
+                while !daemon.log.contains(text) && Date() < deadline { usleep(20_000) }
+                return daemon.log.contains(text)
+            }
+            #expect(logged("hook timed out; killing it"), "\(daemon.log.suffix(3000))")
+            // Their output, line by line, in dld's log.
+            #expect(logged("hook-output: recorded completed-j\(ok)-g"), "\(daemon.log.suffix(3000))")
+            #expect(logged("hook-output: hanging"), "\(daemon.log.suffix(3000))")
+            #expect(!daemon.log.contains("hooksecret"))
             #expect(try daemon.job(ok)["state"] == "completed")
+            #expect(try daemon.job(bad)["state"] == "failed")
             // The group hook names the group.
             let group = try daemon.call("enqueue", ["group": ["name": "g", "dir": .string(daemon.root + "/dl/g")], "jobs": [["url": .string("\(origin.baseURL)/bytes/10")]]])
             let groupID = try #require(group["group"]?["id"]?.int64Value)
-            let groupEnv = try read("completed-j-g\(groupID)")
-            #expect(groupEnv.contains("DLD_GROUP=\(groupID)"))
-            #expect(groupEnv.contains("DLD_GROUP_NAME=g"))
+            let groupEnv = try record("completed-j-g\(groupID)").env
+            #expect(groupEnv["DLD_GROUP"] == "\(groupID)")
+            #expect(groupEnv["DLD_GROUP_NAME"] == "g")
+            #expect(groupEnv["DLD_PATH"] == daemon.root + "/dl/g")
         }
     }
 
