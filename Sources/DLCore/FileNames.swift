@@ -80,6 +80,8 @@ public enum URLRules {
 
     /// `https://user:secret@host/x` → `https://user:***@host/x`, for anything shown or logged.
     public static func redacted(_ url: String) -> String {
+        // No user info without an "@": most URLs are returned without being parsed.
+        guard url.utf8.contains(UInt8(ascii: "@")) else { return url }
         guard var components = URLComponents(string: url), components.password != nil else { return url }
         components.password = "***"
         return components.string ?? url

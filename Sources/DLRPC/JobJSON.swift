@@ -34,6 +34,8 @@ public enum JobJSON {
             "updated_at": timestamp(job.updatedAt),
             "overwrite": .bool(job.overwrite),
         ]
+        // Every key below is always set: one allocation, not several as the object grows.
+        object.reserveCapacity(30)
         object["group"] = job.groupID.map { .int($0) } ?? .null
         object["insecure"] = .bool(job.options.insecure)
         object["wait_reason"] = job.waitReason.map { .string($0.rawValue) } ?? .null
