@@ -87,13 +87,14 @@ public enum RedirectPolicy {
         guard let next = URL(string: location, relativeTo: current)?.absoluteURL, let scheme = next.scheme?.lowercased(),
             next.host?.isEmpty == false
         else {
-            return .failure(TransferFailure(.permanent, "redirect_refused", "redirect to an invalid location: \(location.prefix(200))"))
+            return .failure(TransferFailure(.permanent, "redirect_refused", "redirect to an invalid location: \(URLRules.redacted(location).prefix(200))"))
         }
         guard scheme == "http" || scheme == "https" else {
             return .failure(TransferFailure(.permanent, "redirect_refused", "redirect to a \(scheme): URL refused"))
         }
         if scheme == "http" && current.scheme?.lowercased() == "https" {
-            return .failure(TransferFailure(.permanent, "redirect_refused", "redirect from https to http refused: \(next.absoluteString.prefix(200))"))
+            // The message is shown and logged: a password in the location is not.
+            return .failure(TransferFailure(.permanent, "redirect_refused", "redirect from https to http refused: \(URLRules.redacted(next.absoluteString).prefix(200))"))
         }
         return .success(next)
     }

@@ -35,6 +35,11 @@ public struct JobGroup: Sendable, Equatable {
         self.finishedAt = finishedAt
     }
 
+    /// Where a member whose final path is `path` is staged.
+    public static func stagedPath(of path: String, dir: String, staging: String) -> String {
+        staging + path.dropFirst(dir.count)
+    }
+
     /// The staging folder for a group folder: `.<name>.dld-staging-<id>` beside it.
     public static func stagingFolder(for dir: String, id: GroupID) -> String {
         let parent = (dir as NSString).deletingLastPathComponent

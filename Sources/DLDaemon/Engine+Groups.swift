@@ -39,55 +39,67 @@ extension Engine {
         }
     }
 
-    /// Moves a complete group from its staging folder into its folder. A folder that does not
-    /// exist yet appears whole, in one rename; into an existing folder the files move one by one,
-    /// after checking that none would replace a file that is there.
+    /// Publishes a complete group: records it completed (members and group in one
+    /// transaction), then moves it from its staging folder into its folder. A folder that does
+    /// not exist yet appears whole, in one rename; into an existing folder the files move one by
+    /// one, after checking that none would replace a file that is there. Recorded first, so that
+    /// the folder never shows files of a group that is not completed; start-up finishes a move
+    /// that a crash interrupted (`finishGroupMoves`).
     func publish(_ group: JobGroup, members: [Job]) async throws(DLError) {
         var group = group
         let fm = FileManager.default
-        do throws(DLError) {
-            if !fm.fileExists(atPath: group.staging), members.allSatisfy({ fm.fileExists(atPath: $0.path) }) {
-                // Published already: dld died after the folder's rename and before the group's
-                // row said so.
-                PartialFile.syncDirectory(of: group.dir)
-            } else if !fm.fileExists(atPath: group.dir), rename(group.staging, group.dir) == 0 {
-                PartialFile.syncDirectory(of: group.dir)
-            } else {
-                if let clash = members.first(where: { !$0.overwrite && fm.fileExists(atPath: $0.path) }) {
-                    throw DLError(.destinationExists, "\(clash.path) exists already; the group stays staged in \(group.staging)")
-                }
-                for member in members {
-                    let folder = (member.path as NSString).deletingLastPathComponent
-                    try? fm.createDirectory(atPath: folder, withIntermediateDirectories: true)
-                    guard rename(member.downloadPath, member.path) == 0 else {
-                        throw DLError(.storageError, "cannot move \(member.downloadPath) to \(member.path): \(String(cString: strerror(errno)))")
-                    }
-                    PartialFile.syncDirectory(of: member.path)
-                }
-                removeStaging(group)
-            }
-        } catch {
-            group.error = JobError(code: error.code.rawValue, message: error.message)
+        let alreadyMoved = !fm.fileExists(atPath: group.staging) && members.allSatisfy { fm.fileExists(atPath: $0.path) }
+        if !alreadyMoved, fm.fileExists(atPath: group.dir),
+            let clash = members.first(where: { !$0.overwrite && fm.fileExists(atPath: $0.path) })
+        {
+            group.error = JobError(code: DLError.Code.destinationExists.rawValue,
+                                   message: "\(clash.path) exists already; the group stays staged in \(group.staging)")
             group.updatedAt = now()
             try await storage { try await store.saveGroup(group) }
-            logger.warning("group not published", metadata: ["group": "\(group.id)", "error": "\(error.message)"])
+            logger.warning("group not published", metadata: ["group": "\(group.id)", "error": "\(group.error?.message ?? "")"])
             pending.notices.append(FinishedNotice(jobID: nil, group: group, path: group.dir, url: "", state: "failed", error: group.error))
             return
         }
-        var published: [Job] = []
-        for var member in members {
+        let published = members.map { member -> Job in
+            var member = member
             member.stagingPath = nil
             member.updatedAt = now()
-            published.append(member)
+            return member
         }
-        try await storage { try await store.save(published) }
         group.closed = .completed
         group.error = nil
         group.updatedAt = now()
         group.finishedAt = now()
-        try await storage { try await store.saveGroup(group) }
+        try await storage { try await store.saveGroup(group, members: published) }
+        if !alreadyMoved { moveIntoPlace(group, members: members) }
         logger.info("group completed", metadata: ["group": "\(group.id)", "files": "\(members.count)", "dir": "\(group.dir)"])
         pending.notices.append(FinishedNotice(jobID: nil, group: group, path: group.dir, url: "", state: "completed", error: nil))
+    }
+
+    /// The move of a recorded group: the staging folder renamed to the group's folder, or, when
+    /// that folder exists, each staged file renamed into it (a file that appeared there in the
+    /// meantime is not replaced: the member's file stays staged and the log says so).
+    func moveIntoPlace(_ group: JobGroup, members: [Job]) {
+        let fm = FileManager.default
+        if !fm.fileExists(atPath: group.dir), rename(group.staging, group.dir) == 0 {
+            PartialFile.syncDirectory(of: group.dir)
+            return
+        }
+        var kept = false
+        for member in members {
+            let staged = member.stagingPath ?? JobGroup.stagedPath(of: member.path, dir: group.dir, staging: group.staging)
+            guard fm.fileExists(atPath: staged) else { continue }
+            let folder = (member.path as NSString).deletingLastPathComponent
+            try? fm.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            do throws(TransferFailure) {
+                try PartialFile.link(staged, to: member.path, overwrite: member.overwrite)
+            } catch {
+                kept = true
+                logger.warning("a member's file stays staged", metadata: ["group": "\(group.id)", "path": "\(staged)", "error": "\(error.error.message)"])
+            }
+        }
+        Publisher.syncFolders(of: members.map(\.path))
+        if !kept { removeStaging(group) }
     }
 
     /// Deletes a group's staging folder: it holds only dld's own partial and staged files.

@@ -14,6 +14,9 @@ extension Engine {
     /// a time, and only the rows that can have files on disk.
     public func start() async throws(DLError) {
         try await serial { () async throws(DLError) in
+            // First, so that members of a group whose move a crash interrupted have their
+            // files in place before the rows are checked against the disk.
+            try await removeOrphanStaging()
             var cursor: JobID = 0
             var requeued = 0
             while true {
@@ -30,7 +33,6 @@ extension Engine {
             if let reason = configuration.queuePausedReason {
                 logger.warning("the queue is paused: \(reason)")
             }
-            try await removeOrphanStaging()
             // A group whose last member completed just before the daemon died is published now.
             for id in try await storage({ try await store.openGroups() }) {
                 guard let group = try await storage({ try await store.fetchGroup(id) }), group.error == nil else { continue }
@@ -116,13 +118,15 @@ extension Engine {
         }
     }
 
-    /// Staging folders of groups that are gone or closed (a crash in the middle of `remove` or
-    /// `cancel`) hold only dld's own partial files: they are removed and logged. Plain `.part`
+    /// Staging folders of groups that are gone or canceled (a crash in the middle of `remove` or
+    /// `cancel`) hold only dld's own partial files: they are removed and logged. The staging
+    /// folder of a group recorded as published is moved into place instead. Plain `.part`
     /// files that belong to no job are left alone: browsers use that suffix in the same folders,
     /// and dld cannot tell theirs from its own once the job's row is gone.
     func removeOrphanStaging() async throws(DLError) {
         let groups = try await storage { try await store.groupFolders() }
-        let open = Set(groups.filter(\.open).map(\.id))
+        let open = Set(groups.filter { $0.closed == nil }.map(\.id))
+        let published = Set(groups.filter { $0.closed == .completed }.map(\.id))
         var folders = Set([configuration.downloadDir])
         for group in groups { folders.insert((group.dir as NSString).deletingLastPathComponent) }
         for folder in folders {
@@ -134,6 +138,13 @@ extension Engine {
                 let path = folder + "/" + entry
                 var info = stat()
                 guard lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { continue }
+                if published.contains(id), let group = try await storage({ try await store.fetchGroup(id) }), group.staging == path {
+                    // Recorded as published, but dld died before the files were moved.
+                    let members = try await storage { try await store.members(of: id) }
+                    moveIntoPlace(group, members: members)
+                    logger.notice("finished moving a published group into its folder", metadata: ["group": "\(id)", "dir": "\(group.dir)"])
+                    continue
+                }
                 try? FileManager.default.removeItem(atPath: path)
                 logger.notice("removed the staging folder of a group that is gone", metadata: ["path": "\(path)"])
             }

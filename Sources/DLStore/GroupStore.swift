@@ -49,9 +49,11 @@ extension JobStore {
         }
     }
 
-    /// Records a group's closing (published or canceled), with its event.
-    public func saveGroup(_ group: JobGroup) async throws {
+    /// Records a group's closing (published or canceled), with its event; `members` rows are
+    /// written in the same transaction.
+    public func saveGroup(_ group: JobGroup, members: [Job] = []) async throws {
         let events = try await pool.write { db in
+            for member in members { try Self.update(member, in: db) }
             let before = try String?.fetchOne(db, sql: "SELECT closed FROM groups WHERE id = ?", arguments: [group.id]) ?? nil
             try db.execute(
                 sql: """
@@ -76,12 +78,12 @@ extension JobStore {
         publishEvents(events)
     }
 
-    /// Every group folder, with whether the group is still open.
-    public func groupFolders() async throws -> [(id: GroupID, dir: String, open: Bool)] {
+    /// Every group folder, with how the group was closed (nil while it is open).
+    public func groupFolders() async throws -> [(id: GroupID, dir: String, closed: GroupState?)] {
         try await pool.read { db in
             try Row.fetchAll(db, sql: "SELECT id, dir, closed FROM groups").map { row in
                 let closed: String? = row["closed"]
-                return (row["id"], row["dir"], closed == nil)
+                return (row["id"], row["dir"], closed.flatMap(GroupState.init(rawValue:)))
             }
         }
     }

@@ -359,4 +359,50 @@ extension JSONValue {
         #expect(!FileManager.default.fileExists(atPath: group.staging))
         await engine.shutdown()
     }
+
+    /// A group recorded as published whose files were not moved yet when dld died (it records
+    /// first, then moves): the next start moves them into place, and no member is reported
+    /// missing. Also a job recorded completed whose `.part` was not linked yet is linked.
+    @Test func recordedButNotMovedIsFinishedAtStart() async throws {
+        let folder = NSTemporaryDirectory() + "dld-grp-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder + "/dl", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let store = try JobStore(path: folder + "/jobs.sqlite")
+        let dir = folder + "/dl/book"
+        let now = Date()
+        var (group, members) = try await store.insertGroup(
+            name: "book", dir: dir, priority: 0,
+            members: [NewJob(url: "http://127.0.0.1:9/a", path: dir + "/a.txt", state: .paused),
+                      NewJob(url: "http://127.0.0.1:9/b", path: dir + "/sub/b.txt", state: .paused)],
+            now: now)
+        for index in members.indices {
+            let staged = try #require(members[index].stagingPath)
+            try FileManager.default.createDirectory(atPath: (staged as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+            try Data(members[index].name.utf8).write(to: URL(fileURLWithPath: staged))
+            members[index].state = .completed
+            members[index].received = Int64(members[index].name.utf8.count)
+            members[index].stagingPath = nil
+        }
+        group.closed = .completed
+        try await store.saveGroup(group, members: members)
+        // A standalone job recorded completed, its complete bytes still in `.part`.
+        var single = try await store.insert([NewJob(url: "http://127.0.0.1:9/c", path: folder + "/dl/c.bin", state: .paused)], now: now)[0].job
+        try Data("ccc".utf8).write(to: URL(fileURLWithPath: single.partialPath))
+        single.state = .completed
+        single.received = 3
+        try await store.save(single)
+
+        let logger = Logger(label: "test")
+        let engine = Engine(store: store, downloader: Downloader(logger: logger), configuration: EngineConfiguration(downloadDir: folder + "/dl"), logger: logger)
+        // Nothing below throws before the shutdown: a client left running would abort the run.
+        try? await engine.start()
+        #expect((try? String(contentsOfFile: dir + "/a.txt", encoding: .utf8)) == "a.txt")
+        #expect((try? String(contentsOfFile: dir + "/sub/b.txt", encoding: .utf8)) == "b.txt")
+        #expect(!FileManager.default.fileExists(atPath: group.staging))
+        for member in (try? await store.members(of: group.id)) ?? [] { #expect(member.error == nil, "\(member.id)") }
+        #expect((try? String(contentsOfFile: folder + "/dl/c.bin", encoding: .utf8)) == "ccc")
+        #expect(!FileManager.default.fileExists(atPath: single.partialPath))
+        #expect((try? await store.fetch(single.id))??.error == nil)
+        await engine.shutdown()
+    }
 }

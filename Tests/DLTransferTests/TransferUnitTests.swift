@@ -99,6 +99,13 @@ import Testing
         }
         let http = try #require(URL(string: "http://a.example/"))
         #expect(try RedirectPolicy.target(from: http, location: "https://a.example/s").get().scheme == "https")
+        // A refused location's password is not in the message, which status and logs show.
+        guard case .failure(let downgrade) = RedirectPolicy.target(from: https, location: "http://u:hunter2@b.example/") else {
+            Issue.record("followed a downgrade")
+            return
+        }
+        #expect(!downgrade.error.message.contains("hunter2"))
+        #expect(downgrade.error.message.contains("u:***@b.example"))
     }
 
     /// Content-Range parsing.

@@ -78,8 +78,10 @@ import Testing
         try await withOrigin { origin in
             let daemon = try DaemonHarness(config: "checkpoint_interval = 0.2\n")
             try daemon.start()
+            // Slow enough never to finish during the test, however slow the machine.
+            let size = 64 << 20
             let slow = (0..<3).map { n -> JSONValue in
-                ["url": .string("\(origin.baseURL)/bytes/\(2 << 20)?rate=400000"), "name": .string("slow\(n)")]
+                ["url": .string("\(origin.baseURL)/bytes/\(size)?rate=200000"), "name": .string("slow\(n)")]
             }
             _ = try daemon.call("enqueue", ["jobs": .array(slow)])
             for part in 0..<2 {
@@ -95,8 +97,15 @@ import Testing
             _ = try daemon.call("resume", ["all": true])
             _ = try daemon.call("pause", ["all": true])
             _ = try daemon.call("resume", ["ids": [1, 2, 3]])
-            for id: Int64 in 1...3 { _ = try daemon.waitForState(id, ["running"]) }
+            for id: Int64 in 1...3 {
+                _ = try daemon.waitForJob(id) { $0["state"] == "running" && ($0["received"]?.int64Value ?? 0) > 0 }
+            }
             #expect(daemon.stop() == 0, "\(daemon.log.suffix(2000))")
+            var kept: [Int64] = []
+            for id: Int64 in 1...3 {
+                let partial = daemon.downloadDir + "/slow\(id - 1).part"
+                kept.append((try? FileManager.default.attributesOfItem(atPath: partial)[.size] as? NSNumber)?.int64Value ?? 0)
+            }
 
             try daemon.start()
             defer { daemon.stop() }
@@ -104,14 +113,12 @@ import Testing
             #expect(stats["total"]?.int64Value == 10_003)
             #expect(stats["counts"]?["paused"]?.int64Value == 10_000)
             for id: Int64 in 1...3 {
+                // Queued again with the bytes it had at SIGTERM committed, and running on.
                 let job = try daemon.job(id)
-                #expect(job["state"] == "queued" || job["state"] == "running" || job["state"] == "completed")
+                #expect(job["state"] == "queued" || job["state"] == "running", "\(job.serializedString())")
+                #expect((job["received"]?.int64Value ?? 0) >= kept[Int(id) - 1] && kept[Int(id) - 1] > 0)
             }
-            for id: Int64 in 1...3 {
-                let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
-                #expect(done["state"] == "completed")
-                try expectOriginBytes(at: daemon.downloadDir + "/slow\(id - 1)", count: 2 << 20)
-            }
+            _ = try daemon.call("cancel", ["ids": [1, 2, 3]])
         }
     }
 
