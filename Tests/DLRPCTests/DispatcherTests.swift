@@ -322,21 +322,14 @@ extension JSONValue {
 }
 
 @Suite struct GroupRecoveryTests {
-    /// A group whose members all completed, but that was not published before the daemon died,
-    /// is published at the next start.
-    @Test func unpublishedCompleteGroupIsPublishedAtStart() async throws {
-        let folder = NSTemporaryDirectory() + "dld-grp-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: folder + "/dl", withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: folder) }
-        let store = try JobStore(path: folder + "/jobs.sqlite")
-        let dir = folder + "/dl/book"
-        let now = Date()
+    /// A two-member group `book` whose members completed into its staging folder (each file
+    /// holds its own name), as a crash would leave it; not yet saved.
+    private func stagedGroup(_ store: JobStore, dir: String, now: Date) async throws -> (JobGroup, [Job]) {
         let (group, members) = try await store.insertGroup(
             name: "book", dir: dir, priority: 0,
             members: [NewJob(url: "http://127.0.0.1:9/a", path: dir + "/a.txt", state: .paused),
                       NewJob(url: "http://127.0.0.1:9/b", path: dir + "/sub/b.txt", state: .paused)],
             now: now)
-        // As if both transfers had completed into the staging folder, and then dld died.
         var done: [Job] = []
         for var member in members {
             let staged = try #require(member.stagingPath)
@@ -346,6 +339,19 @@ extension JSONValue {
             member.received = Int64(member.name.utf8.count)
             done.append(member)
         }
+        return (group, done)
+    }
+
+    /// A group whose members all completed, but that was not published before the daemon died,
+    /// is published at the next start.
+    @Test func unpublishedCompleteGroupIsPublishedAtStart() async throws {
+        let folder = NSTemporaryDirectory() + "dld-grp-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder + "/dl", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let store = try JobStore(path: folder + "/jobs.sqlite")
+        let dir = folder + "/dl/book"
+        // As if both transfers had completed into the staging folder, and then dld died.
+        let (group, done) = try await stagedGroup(store, dir: dir, now: Date())
         try await store.save(done)
         let logger = Logger(label: "test")
         let downloader = Downloader(logger: logger)
@@ -370,19 +376,8 @@ extension JSONValue {
         let store = try JobStore(path: folder + "/jobs.sqlite")
         let dir = folder + "/dl/book"
         let now = Date()
-        var (group, members) = try await store.insertGroup(
-            name: "book", dir: dir, priority: 0,
-            members: [NewJob(url: "http://127.0.0.1:9/a", path: dir + "/a.txt", state: .paused),
-                      NewJob(url: "http://127.0.0.1:9/b", path: dir + "/sub/b.txt", state: .paused)],
-            now: now)
-        for index in members.indices {
-            let staged = try #require(members[index].stagingPath)
-            try FileManager.default.createDirectory(atPath: (staged as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-            try Data(members[index].name.utf8).write(to: URL(fileURLWithPath: staged))
-            members[index].state = .completed
-            members[index].received = Int64(members[index].name.utf8.count)
-            members[index].stagingPath = nil
-        }
+        var (group, members) = try await stagedGroup(store, dir: dir, now: now)
+        for index in members.indices { members[index].stagingPath = nil }
         group.closed = .completed
         try await store.saveGroup(group, members: members)
         // A standalone job recorded completed, its complete bytes still in `.part`.
