@@ -26,8 +26,10 @@ test: deps
 	$(SWIFT) test --skip-build --disable-xctest
 
 # Figures, not assertions: prints times, ratios and memory (see docs/benchmarks.md).
+# All parts by default; `make bench PARTS="small scale"` runs some of them.
+PARTS ?=
 bench: release
-	scripts/bench.sh
+	scripts/bench.sh $(PARTS)
 
 install: release
 	install -d $(PREFIX)/bin $(UNIT_DIR) $(PREFIX)/share/doc/dld

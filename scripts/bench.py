@@ -1,50 +1,37 @@
 #!/usr/bin/env python3
 """dld benchmarks: figures, never assertions (see docs/benchmarks.md).
 
-1. Throughput: one file from a loopback origin (nginx when installed, else dld-origin), with
-   `curl -o` and with dld; wall times, their ratio, and dld's peak RSS (VmHWM).
-2. Crash cycle: the same size from dld-origin throttled to BENCH_CRASH_RATE bytes/s (default
-   100 MB/s, so that the download lasts long enough to be killed), with dld SIGKILLed every
-   BENCH_KILL_EVERY seconds (default 2) and restarted until the job completes; the number of
-   kills, bytes fetched over the file size, and the time against an uninterrupted run.
-Run through `make bench`, which builds release binaries first. BENCH_SIZE_MIB (default 1024)
-and BENCH_RUNS (default 3, the best run of each is reported) change the work.
-"""
-import json, os, shutil, signal, socket, subprocess, sys, tempfile, time
+Parts, selected by name on the command line (`scripts/bench.sh small scale`; all by default):
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, ".build", "release")
+throughput  One file from a loopback origin (nginx when installed, else dld-origin), with
+            `curl -o` and with dld; wall times, their ratio, and dld's peak RSS (VmHWM).
+crash       The same size from dld-origin throttled to BENCH_CRASH_RATE bytes/s (default
+            100 MB/s, so that the download lasts long enough to be killed), with dld SIGKILLed
+            every BENCH_KILL_EVERY seconds (default 2) and restarted until the job completes;
+            the number of kills, bytes fetched over the file size, and the time against an
+            uninterrupted run.
+small       --files N (default 2000) files of 16 KiB: dld per job, dld as one group, aria2c
+            -j16, curl --parallel, wget (the tools that are installed); see bench_many.py.
+scale       --jobs N (default 100000) jobs in one daemon: enqueue, list, status latency,
+            start-up, resume/pause/cancel all, SIGTERM, RSS; see bench_many.py.
+
+Run through `make bench`, which builds release binaries first. BENCH_SIZE_MIB (default 1024)
+and BENCH_RUNS (default 3, the best run of each is reported) change the work of the first two;
+BENCH_STEP_TIMEOUT (default 400 s) bounds every step of the last two.
+"""
+import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
+
+# The helpers live beside this script; no __pycache__ is left in the source tree.
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import BIN, Client, free_port, peak_rss_kib  # noqa: E402
+import bench_many  # noqa: E402
+
 SIZE = int(os.environ.get("BENCH_SIZE_MIB", "1024")) << 20
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 CRASH_RATE = int(os.environ.get("BENCH_CRASH_RATE", "100000000"))
 KILL_EVERY = float(os.environ.get("BENCH_KILL_EVERY", "2"))
-
-
-class Client:
-    """A JSON-RPC client on dld's socket (one connection, one line per message)."""
-
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.connect(path)
-        self.buf = b""
-        self.next_id = 1
-
-    def call(self, method, params=None):
-        req = {"jsonrpc": "2.0", "id": self.next_id, "method": method}
-        if params:
-            req["params"] = params
-        self.next_id += 1
-        self.sock.sendall(json.dumps(req).encode() + b"\n")
-        while b"\n" not in self.buf:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise RuntimeError("dld closed the connection")
-            self.buf += data
-        line, self.buf = self.buf.split(b"\n", 1)
-        resp = json.loads(line)
-        if "error" in resp:
-            raise RuntimeError(resp["error"])
-        return resp["result"]
+PARTS = ("throughput", "crash", "small", "scale")
 
 
 def wait_for_socket(path, proc, timeout=20):
@@ -86,22 +73,6 @@ http {{ access_log off; sendfile on; server {{ listen 127.0.0.1:{port}; root {do
     proc = subprocess.Popen([os.path.join(BIN, "dld-origin")], stdout=subprocess.PIPE, text=True)
     base = proc.stdout.readline().strip()
     return proc, f"{base}/bytes/{SIZE}", "dld-origin"
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def peak_rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
 
 
 def run_curl(url, out):
@@ -196,11 +167,7 @@ def run_dld(work, url, name, extra=()):
         proc.wait(timeout=30)
 
 
-def main():
-    for tool in ("dld", "dlctl", "dld-origin"):
-        if not os.path.exists(os.path.join(BIN, tool)):
-            sys.exit(f"bench: {BIN}/{tool} is missing; run `make bench` (it builds release binaries)")
-    work = tempfile.mkdtemp(prefix="dld-bench-")
+def throughput(work):
     origin, url, origin_name = start_origin(work)
     try:
         print(f"throughput: {SIZE >> 20} MiB from {origin_name} on loopback, best of {RUNS}")
@@ -220,15 +187,42 @@ def main():
         print(f"  dld          {d:7.3f} s   {SIZE / d / 1e6:8.1f} MB/s   (runs: {', '.join(f'{t:.3f}' for t in dld_times)})")
         print(f"  ratio dld/curl  {d / c:.2f}   (target ≤ 1.5)")
         print(f"  dld peak RSS    {rss / 1024:.1f} MiB   (target ≤ 64 MiB)")
+    finally:
         origin.send_signal(signal.SIGTERM)
         origin.wait(timeout=10)
-        origin = None
-        crash_cycle(work)
-    finally:
-        if origin:
-            origin.send_signal(signal.SIGTERM)
-            origin.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description="dld benchmarks (figures, never assertions)")
+    parser.add_argument("parts", nargs="*", metavar="PART",
+                        help=f"parts to run, of: {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--files", type=int, default=int(os.environ.get("BENCH_SMALL_FILES", "2000")),
+                        help="files of the small part (default 2000)")
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("BENCH_SCALE_JOBS", "100000")),
+                        help="jobs of the scale part (default 100000)")
+    args = parser.parse_args()
+    unknown = [p for p in args.parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown part {', '.join(unknown)}; parts: {', '.join(PARTS)}")
+    parts = args.parts or list(PARTS)
+    for tool in ("dld", "dlctl", "dld-origin"):
+        if not os.path.exists(os.path.join(BIN, tool)):
+            sys.exit(f"bench: {BIN}/{tool} is missing; run `make bench` (it builds release binaries)")
+    for i, part in enumerate(p for p in PARTS if p in parts):
+        if i:
+            print()
+        started = time.monotonic()
+        if part in ("throughput", "crash"):
+            work = tempfile.mkdtemp(prefix="dld-bench-")
+            try:
+                throughput(work) if part == "throughput" else crash_cycle(work)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        elif part == "small":
+            bench_many.part_small(args.files)
+        else:
+            bench_many.part_scale(args.jobs)
+        print(f"  ({part}: {time.monotonic() - started:.0f} s in all)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,421 @@
+"""The many-jobs parts of `make bench` (issue 8): "small" and "scale". See docs/benchmarks.md.
+
+small  N files of 16 KiB (default 2000) from one loopback origin, fetched by dld (one job per
+       file, default config), by dld as ONE group, and by aria2c -j16, curl --parallel and
+       wget when they are installed; wall times side by side, every file checked byte for byte.
+scale  N jobs (default 100 000) in one fresh daemon: enqueue them paused, list them, status
+       latency while 16 transfers run, start-up with N rows, resume/pause/cancel with `all`,
+       SIGTERM; time of each step, RSS after each, peak RSS. Every step has a deadline
+       (BENCH_STEP_TIMEOUT, default 400 s); a step that times out or crashes dld is recorded as
+       such and the next one starts with a fresh dld on the same state folder.
+
+Imported by scripts/bench.py (the one entry point, `make bench`).
+"""
+import hashlib, os, shutil, statistics, subprocess, tempfile, time, urllib.request
+
+from benchlib import (BIN, STEP_TIMEOUT, ConnectionClosed, Daemon, RpcError, exit_text, start_dld_origin,
+                      start_nginx, stop)
+
+SMALL_SIZE = 16 << 10
+
+# Jobs per `enqueue` call in the scale part. Each job is about 80 bytes of JSON, so 5000 keep a
+# request line well under the 1 MiB `max_line_bytes` of dld 0.1.0; raise this when dld's limit
+# grows (the protocol allows up to 100 000 jobs per call).
+ENQUEUE_CHUNK = int(os.environ.get("BENCH_ENQUEUE_CHUNK", "5000"))
+# `list` page size: the protocol's maximum.
+LIST_PAGE = 10_000
+# The transfers that run while `status` latency is measured: slow enough (16 × 1 MB/s) to stay
+# running through 1000 calls, small enough that the disk-space check never refuses them.
+SLOW_TRANSFERS = 16
+SLOW_RATE = 1_000_000
+SLOW_SIZE = 256 << 20
+STATUS_CALLS = 1000
+
+
+def sha256_file(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def verify(folder, expected):
+    """None when every expected file is in `folder` with the expected SHA-256, else what is wrong."""
+    missing, wrong = 0, 0
+    for name, digest in expected.items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            missing += 1
+        elif sha256_file(path) != digest:
+            wrong += 1
+    if missing or wrong:
+        return f"{missing} missing, {wrong} with wrong bytes (of {len(expected)})"
+    return None
+
+
+# MARK: - small
+
+def small_origin(work, files):
+    """Returns (origin process, origin name, [(url, name)], {name: sha256})."""
+    names = [f"f{i:05d}.bin" for i in range(files)]
+    docroot = os.path.join(work, "www")
+    os.makedirs(docroot)
+    digests = {}
+    for name in names:
+        data = os.urandom(SMALL_SIZE)
+        with open(os.path.join(docroot, name), "wb") as f:
+            f.write(data)
+        os.chmod(os.path.join(docroot, name), 0o644)
+        digests[name] = hashlib.sha256(data).hexdigest()
+    started = start_nginx(work, docroot)
+    if started:
+        proc, base = started
+        return proc, "nginx", [(f"{base}/{n}", n) for n in names], digests
+    # Without nginx: dld-origin serves the same deterministic 16 KiB at /bytes/16384 for every
+    # file. `name=` makes it send that name in Content-Disposition (for wget); the other tools
+    # are given the name explicitly. The reference bytes are fetched once with urllib.
+    print("  (nginx is not installed: using dld-origin, which serves identical bytes for every file)")
+    proc, base = start_dld_origin()
+    with urllib.request.urlopen(f"{base}/bytes/{SMALL_SIZE}", timeout=30) as response:
+        digest = hashlib.sha256(response.read()).hexdigest()
+    return proc, "dld-origin", [(f"{base}/bytes/{SMALL_SIZE}?name={n}", n) for n in names], {n: digest for n in names}
+
+
+def write_lists(work, entries):
+    """The same downloads in each tool's input format."""
+    paths = {k: os.path.join(work, k) for k in ("aria2.list", "wget.list", "curl.cfg")}
+    with open(paths["aria2.list"], "w") as f:
+        # aria2's format, which dlctl -i reads too: a URL line, then indented options.
+        f.writelines(f"{url}\n  out={name}\n" for url, name in entries)
+    with open(paths["wget.list"], "w") as f:
+        f.writelines(f"{url}\n" for url, _ in entries)
+    return paths
+
+
+def write_curl_config(path, entries, folder):
+    with open(path, "w") as f:
+        f.writelines(f'url = "{url}"\noutput = "{os.path.join(folder, name)}"\n' for url, name in entries)
+
+
+def run_timed(argv, timeout):
+    """(seconds, None) or (seconds, what went wrong); stdout is dropped, stderr kept for errors."""
+    start = time.monotonic()
+    try:
+        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return time.monotonic() - start, f"timed out after {timeout:.0f} s"
+    elapsed = time.monotonic() - start
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        return elapsed, f"{exit_text(done.returncode)}: {tail[0][:160]}"
+    return elapsed, None
+
+
+def small_dld(work, run, list_path, expected, group):
+    """One fresh dld with its default config (flags only for paths), then dlctl enqueue --wait."""
+    base = os.path.join(work, f"dld-{run}")
+    os.makedirs(base)
+    dl = os.path.join(base, "dl")
+    daemon = Daemon(base, os.path.join(base, "state"), dl)
+    try:
+        daemon.start()
+        argv = [os.path.join(BIN, "dlctl"), "enqueue", "--socket", daemon.sock, "-i", list_path, "--wait"]
+        if group:
+            # A group's folder need not exist: it appears whole once every member is verified.
+            target = os.path.join(dl, "group")
+            argv += ["--group", "small", "-d", target]
+        else:
+            target = dl
+            argv += ["-d", dl]
+        seconds, error = run_timed(argv, STEP_TIMEOUT)
+        if error is None:
+            error = verify(target, expected)
+        if not daemon.alive():
+            error = f"dld {exit_text(daemon.proc.returncode)}" + (f"; {error}" if error else "")
+        return seconds, error, daemon.peak_mib()
+    finally:
+        daemon.terminate(timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def part_small(files):
+    work = tempfile.mkdtemp(prefix="dld-bench-small-")
+    origin = None
+    try:
+        origin, origin_name, entries, expected = small_origin(work, files)
+        lists = write_lists(work, entries)
+        print(f"small files: {files} × {SMALL_SIZE >> 10} KiB from {origin_name} on loopback; "
+              f"each tool into a fresh folder, every file checked by SHA-256")
+        rows = []  # (label, seconds, error, note)
+
+        def record(label, seconds, error, note=""):
+            rows.append((label, seconds, error, note))
+            shown = f"{seconds:8.2f} s" if seconds is not None else "       —  "
+            print(f"  … {label:34} {shown}  {error or 'ok'} {note}", flush=True)
+
+        seconds, error, peak = small_dld(work, "jobs", lists["aria2.list"], expected, group=False)
+        record("dld (dlctl enqueue -i --wait)", seconds, error, f"(peak RSS {peak:.1f} MiB)")
+        seconds, error, peak = small_dld(work, "group", lists["aria2.list"], expected, group=True)
+        record("dld, one group (--group)", seconds, error, f"(peak RSS {peak:.1f} MiB)")
+
+        tools = [
+            ("aria2c -j16", "aria2c", lambda out: [
+                "aria2c", "-j16", "-i", lists["aria2.list"], "-d", out, "-q", "--allow-overwrite=true",
+                "--auto-file-renaming=false"]),
+            ("curl --parallel --parallel-max 16", "curl", lambda out: [
+                "curl", "-s", "-S", "--fail", "--parallel", "--parallel-max", "16", "-K", curl_config(out)]),
+            # wget names files from the URL; with dld-origin the URL's `name=` comes back as
+            # Content-Disposition, which --content-disposition turns into the file name.
+            ("wget -i (one at a time)", "wget", lambda out: [
+                "wget", "-q", "-i", lists["wget.list"], "-P", out, "--content-disposition"]),
+        ]
+
+        def curl_config(out):
+            write_curl_config(lists["curl.cfg"], entries, out)
+            return lists["curl.cfg"]
+
+        for label, program, argv in tools:
+            if not shutil.which(program):
+                print(f"  note: {program} is not installed; skipping `{label}`")
+                rows.append((label, None, "not installed", ""))
+                continue
+            out = os.path.join(work, "out-" + program)
+            os.makedirs(out)
+            seconds, error = run_timed(argv(out), STEP_TIMEOUT)
+            record(label, seconds, error or verify(out, expected))
+            shutil.rmtree(out, ignore_errors=True)
+
+        def ok_time(label):
+            for row in rows:
+                if row[0] == label and row[2] is None:
+                    return row[1]
+            return None
+
+        aria, curl = ok_time("aria2c -j16"), ok_time("curl --parallel --parallel-max 16")
+        ratio = lambda s, ref: f"{s / ref:10.2f}" if s is not None and ref else f"{'—':>10}"
+        print(f"\n  {'tool':34} {'seconds':>9} {'÷ aria2c':>10} {'÷ curl':>10}")
+        for label, seconds, error, note in rows:
+            shown = f"{seconds:9.2f}" if seconds is not None and error is None else f"{'—':>9}"
+            good = error is None
+            print(f"  {label:34} {shown} {ratio(seconds if good else None, aria)} {ratio(seconds if good else None, curl)}"
+                  f"{'' if good else '   ' + error} {note if good else ''}".rstrip())
+        dld = ok_time("dld (dlctl enqueue -i --wait)")
+        print("  targets: dld ≤ 0.5 × aria2c -j16; dld ≤ 3 × curl --parallel", end="")
+        if dld is not None:
+            parts = []
+            if aria:
+                parts.append(f"dld/aria2c {dld / aria:.2f} ({'met' if dld <= 0.5 * aria else 'not met'})")
+            if curl:
+                parts.append(f"dld/curl {dld / curl:.2f} ({'met' if dld <= 3 * curl else 'not met'})")
+            print(" — " + "; ".join(parts) if parts else "")
+        else:
+            print(" — dld did not complete")
+    finally:
+        stop(origin)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# MARK: - scale
+
+class ScaleRun:
+    """One daemon (restarted on the same state folder when a step kills it) and the results."""
+
+    def __init__(self, work, n, base):
+        self.work, self.n, self.base = work, n, base
+        self.daemon = Daemon(work, os.path.join(work, "state"), os.path.join(work, "dl"),
+                             extra=["--max-active", str(SLOW_TRANSFERS)])
+        self.rows = []  # (step, result, RSS after in MiB or None)
+        self.queue_paused = False  # re-applied after a restart (dld does not keep it)
+
+    def log(self, step, result):
+        rss = self.daemon.rss_mib() if self.daemon.alive() else None
+        self.rows.append((step, result, rss))
+        print(f"  … {step:44} {result}" + (f"   [RSS {rss:.1f} MiB]" if rss is not None else ""), flush=True)
+
+    def ensure_running(self):
+        """After a crash or a timeout: a fresh dld on the same state folder, or False."""
+        if self.daemon.alive():
+            return True
+        try:
+            seconds = self.daemon.start()
+            if self.queue_paused:
+                c = self.daemon.client()
+                c.call("queue", {"paused": True})
+                c.close()
+            self.log("  (restarted dld)", f"serving after {seconds:.2f} s")
+            return True
+        except Exception as e:  # recorded, and the remaining steps are skipped
+            self.log("  (restart dld)", f"failed: {e}")
+            return False
+
+    def step(self, name, fn, needs_daemon=True):
+        """Runs fn() -> result text; a timeout, crash or error is recorded as the result.
+        Steps that start dld themselves pass needs_daemon=False (one daemon per state folder)."""
+        if needs_daemon and not self.ensure_running():
+            self.log(name, "skipped (no daemon)")
+            return
+        start = time.monotonic()
+        try:
+            result = fn()
+        except TimeoutError as e:
+            result = f"timed out after {time.monotonic() - start:.0f} s ({e})"
+            self.daemon.kill()
+        except (ConnectionClosed, OSError) as e:
+            # Give a crashing process a moment to be reaped, so the exit status is known.
+            try:
+                self.daemon.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.daemon.alive():
+                result = f"connection lost after {time.monotonic() - start:.1f} s: {e}"
+                self.daemon.kill()
+            else:
+                result = f"dld {exit_text(self.daemon.proc.returncode)} after {time.monotonic() - start:.1f} s"
+        except RpcError as e:
+            result = f"error after {time.monotonic() - start:.1f} s: {e}"
+        self.log(name, result)
+
+    # The steps. Each returns its result as text; times are dld's (from sending a request until
+    # the last byte of its reply), without the Python client's own JSON work.
+
+    def enqueue_paused(self):
+        c = self.daemon.client()
+        deadline = time.monotonic() + STEP_TIMEOUT
+        url = f"{self.base}/bytes/{SMALL_SIZE}"
+        in_calls, created, wall = 0.0, 0, time.monotonic()
+        for first in range(0, self.n, ENQUEUE_CHUNK):
+            jobs = [{"url": url, "name": f"j{i:06d}.bin", "paused": True} for i in range(first, min(self.n, first + ENQUEUE_CHUNK))]
+            sent = time.monotonic()
+            result = c.call("enqueue", {"jobs": jobs}, timeout=deadline - sent)
+            in_calls += c.last_reply_at - sent
+            created += len(result["results"])
+        c.close()
+        calls = -(-self.n // ENQUEUE_CHUNK)
+        return (f"{in_calls:.2f} s ({created} jobs, {calls} calls of ≤ {ENQUEUE_CHUNK}; "
+                f"{created / in_calls:.0f} jobs/s; wall {time.monotonic() - wall:.2f} s)")
+
+    def list_all(self):
+        c = self.daemon.client()
+        deadline = time.monotonic() + STEP_TIMEOUT
+        in_calls, seen, after, pages = 0.0, 0, 0, 0
+        # Bounded: one page more than the table can fill.
+        for _ in range(self.n // LIST_PAGE + 3):
+            sent = time.monotonic()
+            result = c.call("list", {"limit": LIST_PAGE, "after_id": after}, timeout=deadline - sent)
+            in_calls += c.last_reply_at - sent
+            pages += 1
+            seen += len(result["jobs"])
+            after = result["next_after_id"]
+            if after is None:
+                break
+        c.close()
+        return f"{in_calls:.2f} s ({seen} jobs in {pages} pages of ≤ {LIST_PAGE})"
+
+    def status_latency(self):
+        c = self.daemon.client()
+        jobs = [{"url": f"{self.base}/bytes/{SLOW_SIZE}?rate={SLOW_RATE}", "name": f"slow-{k:02d}.bin"}
+                for k in range(SLOW_TRANSFERS)]
+        ids = [r["job"]["id"] for r in c.call("enqueue", {"jobs": jobs})["results"]]
+        # Wait (bounded) until all of them run.
+        deadline = time.monotonic() + min(60, STEP_TIMEOUT)
+        active = 0
+        while time.monotonic() < deadline:
+            active = c.call("stats")["active"]
+            if active >= SLOW_TRANSFERS:
+                break
+            time.sleep(0.1)
+        latencies = []
+        end = time.monotonic() + STEP_TIMEOUT
+        for _ in range(STATUS_CALLS):
+            sent = time.perf_counter()
+            c.call("status", {"id": ids[0]}, timeout=max(0.001, end - time.monotonic()))
+            latencies.append((time.perf_counter() - sent) * 1000)
+        still = c.call("stats")["active"]
+        c.call("cancel", {"ids": ids})
+        c.close()
+        q = statistics.quantiles(latencies, n=100, method="inclusive")
+        return (f"p50 {statistics.median(latencies):.2f} ms, p99 {q[98]:.2f} ms, max {max(latencies):.2f} ms "
+                f"({STATUS_CALLS} calls; {active} running at the start, {still} at the end)")
+
+    def sigterm(self):
+        text, seconds = self.daemon.terminate()
+        return f"{text} after {seconds:.2f} s"
+
+    def restart(self):
+        if self.daemon.alive():  # one daemon per state folder
+            self.daemon.terminate()
+        return f"serving after {self.daemon.start():.2f} s"
+
+    def pause_queue(self):
+        c = self.daemon.client()
+        c.call("queue", {"paused": True})
+        c.close()
+        self.queue_paused = True
+        return "queue paused (nothing starts, so the bulk commands below measure only themselves)"
+
+    def bulk(self, method):
+        def run():
+            c = self.daemon.client()
+            sent = time.monotonic()
+            result = c.call(method, {"all": True})
+            seconds = c.last_reply_at - sent
+            c.close()
+            return f"{seconds:.2f} s ({len(result['jobs'])} jobs changed)"
+        return run
+
+
+def dlctl_big_list(work, n, base):
+    """`dlctl enqueue -i` of an n-line list against its own fresh daemon. dlctl sends one
+    request line for the whole list, so a list over `max_line_bytes` is expected to fail;
+    that is reported as the result."""
+    sub = os.path.join(work, "dlctl-i")
+    os.makedirs(sub)
+    list_path = os.path.join(sub, "list")
+    with open(list_path, "w") as f:
+        f.writelines(f"{base}/bytes/{SMALL_SIZE}\n  out=k{i:06d}.bin\n" for i in range(n))
+    daemon = Daemon(sub, os.path.join(sub, "state"), os.path.join(sub, "dl"))
+    try:
+        daemon.start()
+        seconds, error = run_timed([os.path.join(BIN, "dlctl"), "enqueue", "--socket", daemon.sock, "--paused",
+                                    "-i", list_path, "-d", daemon.dl], STEP_TIMEOUT)
+        if not daemon.alive():
+            error = f"dld {exit_text(daemon.proc.returncode)}" + (f"; {error}" if error else "")
+        peak = daemon.peak_mib()
+        return f"{seconds:.2f} s, " + (f"failed: {error}" if error else "ok") + f" (dld peak RSS {peak:.1f} MiB)"
+    except Exception as e:
+        return f"failed: {e}"
+    finally:
+        daemon.terminate(timeout=60)
+
+
+def part_scale(n):
+    work = tempfile.mkdtemp(prefix="dld-bench-scale-")
+    origin = None
+    try:
+        # dld-origin serves the jobs' URL and the throttled transfers (nginx is not needed).
+        origin, base = start_dld_origin()
+        print(f"scale: {n} jobs in one fresh dld (--max-active {SLOW_TRANSFERS}), enqueue calls of ≤ {ENQUEUE_CHUNK} jobs, "
+              f"each step bounded by {STEP_TIMEOUT:.0f} s (BENCH_STEP_TIMEOUT)")
+        run = ScaleRun(work, n, base)
+        run.step("start (empty table)", run.restart, needs_daemon=False)
+        run.step(f"enqueue {n} paused", run.enqueue_paused)
+        run.step(f"list all (pages of {LIST_PAGE})", run.list_all)
+        run.step(f"status ×{STATUS_CALLS}, {SLOW_TRANSFERS} transfers running", run.status_latency)
+        run.step("SIGTERM", run.sigterm)
+        run.step(f"start with {n} rows (spawn → `version`)", run.restart, needs_daemon=False)
+        run.step("queue pause", run.pause_queue)
+        run.step("resume all", run.bulk("resume"))
+        run.step("pause all", run.bulk("pause"))
+        run.step("cancel all", run.bulk("cancel"))
+        run.step("SIGTERM", run.sigterm)
+        peak = run.daemon.peak_mib()
+        run.daemon.kill()
+        big = dlctl_big_list(work, n, base)
+        run.rows.append((f"dlctl enqueue -i ({n}-line list, own daemon)", big, None))
+        print(f"  … {'dlctl enqueue -i of the whole list':44} {big}", flush=True)
+
+        print(f"\n  {'step':48} {'RSS after':>10}  result")
+        for step, result, rss in run.rows:
+            print(f"  {step:48} {(f'{rss:.1f} MiB' if rss is not None else '—'):>10}  {result}")
+        print(f"  dld peak RSS (VmHWM, all steps): {peak:.1f} MiB")
+    finally:
+        stop(origin)
+        shutil.rmtree(work, ignore_errors=True)
