@@ -11,3 +11,9 @@ int dld_reserve_keep_size(int fd, off_t offset, off_t length) {
 int dld_limit_malloc_arenas(int arenas) {
     return mallopt(M_ARENA_MAX, arenas);
 }
+
+#include <stdio.h>
+
+int dld_rename_noreplace(const char *from, const char *to) {
+    return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
+}

@@ -73,12 +73,16 @@ public final class PartialFile {
     /// Reserves blocks for the rest of a known size without changing the file's size (so the
     /// size still says how far the data goes). Filesystems without fallocate are left alone.
     public func reserve(from offset: Int64, length: Int64) throws(TransferFailure) {
-        guard length > 0 else { return }
+        // A small file gets its blocks as it is written; the call would only cost time.
+        guard length >= Self.reserveThreshold else { return }
         if dld_reserve_keep_size(fd, off_t(offset), off_t(length)) != 0 {
             let code = errno
             if code == ENOSPC || code == EDQUOT { throw Self.failure("reserve space for", path, code) }
         }
     }
+
+    /// Below this, `reserve` does nothing.
+    static let reserveThreshold: Int64 = 1 << 20
 
     /// Data only: the size is fixed by the committed offset, and metadata is synced at publish.
     public func syncData() throws(TransferFailure) {
@@ -113,7 +117,12 @@ public final class PartialFile {
     public static func link(_ partial: String, to final: String, overwrite: Bool) throws(TransferFailure) {
         if overwrite {
             guard rename(partial, final) == 0 else { throw failure("rename", final, errno) }
+        } else if dld_rename_noreplace(partial, final) == 0 {
+            // One atomic call that never replaces (renameat2 RENAME_NOREPLACE).
+        } else if errno == EEXIST {
+            throw TransferFailure(.permanent, "destination_exists", "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
         } else if Glibc.link(partial, final) == 0 {
+            // Filesystems without RENAME_NOREPLACE: link, which fails on an existing name.
             unlink(partial)
         } else {
             let linkErrno = errno
