@@ -47,6 +47,7 @@ class Client:
         self.buf = bytearray()
         self.next_id = 1
         self.last_reply_at = 0.0
+        self.last_reply_bytes = 0
 
     def close(self):
         self.sock.close()
@@ -78,6 +79,7 @@ class Client:
         except (BrokenPipeError, ConnectionResetError) as e:
             raise ConnectionClosed(f"{method}: {e}") from e
         self.last_reply_at = time.monotonic()
+        self.last_reply_bytes = end + 1
         line = bytes(self.buf[:end])
         del self.buf[:end + 1]
         resp = json.loads(line)
