@@ -1,6 +1,7 @@
 import DLCore
 import DLStore
 import Foundation
+import Synchronization
 import Testing
 
 /// Set-based commands: one statement for any number of rows, the same result as the state
@@ -162,4 +163,28 @@ import Testing
             #expect(back.headers == new.headers)
         }
     }
+}
+
+/// dld 0.1.0 died with SIGSEGV after about 130 000 commits (pause all after resume all on
+/// 100 000 jobs; SIGTERM after a large queue): the event sink, a bare closure kept in a
+/// `Mutex`, came back from every `withLock` wrapped in two more reabstraction thunks, so each
+/// call, and at last its release, recursed once per earlier commit until the stack ran out.
+/// Publishing must cost the same stack the 300 000th time as the first, and so must releasing.
+@Suite struct EventSinkTests {
+    @Test func publishingDoesNotDeepenTheSink() async throws {
+        let folder = try TempFolder()
+        var store: JobStore? = try JobStore(path: folder.path + "/jobs.sqlite")
+        let delivered = Counter()
+        store?.setEventSink { delivered.add($0.count) }
+        let event = StoredEvent(seq: 1, at: t0, kind: .jobState, jobID: 1, groupID: nil, state: "queued")
+        for _ in 0..<300_000 { store?.publishEvents([event]) }
+        #expect(delivered.value == 300_000)
+        store = nil
+    }
+}
+
+final class Counter: Sendable {
+    private let count = Mutex(0)
+    func add(_ n: Int) { count.withLock { $0 += n } }
+    var value: Int { count.withLock { $0 } }
 }
