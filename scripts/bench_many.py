@@ -370,9 +370,9 @@ class ScaleRun:
 
 
 def dlctl_big_list(work, n, base):
-    """`dlctl enqueue -i` of an n-line list against its own fresh daemon. dlctl sends one
-    request line for the whole list, so a list over `max_line_bytes` is expected to fail;
-    that is reported as the result."""
+    """`dlctl enqueue -i` of an n-line list against its own fresh daemon. dlctl 0.1.0 sent one
+    request line for the whole list and failed over `max_line_bytes`; 0.2.0 splits it. A
+    failure is reported as the result."""
     sub = os.path.join(work, "dlctl-i")
     os.makedirs(sub)
     list_path = os.path.join(sub, "list")

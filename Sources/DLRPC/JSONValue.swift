@@ -135,11 +135,11 @@ extension JSONValue {
             out.append(UInt8(ascii: "]"))
         case .object(let o):
             out.append(UInt8(ascii: "{"))
-            for (index, key) in o.keys.sorted().enumerated() {
+            for (index, (key, value)) in o.sorted(by: { $0.key < $1.key }).enumerated() {
                 if index > 0 { out.append(UInt8(ascii: ",")) }
                 Self.write(string: key, into: &out)
                 out.append(UInt8(ascii: ":"))
-                o[key]?.write(into: &out)
+                value.write(into: &out)
             }
             out.append(UInt8(ascii: "}"))
         }
@@ -149,6 +149,12 @@ extension JSONValue {
     /// as UTF-8.
     static func write(string: String, into out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
+        // Most strings need no escape: copied whole.
+        if !string.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
+            out.append(contentsOf: string.utf8)
+            out.append(UInt8(ascii: "\""))
+            return
+        }
         for byte in string.utf8 {
             switch byte {
             case UInt8(ascii: "\""): out.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\"")])

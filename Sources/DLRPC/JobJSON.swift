@@ -93,8 +93,33 @@ public enum JobJSON {
         return .object(object)
     }
 
+    /// `2026-11-22T16:30:08Z`: what `date.formatted(.iso8601)` gives (a test checks it),
+    /// written from `gmtime_r`, because the format style cost more than the rest of a job.
     public static func timestamp(_ date: Date) -> JSONValue {
-        .string(date.formatted(.iso8601))
+        var seconds = time_t(date.timeIntervalSince1970.rounded(.down))
+        var parts = tm()
+        guard gmtime_r(&seconds, &parts) != nil, parts.tm_year + 1900 >= 0, parts.tm_year + 1900 <= 9999 else {
+            return .string(date.formatted(.iso8601))
+        }
+        var text: [UInt8] = []
+        text.reserveCapacity(20)
+        func digits(_ value: Int32, _ count: Int) {
+            var divisor: Int32 = 1
+            for _ in 1..<count { divisor *= 10 }
+            var rest = value
+            while divisor > 0 {
+                text.append(UInt8(ascii: "0") + UInt8(rest / divisor))
+                rest %= divisor
+                divisor /= 10
+            }
+        }
+        digits(parts.tm_year + 1900, 4); text.append(UInt8(ascii: "-"))
+        digits(parts.tm_mon + 1, 2); text.append(UInt8(ascii: "-"))
+        digits(parts.tm_mday, 2); text.append(UInt8(ascii: "T"))
+        digits(parts.tm_hour, 2); text.append(UInt8(ascii: ":"))
+        digits(parts.tm_min, 2); text.append(UInt8(ascii: ":"))
+        digits(parts.tm_sec, 2); text.append(UInt8(ascii: "Z"))
+        return .string(String(decoding: text, as: UTF8.self))
     }
 
 }

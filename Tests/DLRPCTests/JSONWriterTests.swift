@@ -49,4 +49,14 @@ import Testing
         #expect(JSONValue.double(.nan).serialized() == Data("null".utf8))
         #expect(JSONValue.double(.infinity).serialized() == Data("null".utf8))
     }
+
+    /// Job timestamps are written by hand: the same text as Foundation's ISO 8601 style.
+    @Test func timestampsAsFoundation() {
+        var rng = SystemRandomNumberGenerator()
+        var dates = [Date(timeIntervalSince1970: 0), Date(timeIntervalSince1970: 1_800_000_000.999), Date(timeIntervalSince1970: 951_782_400)]
+        for _ in 0..<2000 { dates.append(Date(timeIntervalSince1970: Double.random(in: 0..<4_102_444_800, using: &rng))) }
+        for date in dates {
+            #expect(JobJSON.timestamp(date) == .string(date.formatted(.iso8601)), "\(date.timeIntervalSince1970)")
+        }
+    }
 }
