@@ -8,19 +8,28 @@ import Logging
 /// Groups: files that are complete only together. A group holds one slot; its members stage
 /// in a hidden folder and are published together.
 extension Engine {
-    /// Looks at an active group after a change: fills its slot, gives the slot back when
-    /// nothing of it can run, and publishes it when every member is complete. Reads the
-    /// group's counts by state (an index range), and its members only to publish them.
+    /// Looks at an active group after a change: fills its slot (up to `groupParallel` members
+    /// and the host limit), gives the slot back when nothing of it can run, and publishes it
+    /// when every member is complete. One read a turn: the group, its counts by state (an
+    /// index range) and the queued members it can start; all members only to publish them.
     func settle(_ groupID: GroupID) async throws(DLError) {
-        guard let group = try await storage({ try await store.fetchGroup(groupID) }), group.closed == nil else {
+        let active = activeGroups.contains(groupID)
+        let busy = running.values.filter { $0.job.groupID == groupID }.count
+            + pending.launches.filter { $0.groupID == groupID }.count
+        let want = active && configuration.queuePausedReason == nil ? configuration.groupParallel - busy : 0
+        let (found, counts, queued) = try await storage { try await store.groupTurn(groupID, queuedLimit: want) }
+        guard let group = found, group.closed == nil else {
             activeGroups.remove(groupID)
             return
         }
-        let counts = try await storage { try await store.memberCounts(of: groupID) }
-        if counts[.queued, default: 0] > 0 || counts[.running, default: 0] > 0
-            || pending.launches.contains(where: { $0.groupID == groupID })
-        {
-            if activeGroups.contains(groupID) { try await fill(groupID) }
+        if counts[.queued, default: 0] > 0 || counts[.running, default: 0] > 0 || busy > 0 {
+            var hosts = hostLoad()
+            for member in queued {
+                let host = URLRules.hostKey(member.url)
+                guard hosts[host, default: 0] < configuration.maxPerHost else { continue }
+                try launch(member)
+                hosts[host, default: 0] += 1
+            }
             return
         }
         activeGroups.remove(groupID)
@@ -70,8 +79,10 @@ extension Engine {
         group.error = nil
         group.updatedAt = now()
         group.finishedAt = now()
-        try await storage { try await store.saveGroup(group, members: published) }
+        let events = try await storage { try await store.saveGroup(group, members: published, publish: false) }
         if !alreadyMoved { moveIntoPlace(group, members: members) }
+        // Only now: a client told "completed" finds the files in the folder.
+        store.publishEvents(events)
         logger.info("group completed", metadata: ["group": "\(group.id)", "files": "\(members.count)", "dir": "\(group.dir)"])
         pending.notices.append(FinishedNotice(jobID: nil, group: group, path: group.dir, url: "", state: "completed", error: nil))
     }

@@ -40,7 +40,7 @@ extension Engine {
                 if let groupID = groupOf[id] {
                     activeGroups.insert(groupID)
                     slots -= 1
-                    try await fill(groupID)
+                    try await settle(groupID)
                     hosts = hostLoad()
                 } else if let job = byID[id], hosts[URLRules.hostKey(job.url), default: 0] < configuration.maxPerHost {
                     try launch(job)
@@ -57,22 +57,6 @@ extension Engine {
         for entry in running.values { load[URLRules.hostKey(entry.job.url), default: 0] += 1 }
         for job in pending.launches { load[URLRules.hostKey(job.url), default: 0] += 1 }
         return load
-    }
-
-    /// Starts queued members of an active group up to `groupParallel` (and the host limit).
-    func fill(_ groupID: GroupID) async throws(DLError) {
-        guard configuration.queuePausedReason == nil else { return }
-        let busy = running.values.filter { $0.job.groupID == groupID }.count
-            + pending.launches.filter { $0.groupID == groupID }.count
-        let want = configuration.groupParallel - busy
-        guard want > 0 else { return }
-        var hosts = hostLoad()
-        for member in try await storage({ try await store.queuedMembers(of: groupID, limit: want) }) {
-            let host = URLRules.hostKey(member.url)
-            guard hosts[host, default: 0] < configuration.maxPerHost else { continue }
-            try launch(member)
-            hosts[host, default: 0] += 1
-        }
     }
 
     /// Records the job as running in this turn's commit; its transfer starts after the commit.

@@ -50,11 +50,15 @@ extension JobStore {
     }
 
     /// Records a group's closing (published or canceled), with its event; `members` rows are
-    /// written in the same transaction.
-    public func saveGroup(_ group: JobGroup, members: [Job] = []) async throws {
+    /// written in the same transaction. With `publish: false` the event is returned instead of
+    /// published, for a caller that must move the files first.
+    @discardableResult
+    public func saveGroup(_ group: JobGroup, members: [Job] = [], publish: Bool = true) async throws -> [StoredEvent] {
         let events = try await pool.write { db in
             for member in members { try Self.update(member, in: db) }
-            let before = try String?.fetchOne(db, sql: "SELECT closed FROM groups WHERE id = ?", arguments: [group.id]) ?? nil
+            let row = try Row.fetchOne(db, sql: "SELECT closed, error_code FROM groups WHERE id = ?", arguments: [group.id])
+            let before: String? = row?["closed"]
+            let errorBefore: String? = row?["error_code"]
             try db.execute(
                 sql: """
                     UPDATE groups SET name = ?, dir = ?, staging = ?, priority = ?, closed = ?, error_code = ?, error_message = ?,
@@ -62,10 +66,15 @@ extension JobStore {
                     """,
                 arguments: [group.name, group.dir, group.staging, group.priority, group.closed?.rawValue, group.error?.code,
                             group.error?.message, group.updatedAt.timeIntervalSince1970, group.finishedAt?.timeIntervalSince1970, group.id])
+            if group.closed == nil, errorBefore == nil, group.error != nil {
+                // Its publish failed (a file appeared in the folder): it is `failed` until resumed.
+                return [try Self.record(.groupState, job: nil, groupID: group.id, state: "failed", at: group.updatedAt, in: db)]
+            }
             guard let closed = group.closed, before != closed.rawValue else { return [StoredEvent]() }
             return [try Self.record(.groupState, job: nil, groupID: group.id, state: closed.rawValue, at: group.updatedAt, in: db)]
         }
-        publishEvents(events)
+        if publish { publishEvents(events) }
+        return events
     }
 
     /// Deletes a group record (its members are deleted with `delete(.group(id), …)` in the

@@ -154,14 +154,20 @@ func waitFor(common: Common, ids: [Int64], group: String?, timeout: Double?, sho
     // A group's state is derived by the daemon; it is asked again only after a state change
     // (progress notifications cannot finish it).
     var groupMayHaveChanged = true
+    // A member that failed before the subscription is in the rows the tracker started from.
+    var memberFailed = tracker.jobs.values.contains { ["failed", "canceled"].contains($0["state"]?.stringValue ?? "") }
     while true {
         let watched = group == nil ? ids : tracker.order
-        if group != nil, groupMayHaveChanged {
-            groupMayHaveChanged = false
-            let (done, ok) = try groupDone()
-            if done {
-                if terminal { renderer.finish(tracker) }
-                throw ExitCode(ok ? 0 : 1)
+        if group != nil {
+            // A group is done when the daemon says so (its members may all be complete while
+            // it is still being published): never judged from the members alone.
+            if groupMayHaveChanged {
+                groupMayHaveChanged = false
+                let (done, ok) = try groupDone()
+                if done {
+                    if terminal { renderer.finish(tracker) }
+                    throw ExitCode(ok ? 0 : 1)
+                }
             }
         } else if watched.allSatisfy({ Tracker.finished.contains(tracker.state($0)) }) {
             if terminal { renderer.finish(tracker) }
@@ -181,7 +187,14 @@ func waitFor(common: Common, ids: [Int64], group: String?, timeout: Double?, sho
         do {
             let message = try tracker.client.readMessage()
             tracker.apply(message)
-            if message["method"] != "job.progress" { groupMayHaveChanged = true }
+            // A group ends with its `group.state` event (published, canceled, removed), or, once
+            // a member has failed, when the last member still running stops. Asking for the
+            // group's status after every member's event made a 2000-file group quadratic.
+            let state = message["params"]?["state"]?.stringValue ?? ""
+            if message["method"] == "job.state", state == "failed" || state == "canceled" { memberFailed = true }
+            if message["method"] == "group.state" || (memberFailed && message["method"] == "job.state" && Tracker.finished.contains(state)) {
+                groupMayHaveChanged = true
+            }
             if terminal { renderer.draw(tracker) }
         } catch .timedOut {
             throw ExitCode(124)

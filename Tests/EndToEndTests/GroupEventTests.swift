@@ -154,6 +154,16 @@ func originDigest(_ algorithm: DigestAlgorithm, count: Int) throws -> String {
             #expect(origin.requests.filter { $0.path.hasPrefix("/bytes/") }.count == 2)
             try expectOriginBytes(at: dir + "/a.bin", count: 5000)
             try expectOriginBytes(at: dir + "/c.bin", count: 7000)
+
+            // `enqueue --group --wait` ends with 1 once a member failed for good and the last
+            // one still running stops, not when the failure happens, and not with a timeout.
+            let list = daemon.root + "/failing.txt"
+            try "\(origin.baseURL)/status/404\n\(origin.baseURL)/bytes/6000?rate=3000\n".write(toFile: list, atomically: true, encoding: .utf8)
+            let failing = try daemon.dlctl(["enqueue", "--group", "broken", "-d", daemon.root + "/dl/broken", "-i", list, "--wait"])
+            #expect(failing.status == 1, "\(failing.stdout) \(failing.stderr)")
+            let broken = try daemon.call("status", ["group": "broken"])
+            #expect(broken["group"]?["state"] == "failed")
+            #expect(broken["group"]?["members_done"] == 1, "the slow member finished before the wait ended")
         }
     }
 

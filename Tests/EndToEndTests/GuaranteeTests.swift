@@ -217,6 +217,20 @@ func stagingFolders(in folder: String) throws -> [String] {
             #expect(clash["group"]?["error"]?["code"] == "destination_exists", "\(clash.serializedString())")
             #expect(clash["group"]?["error"]?["message"]?.stringValue?.contains(clashDir + "/c.bin") == true)
             #expect(clash["group"]?["state"] != "completed")
+            // The failed publish is an event, so that a client waiting on the group learns of it.
+            let events = RPCClient(socketPath: daemon.socket)
+            defer { events.close() }
+            _ = try events.call("subscribe", ["group": "clash", "since": 0])
+            try events.setReadTimeout(10)
+            var failedEvent = false
+            while let message = try? events.readMessage() {
+                if message["method"] == "group.state", message["params"]?["state"] == "failed" {
+                    failedEvent = true
+                    break
+                }
+            }
+            #expect(failedEvent)
+            #expect(try daemon.dlctl(["wait", "--group", "clash", "--timeout", "30"]).status == 1)
             #expect(try String(contentsOfFile: clashDir + "/c.bin", encoding: .utf8) == "mine")
             #expect(!FileManager.default.fileExists(atPath: clashDir + "/d.bin"), "a file was moved before the clash was found")
             let staging = try stagingFolders(in: daemon.downloadDir)
