@@ -188,6 +188,12 @@ public actor Engine {
         defer {
             if waiters.isEmpty { busy = false } else { waiters.removeFirst().resume() }
         }
+        // A turn that failed before its flush left changes that were never committed: they
+        // are dropped, not committed by the next turn.
+        if !pending.saves.isEmpty || !pending.launches.isEmpty {
+            logger.warning("dropped changes of a turn that failed", metadata: ["rows": "\(pending.saves.count)"])
+            pending = Pending()
+        }
         return try await body()
     }
 
