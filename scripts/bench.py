@@ -24,7 +24,7 @@ import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
 # The helpers live beside this script; no __pycache__ is left in the source tree.
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import BIN, Client, free_port, peak_rss_kib  # noqa: E402
+from benchlib import BIN, Client, peak_rss_kib, start_nginx  # noqa: E402
 import bench_many  # noqa: E402
 
 SIZE = int(os.environ.get("BENCH_SIZE_MIB", "1024")) << 20
@@ -48,28 +48,17 @@ def wait_for_socket(path, proc, timeout=20):
 
 def start_origin(work):
     """nginx serving a file when nginx is installed, else the test origin streaming one."""
-    nginx = shutil.which("nginx")
-    if nginx:
+    if shutil.which("nginx"):
         docroot = os.path.join(work, "www")
         os.makedirs(docroot)
-        # nginx's workers drop to an unprivileged user: they must be able to read the file.
-        os.chmod(work, 0o755)
-        os.chmod(docroot, 0o755)
         with open(os.path.join(docroot, "file.bin"), "wb") as f:
             chunk = os.urandom(1 << 20)
             for _ in range(SIZE >> 20):
                 f.write(chunk)
+        # nginx's workers drop to an unprivileged user: they must be able to read the file.
         os.chmod(os.path.join(docroot, "file.bin"), 0o644)
-        conf = os.path.join(work, "nginx.conf")
-        port = free_port()
-        with open(conf, "w") as f:
-            f.write(f"""daemon off; worker_processes 1; pid {work}/nginx.pid; error_log {work}/nginx.err;
-events {{}}
-http {{ access_log off; sendfile on; server {{ listen 127.0.0.1:{port}; root {docroot}; }} }}
-""")
-        proc = subprocess.Popen([nginx, "-c", conf, "-p", work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-        return proc, f"http://127.0.0.1:{port}/file.bin", "nginx"
+        proc, base = start_nginx(work, docroot)
+        return proc, f"{base}/file.bin", "nginx"
     proc = subprocess.Popen([os.path.join(BIN, "dld-origin")], stdout=subprocess.PIPE, text=True)
     base = proc.stdout.readline().strip()
     return proc, f"{base}/bytes/{SIZE}", "dld-origin"
