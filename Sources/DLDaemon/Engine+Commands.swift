@@ -22,8 +22,11 @@ extension Engine {
             // them): an indexed look-up per candidate name, never the whole table.
             let jobs = self.store
             let destination = Destination(downloadDir: configuration.downloadDir, policy: configuration.pathPolicy)
+            // Jobs whose key exists already, in one read (they are returned, not created).
+            let keys = specs.compactMap(\.key)
+            let keyed = keys.isEmpty ? [:] : try await storage { try await store.fetch(keys: keys) }
             for (index, spec) in specs.enumerated() {
-                if let key = spec.key, let job = try await storage({ try await store.fetch(key: key) }) {
+                if let key = spec.key, let job = keyed[key] {
                     existing[index] = job
                     continue
                 }
@@ -137,10 +140,11 @@ extension Engine {
     /// Stops the running transfers of the selected jobs, all at once, and returns their rows
     /// with their last checkpoints.
     func stopTransfers(in rows: RowSelection, intent: StopIntent) async -> [Job] {
+        let named: Set<JobID> = if case .ids(let ids) = rows { Set(ids) } else { [] }
         let ids = running.values.filter { entry in
             switch rows {
             case .all: return true
-            case .ids(let ids): return ids.contains(entry.job.id)
+            case .ids: return named.contains(entry.job.id)
             case .group(let group): return entry.job.groupID == group
             }
         }.map(\.job.id)

@@ -21,7 +21,6 @@ struct PublishItem: Sendable {
 extension Engine {
     func enqueuePublish(_ item: PublishItem) {
         toPublish.append(item)
-        publishing[item.job.id] = item.job
         guard !publisherRunning else { return }
         publisherRunning = true
         Task { [weak self] in await self?.runPublisher() }
@@ -47,7 +46,6 @@ extension Engine {
                 }
             } catch {
                 logger.error("could not record finished files", metadata: ["error": "\(error)"])
-                for item in batch { publishing[item.job.id] = nil }
             }
         }
     }
@@ -55,7 +53,6 @@ extension Engine {
     /// Records synced files as completed in one transaction, then links them under their
     /// names and syncs each folder once, then lets the events out. Runs inside `serial`.
     func complete(_ batch: [PublishItem], syncFailures: [String: TransferFailure]) async throws(DLError) {
-        for item in batch { publishing[item.job.id] = nil }
         // A command may have paused, canceled or removed a job while its file was synced.
         let current = try await storage { try await store.fetch(batch.map(\.job.id)) }
         let stillRunning = Set(current.filter { $0.state == .running }.map(\.id))

@@ -218,7 +218,6 @@ extension Engine {
         if let finalURL = checkpoint.finalURL { job.finalURL = finalURL }
         if let sha256 = checkpoint.sha256 { job.sha256 = sha256 }
         if let digest = checkpoint.digest { job.digest = digest }
-        if let finalPath = checkpoint.finalPath { job.path = finalPath }
     }
 
     // MARK: Waiting jobs

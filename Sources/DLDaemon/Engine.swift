@@ -107,7 +107,6 @@ public actor Engine {
     /// Downloaded files waiting to be synced, recorded and published in a batch. Their rows are
     /// still `running`; they hold no slot.
     var toPublish: [PublishItem] = []
-    var publishing: [JobID: Job] = [:]
     var publisherRunning = false
     /// Changes of this turn of the queue, committed together by `flush`.
     var pending = Pending()

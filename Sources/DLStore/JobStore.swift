@@ -510,12 +510,18 @@ public final class JobStore: Sendable {
 }
 
 extension JobStore {
-    /// The job with this client key, if any.
-    public func fetch(key: String) async throws -> Job? {
+    /// The jobs with these client keys that exist, by key, in one read.
+    public func fetch(keys: [String]) async throws -> [String: Job] {
         try await pool.read { db in
-            try Row.fetchOne(db, sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?", arguments: [key]).map(Self.job(from:))
+            var found: [String: Job] = [:]
+            let statement = try db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?")
+            for key in keys {
+                if let job = try Row.fetchOne(statement, arguments: [key]).map(Self.job(from:)) { found[key] = job }
+            }
+            return found
         }
     }
+
 
     /// Records a running transfer's synced progress: only its counters and validators, in one
     /// small transaction. Callers sync the bytes first (durability rule 2).

@@ -54,9 +54,6 @@ public struct TransferCheckpoint: Sendable, Equatable {
     /// Set when the file is complete: its SHA-256, and the requested checksum's digest.
     public var sha256: String?
     public var digest: String?
-    /// Where the file was published, when that is not the job's path (a name the server
-    /// proposed, or a `name (N)` because the name was taken).
-    public var finalPath: String?
     /// The sanitized name from Content-Disposition, when the job's name is automatic.
     public var proposedName: String?
     /// For a downloaded file: the name to publish it under first (the job's path, or the

@@ -75,8 +75,9 @@ public enum Publisher {
 
     /// fsync of each folder once.
     public static func syncFolders(of paths: some Sequence<String>) {
-        var folders: Set<String> = []
-        for path in paths { folders.insert((path as NSString).deletingLastPathComponent) }
-        for folder in folders { PartialFile.syncDirectory(of: folder + "/x") }
+        var synced: Set<String> = []
+        for path in paths where synced.insert((path as NSString).deletingLastPathComponent).inserted {
+            PartialFile.syncDirectory(of: path)
+        }
     }
 }

@@ -55,7 +55,7 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
         }
         let reopened = try JobStore(path: path)
         #expect(try await reopened.fetch(1) == job)
-        #expect(try await reopened.fetch(key: "k1") == job)
+        #expect(try await reopened.fetch(keys: ["k1", "nope"]) == ["k1": job])
     }
 
     /// A key that exists returns the existing job, in the same batch too; nothing is duplicated.
