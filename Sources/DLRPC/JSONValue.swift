@@ -61,20 +61,23 @@ public enum JSONValue: Sendable, Equatable, Hashable {
 extension JSONValue: Codable {
     public init(from decoder: any Decoder) throws {
         let container = try decoder.singleValueContainer()
+        // Each failed attempt costs a thrown DecodingError with its coding path, so the kinds
+        // are tried in the order requests hold them most: strings, objects, arrays, then the
+        // scalars. Int64 stays before Double so that 3 is an int and 3.5 a double.
         if container.decodeNil() {
             self = .null
+        } else if let s = try? container.decode(String.self) {
+            self = .string(s)
+        } else if let o = try? container.decode([String: JSONValue].self) {
+            self = .object(o)
+        } else if let a = try? container.decode([JSONValue].self) {
+            self = .array(a)
         } else if let b = try? container.decode(Bool.self) {
             self = .bool(b)
         } else if let i = try? container.decode(Int64.self) {
             self = .int(i)
         } else if let d = try? container.decode(Double.self) {
             self = .double(d)
-        } else if let s = try? container.decode(String.self) {
-            self = .string(s)
-        } else if let a = try? container.decode([JSONValue].self) {
-            self = .array(a)
-        } else if let o = try? container.decode([String: JSONValue].self) {
-            self = .object(o)
         } else {
             throw DecodingError.dataCorruptedError(in: container, debugDescription: "not a JSON value")
         }
@@ -99,7 +102,7 @@ extension JSONValue: Codable {
 extension JSONValue {
     /// Parses one JSON text.
     public static func parse(_ data: Data) throws -> JSONValue {
-        try JSONDecoder().decode(JSONValue.self, from: data)
+        try JSONParser.parse(data)
     }
 
     /// Compact JSON text with sorted keys (stable output for people and tests): the same

@@ -60,3 +60,66 @@ import Testing
         }
     }
 }
+
+/// `JSONValue.parse` reads requests itself (for speed): on UTF-8 input it must accept what
+/// Foundation's `JSONDecoder` accepts, refuse what it refuses, and give the same values.
+@Suite struct JSONParserTests {
+    private func foundation(_ bytes: [UInt8]) -> JSONValue? {
+        try? JSONDecoder().decode(JSONValue.self, from: Data(bytes))
+    }
+
+    private func ours(_ bytes: [UInt8]) -> JSONValue? {
+        try? JSONValue.parse(Data(bytes))
+    }
+
+    /// JSONDecoder guesses UTF-16 or UTF-32 from NUL bytes at the start and skips a byte-order
+    /// mark; requests are UTF-8, so such input is outside the comparison.
+    private func comparable(_ bytes: [UInt8]) -> Bool {
+        !bytes.prefix(4).contains(0) && !bytes.starts(with: [0xEF, 0xBB, 0xBF])
+    }
+
+    @Test func sameVerdictsAsFoundationOnMutatedRequests() {
+        var rng = SplitMix64(state: 0x5EED_0F_1A5)
+        var accepted = 0, refused = 0
+        for round in 0..<20_000 {
+            let seed = Array(FuzzTests.seeds[round % FuzzTests.seeds.count].utf8)
+            let input = FuzzTests.mutate(seed, &rng)
+            guard comparable(input) else { continue }
+            // JSONDecoder only checks the strings it decodes (not the value of a duplicate
+            // key it ignores); requests with bad UTF-8 anywhere are refused here.
+            guard String(validating: input, as: UTF8.self) != nil else {
+                #expect(ours(input) == nil, "\(input)")
+                continue
+            }
+            let expected = foundation(input)
+            #expect(ours(input) == expected, "\(input)")
+            if expected == nil { refused += 1 } else { accepted += 1 }
+        }
+        // Both verdicts must have been exercised, or the comparison proves little.
+        #expect(accepted > 1000 && refused > 1000, "accepted \(accepted), refused \(refused)")
+    }
+
+    @Test func edgeCasesAsFoundation() {
+        let cases = [
+            "0", "-0", "-0.0", "1.0", "1e2", "1E+2", "2.5e-3", "9223372036854775807", "9223372036854775808",
+            "-9223372036854775808", "9.21e18", "1e400", "-1e400", "01", "1.", ".5", "-", "+1", "1e", "1e+",
+            #""\ud83d\ude00""#, #""\ud83d""#, #""\ude00""#, #""\ud83dx""#, #""\u00e9\u0000""#, #""\x""#, "\"a\tb\"",
+            "[1,]", "{\"a\":1,}", "[1 2]", "{\"a\" 1}", "{1:2}", "[] x", " [ ] ", "\t{\"a\":[true,false,null]}\r\n",
+            "tru", "nul", "nulls", "\"\u{7F}\"", "{\"a\":1,\"a\":2}", "", " ", "[\"\\/\"]", "[,]", "{,}", "[1,,]", "[1,,2]", "{\"a\":1,,}",
+        ]
+        for text in cases {
+            #expect(ours(Array(text.utf8)) == foundation(Array(text.utf8)), "\(text)")
+        }
+        for bytes: [UInt8] in [[0x22, 0xFF, 0x22], [0x22, 0xC0, 0x80, 0x22], [0x22, 0xED, 0xA0, 0x80, 0x22], [0x22, 0xE2, 0x82, 0x22]] {
+            #expect(ours(bytes) == nil && foundation(bytes) == nil, "\(bytes)")
+        }
+    }
+
+    /// Nesting is bounded (the parser recurses): deep input is an error, never a crash.
+    @Test func deepNestingIsRefused() {
+        let deep = Array((String(repeating: "[", count: 100_000) + String(repeating: "]", count: 100_000)).utf8)
+        #expect(ours(deep) == nil)
+        let fine = Array((String(repeating: "[", count: 500) + String(repeating: "]", count: 500)).utf8)
+        #expect(ours(fine) != nil)
+    }
+}
