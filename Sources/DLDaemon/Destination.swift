@@ -12,14 +12,45 @@ struct Destination {
     /// Folders resolved during one request: an enqueue of 10 000 jobs into one folder asks
     /// the filesystem once, not 10 000 times.
     private let resolved = FolderCache()
+    /// The jobs of the request: from `Listing.minimumJobs` on, a folder's names are read once
+    /// instead of two `lstat` calls a job.
+    private let jobs: Int
 
-    init(downloadDir: String, policy: PathPolicy?) {
+    init(downloadDir: String, policy: PathPolicy?, jobs: Int = 1) {
         self.downloadDir = downloadDir
         self.policy = policy
+        self.jobs = jobs
     }
 
     private final class FolderCache {
         var folders: [String: String] = [:]
+        /// Per resolved folder: its names, or nil when it was too large to list (then each
+        /// name is asked with `lstat`).
+        var listings: [String: Listing?] = [:]
+    }
+
+    /// The names in one folder, read with `readdir` when a request puts many jobs into it: 5000
+    /// jobs cost one pass over the folder instead of 10 000 `lstat` calls (about 4 µs each
+    /// here). A name that appears after the listing is caught where it is caught anyway: the
+    /// file is published with `renameat2(RENAME_NOREPLACE)`.
+    struct Listing {
+        static let minimumJobs = 64
+        /// The names and whether each is a folder (nil: the folder did not say).
+        var entries: [String: Bool?] = [:]
+
+        /// nil when the folder cannot be read or holds more than `limit` names.
+        init?(folder: String, limit: Int) {
+            guard let dir = opendir(folder) else { return nil }
+            defer { closedir(dir) }
+            while let entry = readdir(dir) {
+                guard entries.count < limit else { return nil }
+                let type = entry.pointee.d_type
+                let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                    String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
+                }
+                entries[name] = type == UInt8(DT_UNKNOWN) ? nil : type == UInt8(DT_DIR)
+            }
+        }
     }
 
     struct Resolved: Equatable {
@@ -54,9 +85,11 @@ struct Destination {
             }
             target = Self.normalized(folder + "/" + fileName)
         }
-        let parent = (target as NSString).deletingLastPathComponent
-        let fileName = (target as NSString).lastPathComponent
-        guard !fileName.isEmpty, fileName != "/" else { throw DLError(.destinationInvalid, "\(target) is not a file path") }
+        // `target` is normalized: absolute, no empty, "." or ".." segments.
+        let slash = target.lastIndex(of: "/") ?? target.startIndex
+        let parent = slash == target.startIndex ? "/" : String(target[..<slash])
+        let fileName = String(target[target.index(after: slash)...])
+        guard !fileName.isEmpty else { throw DLError(.destinationInvalid, "\(target) is not a file path") }
         guard !fileName.lowercased().hasSuffix(".part") else {
             throw DLError(.destinationInvalid, "\(fileName): names ending in .part are kept for partial files")
         }
@@ -64,15 +97,17 @@ struct Destination {
         // the path with the folder's symlinks resolved (so a link cannot lead out).
         try check(target)
         let folder = try resolvedFolder(parent)
-        var candidate = folder + "/" + fileName
-        try check(candidate)
+        var candidate = (folder == "/" ? "" : folder) + "/" + fileName
+        if candidate != target { try check(candidate) }
         var n = 1
-        while try occupied(candidate, overwrite: overwrite) || taken(candidate) {
+        var candidateName = fileName
+        while try occupied(candidateName, in: folder, overwrite: overwrite) || taken(candidate) {
             guard onExists == .rename, n < 10_000 else {
                 throw DLError(.destinationExists, "\(candidate) exists already; pass overwrite to replace it, or on_exists \"rename\"")
             }
             n += 1
-            candidate = folder + "/" + FileNames.numbered(fileName, n)
+            candidateName = FileNames.numbered(fileName, n)
+            candidate = (folder == "/" ? "" : folder) + "/" + candidateName
         }
         return Resolved(path: candidate, automatic: path == nil && name == nil)
     }
@@ -106,18 +141,42 @@ struct Destination {
 
     /// Whether the name is taken: by a file (a symlink counts, it is not followed), or by a
     /// partial file that is not ours (a browser's `.part`, say).
-    private func occupied(_ path: String, overwrite: Bool) throws(DLError) -> Bool {
-        var info = stat()
-        if lstat(path, &info) == 0 {
-            if (info.st_mode & S_IFMT) == S_IFDIR { throw DLError(.destinationInvalid, "\(path) is a folder") }
-            if !overwrite { return true }
+    private func occupied(_ name: String, in folder: String, overwrite: Bool) throws(DLError) -> Bool {
+        let path = (folder == "/" ? "" : folder) + "/" + name
+        if let listing = listing(of: folder) {
+            switch listing.entries[name] {
+            case .none: break
+            case .some(.some(true)): throw DLError(.destinationInvalid, "\(path) is a folder")
+            case .some(.some(false)): if !overwrite { return true }
+            case .some(.none): if try exists(path, overwrite: overwrite) { return true }
+            }
+            return listing.entries[name + ".part"] != nil
         }
-        if lstat(path + ".part", &info) == 0 { return true }
-        return false
+        if try exists(path, overwrite: overwrite) { return true }
+        var info = stat()
+        return lstat(path + ".part", &info) == 0
+    }
+
+    /// `lstat`: a folder is an error, a file counts unless it may be overwritten.
+    private func exists(_ path: String, overwrite: Bool) throws(DLError) -> Bool {
+        var info = stat()
+        guard lstat(path, &info) == 0 else { return false }
+        if (info.st_mode & S_IFMT) == S_IFDIR { throw DLError(.destinationInvalid, "\(path) is a folder") }
+        return !overwrite
+    }
+
+    /// The folder's listing when this request is large enough to want one.
+    private func listing(of folder: String) -> Listing? {
+        guard jobs >= Listing.minimumJobs else { return nil }
+        if let known = resolved.listings[folder] { return known }
+        let listing = Listing(folder: folder, limit: max(4096, 4 * jobs))
+        resolved.listings[folder] = listing
+        return listing
     }
 
     /// Removes `.` and `..` segments and doubled slashes, without touching the filesystem.
     static func normalized(_ path: String) -> String {
+        if isNormalized(path) { return path }
         var parts: [Substring] = []
         for part in path.split(separator: "/", omittingEmptySubsequences: true) {
             if part == "." { continue }
@@ -128,5 +187,24 @@ struct Destination {
             parts.append(part)
         }
         return "/" + parts.joined(separator: "/")
+    }
+
+    /// Absolute, no empty, `.` or `..` segment, no final slash: most paths, returned as they are.
+    static func isNormalized(_ path: String) -> Bool {
+        var bytes = path.utf8.makeIterator()
+        guard bytes.next() == UInt8(ascii: "/") else { return false }
+        var length = 0  // of the current segment
+        var dots = 0  // in it
+        while let byte = bytes.next() {
+            if byte == UInt8(ascii: "/") {
+                if length == 0 || (dots == length && dots <= 2) { return false }
+                length = 0
+                dots = 0
+            } else {
+                length += 1
+                if byte == UInt8(ascii: ".") { dots += 1 }
+            }
+        }
+        return length > 0 && !(dots == length && dots <= 2)
     }
 }

@@ -21,7 +21,7 @@ extension Engine {
             // Names in use by unfinished jobs, for on_exists "rename" (else the store refuses
             // them): an indexed look-up per candidate name, never the whole table.
             let jobs = self.store
-            let destination = Destination(downloadDir: configuration.downloadDir, policy: configuration.pathPolicy)
+            let destination = Destination(downloadDir: configuration.downloadDir, policy: configuration.pathPolicy, jobs: specs.count)
             // Jobs whose key exists already, in one read (they are returned, not created).
             let keys = specs.compactMap(\.key)
             let keyed = keys.isEmpty ? [:] : try await storage { try await store.fetch(keys: keys) }
