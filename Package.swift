@@ -26,7 +26,11 @@ let package = Package(
         // The job table: GRDB DatabasePool, migrations, the one serialized writer.
         .target(
             name: "DLStore",
-            dependencies: ["DLCore", .product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: [
+                "DLCore", .product(name: "GRDB", package: "GRDB.swift"),
+                // SQLite's C API, which GRDB is built on: bulk inserts bind values in place.
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
+            ]
         ),
         // OpenSSL's libcrypto from libssl-dev, for streaming digests (EVP).
         .systemLibrary(name: "CCrypto", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),

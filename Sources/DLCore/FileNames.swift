@@ -74,7 +74,12 @@ public enum URLRules {
     /// What the per-host limit counts: the lowercased host, with the port when one is given
     /// (`example.org`, `127.0.0.1:8080`). Empty when the URL has no host.
     public static func hostKey(_ url: String) -> String {
-        guard let components = URLComponents(string: url), let host = components.host?.lowercased() else { return "" }
+        guard let components = URLComponents(string: url) else { return "" }
+        return hostKey(components)
+    }
+
+    private static func hostKey(_ components: URLComponents) -> String {
+        guard let host = components.host?.lowercased() else { return "" }
         return components.port.map { "\(host):\($0)" } ?? host
     }
 
@@ -89,6 +94,12 @@ public enum URLRules {
 
     /// The URL if it is an absolute http(s) URL with a host, else a message saying why not.
     public static func validate(_ text: String) -> Result<URL, DLError> {
+        checked(text).map(\.url)
+    }
+
+    /// `validate`, and the URL's `hostKey` from the same parse (an enqueue of 5000 jobs
+    /// parses each URL once).
+    public static func checked(_ text: String) -> Result<(url: URL, host: String), DLError> {
         guard text.utf8.count <= maxLength else {
             return .failure(DLError(.invalidURL, "URL is longer than \(maxLength) bytes"))
         }
@@ -101,6 +112,6 @@ public enum URLRules {
         guard let host = components.host, !host.isEmpty, let url = components.url else {
             return .failure(DLError(.invalidURL, "URL has no host: \(text.prefix(200))"))
         }
-        return .success(url)
+        return .success((url, hostKey(components)))
     }
 }

@@ -10,8 +10,8 @@ public struct PathPolicy: Sendable, Equatable {
     /// relative path) turns that rule off, so pass it whenever it is known.
     public let home: String?
     /// The same, split once: every enqueued job is checked twice.
-    private let roots: [[String]]
-    private let homeParts: [String]?
+    private let roots: [[Substring]]
+    private let homeParts: [Substring]?
 
     public init(allowedRoots: [String], home: String?) {
         self.allowedRoots = allowedRoots
@@ -36,7 +36,8 @@ public struct PathPolicy: Sendable, Equatable {
         var shown: String { String(path.prefix(200)) }
         guard path.hasPrefix("/") else { return "\(shown) is not an absolute path" }
         guard !path.unicodeScalars.contains("\u{0}") else { return "the path contains a NUL character" }
-        let parts = path.split(separator: "/", omittingEmptySubsequences: false).dropFirst().map(String.init)
+        // Substrings: no copy of each segment (this runs once or twice a job of an enqueue).
+        let parts = Array(path.split(separator: "/", omittingEmptySubsequences: false).dropFirst())
         if parts.contains(where: { $0 == "." || $0 == ".." }) {
             return "\(shown) has a . or .. segment; give the resolved path"
         }
@@ -64,9 +65,9 @@ public struct PathPolicy: Sendable, Equatable {
 
     /// The segments of an absolute folder, ignoring empty ones and a final slash; nil when it is
     /// relative or has `.`/`..` (such a root is ignored: it can never match a resolved path).
-    private static func components(_ folder: String) -> [String]? {
+    private static func components(_ folder: String) -> [Substring]? {
         guard folder.hasPrefix("/") else { return nil }
-        let parts = folder.split(separator: "/").map(String.init)
+        let parts = folder.split(separator: "/")
         guard !parts.contains(where: { $0 == "." || $0 == ".." }) else { return nil }
         return parts
     }

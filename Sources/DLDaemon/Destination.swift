@@ -76,7 +76,7 @@ struct Destination {
             guard folder.hasPrefix("/") else { throw .invalidParams("\"dir\" must be absolute, got \(folder)") }
             let fileName: String
             if let name {
-                guard !name.isEmpty, !name.contains("/"), name != ".", name != "..", !name.contains("\0") else {
+                guard !name.isEmpty, !name.utf8.contains(UInt8(ascii: "/")), name != ".", name != "..", !name.utf8.contains(0) else {
                     throw .invalidParams("\"name\" must be a file name without \"/\", got \(name)")
                 }
                 fileName = name

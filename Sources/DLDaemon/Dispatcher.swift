@@ -313,8 +313,11 @@ public struct Dispatcher: Sendable {
 
     private func spec(_ params: Params) throws(DLError) -> EnqueueSpec {
         let url = try params.requiredString("url")
-        if case .failure(let error) = URLRules.validate(url) { throw error }
         var spec = EnqueueSpec(url: url)
+        switch URLRules.checked(url) {
+        case .success(let checked): spec.host = checked.host
+        case .failure(let error): throw error
+        }
         spec.path = try params.string("path")
         spec.dir = try params.string("dir")
         spec.name = try params.string("name")

@@ -31,7 +31,12 @@ extension Engine {
                     continue
                 }
                 do throws(DLError) {
-                    _ = try URLRules.validate(spec.url).get()
+                    let host: String
+                    if let known = spec.host {
+                        host = known
+                    } else {
+                        host = try URLRules.checked(spec.url).get().host
+                    }
                     let resolved = try destination.resolve(
                         url: spec.url, path: spec.path, dir: spec.dir, name: spec.name, overwrite: spec.overwrite,
                         onExists: spec.onExists, taken: { seenPaths[$0] != nil || (spec.onExists == .rename && jobs.isPathInUse($0)) })
@@ -44,6 +49,7 @@ extension Engine {
                         url: spec.url, path: path, priority: spec.priority, key: spec.key, meta: spec.meta,
                         headers: spec.headers, overwrite: spec.overwrite, state: spec.paused ? .paused : .queued,
                         checksum: spec.checksum, expectedSize: spec.size)
+                    new.host = host
                     new.options = JobOptions(automaticName: resolved.automatic, renameIfTaken: spec.onExists == .rename, insecure: spec.insecure)
                     news.append(new)
                 } catch {

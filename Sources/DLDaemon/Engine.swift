@@ -22,6 +22,8 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var size: Int64?
     public var onExists: ExistingFilePolicy = .error
     public var insecure = false
+    /// `URLRules.hostKey(url)` when the caller has checked the URL already.
+    public var host: String?
 
     public init(url: String) { self.url = url }
 }

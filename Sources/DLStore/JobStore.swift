@@ -17,6 +17,8 @@ public struct NewJob: Sendable, Equatable {
     public var expectedSize: Int64?
     public var stagingPath: String?
     public var options = JobOptions()
+    /// `URLRules.hostKey(url)`, when the caller knows it already; else the store works it out.
+    public var host: String?
 
     public init(
         url: String, path: String, priority: Int = 0, key: String? = nil, meta: String? = nil,
@@ -182,10 +184,10 @@ public final class JobStore: Sendable {
     }
 
     static func pathUser(_ path: String, in db: Database) throws -> JobID? {
-        try JobID.fetchOne(
-            db.cachedStatement(sql: "SELECT id FROM jobs WHERE path = ? AND state NOT IN ('completed', 'failed', 'canceled') LIMIT 1"),
-            arguments: [path])
+        try JobID.fetchOne(db.cachedStatement(sql: pathUserSQL), arguments: [path])
     }
+
+    static let pathUserSQL = "SELECT id FROM jobs WHERE path = ? AND state NOT IN ('completed', 'failed', 'canceled') LIMIT 1"
 
     /// Events kept for replay; older ones are pruned as new ones are written.
     public static let eventsKept: Int64 = 10_000
@@ -294,6 +296,15 @@ public final class JobStore: Sendable {
     static func insert(_ jobs: [NewJob], groupID: GroupID?, now: Date, events: inout [StoredEvent], in db: Database) throws -> [InsertOutcome] {
         do {
             var outcomes: [InsertOutcome] = []
+            // Bound in place (see RawStatement): these run once a job.
+            var pathUser = try RawStatement(Self.pathUserSQL, in: db)
+            var insert = try RawStatement(
+                """
+                INSERT INTO jobs (url, path, state, priority, created_at, updated_at, key, meta, headers, overwrite,
+                    checksum, expected_size, size, progress_at, group_id, staging_path, options, host)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                """, in: db)
+            var event = try RawStatement("INSERT INTO events (at, kind, job_id, group_id, state) VALUES (?, ?, ?, ?, ?)", in: db)
             for new in jobs {
                 if let key = new.key,
                     let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?"), arguments: [key])
@@ -301,7 +312,8 @@ public final class JobStore: Sendable {
                     outcomes.append(InsertOutcome(job: try Self.job(from: row), created: false))
                     continue
                 }
-                if let other = try pathUser(new.path, in: db) {
+                pathUser.bind(new.path)
+                if let other = try pathUser.fetchInt() {
                     throw StoreError.pathInUse(path: new.path, by: other)
                 }
                 var job = Job(
@@ -310,22 +322,37 @@ public final class JobStore: Sendable {
                     headers: new.headers, overwrite: new.overwrite, checksum: new.checksum,
                     expectedSize: new.expectedSize, progressAt: now, groupID: groupID, stagingPath: new.stagingPath)
                 job.options = new.options
-                try db.cachedStatement(
-                    sql: """
-                        INSERT INTO jobs (url, path, state, priority, created_at, updated_at, key, meta, headers, overwrite,
-                            checksum, expected_size, size, progress_at, group_id, staging_path, options, host)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                        """
-                ).execute(
-                    arguments: [
-                        job.url, job.path, job.state.rawValue, job.priority, now.timeIntervalSince1970,
-                        now.timeIntervalSince1970, job.key, job.meta, Self.encodeHeaders(job.headers), job.overwrite,
-                        job.checksum?.description, job.expectedSize, job.expectedSize, now.timeIntervalSince1970,
-                        groupID, job.stagingPath, Self.encodeOptions(job.options), URLRules.hostKey(job.url),
-                    ])
+                let at = now.timeIntervalSince1970
+                insert.bind(job.url)
+                insert.bind(job.path)
+                insert.bind(job.state.rawValue)
+                insert.bind(job.priority)
+                insert.bind(at)
+                insert.bind(at)
+                insert.bind(job.key)
+                insert.bind(job.meta)
+                insert.bind(Self.encodeHeaders(job.headers))
+                insert.bind(job.overwrite)
+                insert.bind(job.checksum?.description)
+                insert.bind(job.expectedSize)
+                insert.bind(job.expectedSize)
+                insert.bind(at)
+                insert.bind(groupID)
+                insert.bind(job.stagingPath)
+                insert.bind(Self.encodeOptions(job.options))
+                insert.bind(new.host ?? URLRules.hostKey(job.url))
+                try insert.execute()
                 job.size = job.expectedSize
                 job.id = db.lastInsertedRowID
-                events.append(try record(.jobState, job: job, groupID: groupID, state: job.state.rawValue, at: now, in: db))
+                event.bind(at)
+                event.bind(StoredEvent.Kind.jobState.rawValue)
+                event.bind(job.id)
+                event.bind(groupID)
+                event.bind(job.state.rawValue)
+                try event.execute()
+                let seq = db.lastInsertedRowID
+                if seq % 100 == 0 { try pruneEvents(through: seq, in: db) }
+                events.append(StoredEvent(seq: seq, at: now, kind: .jobState, jobID: job.id, groupID: groupID, state: job.state.rawValue))
                 outcomes.append(InsertOutcome(job: job, created: true))
             }
             return outcomes

@@ -1,0 +1,47 @@
+import DLCore
+import DLStore
+import Foundation
+import Testing
+
+/// Inserts bind their values with SQLite's C API (see RawStatement): every field must read back
+/// exactly as returned, and texts as GRDB binds and reads them.
+@Suite struct InsertTests {
+    @Test func insertedRowsReadBackAsReturned() async throws {
+        let folder = try TempFolder()
+        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        var news = [
+            NewJob(url: "https://example.com/a.bin", path: "/tmp/x/a.bin", meta: #"{"a":"\u0000"}"#, checksum: try Checksum.parse("sha256:" + String(repeating: "ab", count: 32)).get(), expectedSize: 1 << 40),
+            NewJob(url: "https://example.com/é 日.bin", path: "/tmp/x/é 日😀.bin", priority: -1000, key: "k2", meta: ""),
+            NewJob(url: "http://127.0.0.1:8080/c", path: "/tmp/x/c", priority: 1000, headers: [HeaderField(name: "A", value: "")], overwrite: true, state: .paused),
+        ]
+        news[2].options = JobOptions(automaticName: true, renameIfTaken: true, insecure: true)
+        news[1].host = "precomputed"
+        let outcomes = try await store.insert(news, now: t0)
+        #expect(outcomes.map(\.created) == [true, true, true])
+        for outcome in outcomes {
+            #expect(try await store.fetch(outcome.job.id) == outcome.job)
+        }
+        #expect(outcomes[1].job.meta == "")
+        #expect(try await store.fetch(keys: ["k2"]).count == 1)
+        #expect(try await store.fetch(keys: ["k"]).isEmpty)
+        // One job.state event a job, numbered in order, with its state.
+        let events = try await store.events(after: 0)
+        #expect(events.map(\.jobID) == outcomes.map(\.job.id))
+        #expect(events.map(\.state) == ["queued", "queued", "paused"])
+        #expect(events.map(\.seq) == [1, 2, 3])
+    }
+
+    /// A failed insert (a path in use) leaves nothing behind, and the statement works after it.
+    @Test func failedInsertLeavesNothing() async throws {
+        let folder = try TempFolder()
+        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        _ = try await store.insert([NewJob(url: "https://h/a", path: "/tmp/x/a")], now: t0)
+        await #expect(throws: StoreError.self) {
+            _ = try await store.insert([NewJob(url: "https://h/b", path: "/tmp/x/b"), NewJob(url: "https://h/a2", path: "/tmp/x/a")], now: t0)
+        }
+        #expect(try await store.list().map(\.path) == ["/tmp/x/a"])
+        let after = try await store.insert([NewJob(url: "https://h/b", path: "/tmp/x/b")], now: t0)
+        #expect(after.first?.job.path == "/tmp/x/b")
+        #expect(try await store.events(after: 0).count == 2)
+    }
+}
