@@ -63,6 +63,30 @@ public struct PathPolicy: Sendable, Equatable {
         return nil
     }
 
+    /// Folders already seen to admit the names put in them, for `refusal(forName:in:memo:)`.
+    public struct Memo: Sendable {
+        fileprivate var admitted: Set<String> = []
+        public init() {}
+    }
+
+    /// `refusal(for: folder + "/" + name)`, for an enqueue of thousands of names into a few
+    /// folders: the verdict on a name depends on its folder and on whether the name is hidden
+    /// (`.x`, which matters in `$HOME` itself), so an admitted (folder, hidden) pair is kept in
+    /// `memo` and the path is not split again. `folder` is absolute and normalized (or "/"),
+    /// `name` one segment.
+    public func refusal(forName name: String, in folder: String, memo: inout Memo) -> String? {
+        let path = (folder == "/" ? "" : folder) + "/" + name
+        // A NUL, "/" or dot segment is the full check's to describe.
+        guard !name.isEmpty, name != ".", name != "..", !name.utf8.contains(0), !name.utf8.contains(UInt8(ascii: "/")) else {
+            return refusal(for: path)
+        }
+        let key = (name.hasPrefix(".") ? "." : "-") + folder
+        if memo.admitted.contains(key) { return nil }
+        let verdict = refusal(for: path)
+        if verdict == nil { memo.admitted.insert(key) }
+        return verdict
+    }
+
     /// The segments of an absolute folder, ignoring empty ones and a final slash; nil when it is
     /// relative or has `.`/`..` (such a root is ignored: it can never match a resolved path).
     private static func components(_ folder: String) -> [Substring]? {

@@ -27,6 +27,7 @@ struct Destination {
         /// Per resolved folder: its names, or nil when it was too large to list (then each
         /// name is asked with `lstat`).
         var listings: [String: Listing?] = [:]
+        var policyMemo = PathPolicy.Memo()
     }
 
     /// The names in one folder, read with `readdir` when a request puts many jobs into it: 5000
@@ -95,10 +96,10 @@ struct Destination {
         }
         // Asked twice: of the path as written (so `..` out of a root is refused as such), and of
         // the path with the folder's symlinks resolved (so a link cannot lead out).
-        try check(target)
+        try check(fileName, in: parent)
         let folder = try resolvedFolder(parent)
         var candidate = (folder == "/" ? "" : folder) + "/" + fileName
-        if candidate != target { try check(candidate) }
+        if candidate != target { try check(fileName, in: folder) }
         var n = 1
         var candidateName = fileName
         while try occupied(candidateName, in: folder, overwrite: overwrite) || taken(candidate) {
@@ -132,9 +133,10 @@ struct Destination {
         return String(cString: real)
     }
 
-    /// The path policy's verdict, as an error.
-    func check(_ path: String) throws(DLError) {
-        if let refusal = policy?.refusal(for: path) {
+    /// The path policy's verdict on a name in a folder, as an error.
+    func check(_ name: String, in folder: String) throws(DLError) {
+        guard let policy else { return }
+        if let refusal = policy.refusal(forName: name, in: folder, memo: &resolved.policyMemo) {
             throw DLError(.destinationNotAllowed, refusal)
         }
     }

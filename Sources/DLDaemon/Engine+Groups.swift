@@ -176,7 +176,7 @@ extension Engine {
                         throw DLError(.destinationExists, "two members of the group are both named \(relative)")
                     }
                     let path = folder + "/" + relative
-                    try destination.check(path)
+                    try destination.check(relative, in: folder)
                     if (path as NSString).lastPathComponent.lowercased().hasSuffix(".part") {
                         throw DLError(.destinationInvalid, "\(relative): names ending in .part are kept for partial files")
                     }

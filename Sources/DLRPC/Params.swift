@@ -7,8 +7,8 @@ public struct Params: Sendable {
     public let values: [String: JSONValue]
 
     public init(_ values: [String: JSONValue], allowed: Set<String>) throws(DLError) {
-        let unknown = values.keys.filter { !allowed.contains($0) }.sorted()
-        if !unknown.isEmpty {
+        if values.keys.contains(where: { !allowed.contains($0) }) {
+            let unknown = values.keys.filter { !allowed.contains($0) }.sorted()
             let list = unknown.map { "\"\($0)\"" }.joined(separator: ", ")
             let known = allowed.sorted().joined(separator: ", ")
             throw .invalidParams("unknown param \(list); this method takes: \(known.isEmpty ? "no params" : known)")

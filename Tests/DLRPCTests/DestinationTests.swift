@@ -80,3 +80,29 @@ import Testing
         }
     }
 }
+
+/// The policy's memo for many names in few folders must give the verdicts of the full check.
+@Suite struct PathPolicyMemoTests {
+    @Test func memoAgreesWithFullCheck() {
+        let home = "/home/u"
+        let policies = [
+            PathPolicy(allowedRoots: ["/home/u"], home: home),
+            PathPolicy(allowedRoots: ["/home/u/Downloads", "/home/u/.local/share"], home: home),
+            PathPolicy(allowedRoots: ["/"], home: home),
+            PathPolicy(allowedRoots: [], home: nil),
+        ]
+        let folders = ["/", "/home", "/home/u", "/home/u/Downloads", "/home/u/Downloads/x", "/home/u/.ssh", "/home/u/.local/share",
+                       "/home/u/.local/share/a", "/home/u/Downloads2", "/tmp"]
+        let names = ["a", ".a", ".", "..", "", "a/b", ".ssh/k", "a\u{0}b", "é", ".."]
+        var rng = SystemRandomNumberGenerator()
+        for policy in policies {
+            var memo = PathPolicy.Memo()
+            for _ in 0..<3000 {
+                let folder = folders.randomElement(using: &rng) ?? "/"
+                let name = names.randomElement(using: &rng) ?? "a"
+                let full = policy.refusal(for: (folder == "/" ? "" : folder) + "/" + name)
+                #expect(policy.refusal(forName: name, in: folder, memo: &memo) == full, "\(folder) \(name)")
+            }
+        }
+    }
+}
