@@ -293,72 +293,6 @@ public final class JobStore: Sendable {
         return outcomes
     }
 
-    static func insert(_ jobs: [NewJob], groupID: GroupID?, now: Date, events: inout [StoredEvent], in db: Database) throws -> [InsertOutcome] {
-        do {
-            var outcomes: [InsertOutcome] = []
-            // Bound in place (see RawStatement): these run once a job.
-            var pathUser = try RawStatement(Self.pathUserSQL, in: db)
-            var insert = try RawStatement(
-                """
-                INSERT INTO jobs (url, path, state, priority, created_at, updated_at, key, meta, headers, overwrite,
-                    checksum, expected_size, size, progress_at, group_id, staging_path, options, host)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                """, in: db)
-            var event = try RawStatement("INSERT INTO events (at, kind, job_id, group_id, state) VALUES (?, ?, ?, ?, ?)", in: db)
-            for new in jobs {
-                if let key = new.key,
-                    let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?"), arguments: [key])
-                {
-                    outcomes.append(InsertOutcome(job: try Self.job(from: row), created: false))
-                    continue
-                }
-                pathUser.bind(new.path)
-                if let other = try pathUser.fetchInt() {
-                    throw StoreError.pathInUse(path: new.path, by: other)
-                }
-                var job = Job(
-                    url: new.url, path: new.path, state: new.state, priority: new.priority,
-                    createdAt: now, updatedAt: now, key: new.key, meta: new.meta,
-                    headers: new.headers, overwrite: new.overwrite, checksum: new.checksum,
-                    expectedSize: new.expectedSize, progressAt: now, groupID: groupID, stagingPath: new.stagingPath)
-                job.options = new.options
-                let at = now.timeIntervalSince1970
-                insert.bind(job.url)
-                insert.bind(job.path)
-                insert.bind(job.state.rawValue)
-                insert.bind(job.priority)
-                insert.bind(at)
-                insert.bind(at)
-                insert.bind(job.key)
-                insert.bind(job.meta)
-                insert.bind(Self.encodeHeaders(job.headers))
-                insert.bind(job.overwrite)
-                insert.bind(job.checksum?.description)
-                insert.bind(job.expectedSize)
-                insert.bind(job.expectedSize)
-                insert.bind(at)
-                insert.bind(groupID)
-                insert.bind(job.stagingPath)
-                insert.bind(Self.encodeOptions(job.options))
-                insert.bind(new.host ?? URLRules.hostKey(job.url))
-                try insert.execute()
-                job.size = job.expectedSize
-                job.id = db.lastInsertedRowID
-                event.bind(at)
-                event.bind(StoredEvent.Kind.jobState.rawValue)
-                event.bind(job.id)
-                event.bind(groupID)
-                event.bind(job.state.rawValue)
-                try event.execute()
-                let seq = db.lastInsertedRowID
-                if seq % 100 == 0 { try pruneEvents(through: seq, in: db) }
-                events.append(StoredEvent(seq: seq, at: now, kind: .jobState, jobID: job.id, groupID: groupID, state: job.state.rawValue))
-                outcomes.append(InsertOutcome(job: job, created: true))
-            }
-            return outcomes
-        }
-    }
-
     /// Writes whole rows (their state, error, counters) in one transaction: one commit for
     /// every change that is ready (group commit). With `publish: false` the events are
     /// returned instead of published, for a caller that has work to finish first.
@@ -525,7 +459,7 @@ public final class JobStore: Sendable {
         return (try? JSONDecoder().decode(JobOptions.self, from: Data(text.utf8))) ?? JobOptions()
     }
 
-    private static func encodeHeaders(_ headers: [HeaderField]) -> String {
+    static func encodeHeaders(_ headers: [HeaderField]) -> String {
         if headers.isEmpty { return "[]" }
         return (try? JSONEncoder().encode(headers)).map { String(decoding: $0, as: UTF8.self) } ?? "[]"
     }

@@ -44,4 +44,46 @@ import Testing
         #expect(after.first?.job.path == "/tmp/x/b")
         #expect(try await store.events(after: 0).count == 2)
     }
+
+    /// Rows are written many to a statement (256, 64, 16, 4, 1): every count gets the right ids,
+    /// events and outcomes, and a key repeated in the batch returns the job it named.
+    @Test func batchesOfEveryShape() async throws {
+        let folder = try TempFolder()
+        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        var total = 0
+        for count in [1, 3, 255, 256, 257, 599] {
+            var news = (0..<count).map { NewJob(url: "https://h/\(count)/\($0)", path: "/tmp/x/\(count)/\($0)", key: "\(count)-\($0)") }
+            if count > 2 { news.append(NewJob(url: "https://h/again", path: "/tmp/x/other/\(count)", key: "\(count)-1")) }
+            let outcomes = try await store.insert(news, now: t0)
+            #expect(outcomes.count == news.count)
+            for (index, outcome) in outcomes.enumerated() where index < count {
+                #expect(outcome.created)
+                #expect(outcome.job.path == news[index].path)
+                #expect(try await store.fetch(outcome.job.id) == outcome.job)
+            }
+            if count > 2 {
+                #expect(outcomes.last?.created == false)
+                #expect(outcomes.last?.job.id == outcomes[1].job.id)
+            }
+            total += count
+        }
+        #expect(try await store.list().count == total)
+        let events = try await store.events(after: 0)
+        #expect(events.count == total)
+        #expect(events.map(\.jobID) == (try await store.list()).map(\.id))
+        #expect(events.map(\.seq) == Array(1...Int64(total)))
+    }
+
+    /// A path repeated inside one batch is refused as a path in use, and nothing is created.
+    @Test func pathRepeatedInBatchIsRefused() async throws {
+        let folder = try TempFolder()
+        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        var news = (0..<300).map { NewJob(url: "https://h/\($0)", path: "/tmp/x/\($0)") }
+        news.append(NewJob(url: "https://h/dup", path: "/tmp/x/7"))
+        await #expect(throws: StoreError.pathInUse(path: "/tmp/x/7", by: 8)) {
+            _ = try await store.insert(news, now: t0)
+        }
+        #expect(try await store.list().isEmpty)
+        #expect(try await store.events(after: 0).isEmpty)
+    }
 }
