@@ -87,7 +87,7 @@ let package = Package(
             dependencies: ["DLTestSupport", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         .testTarget(name: "DLCoreTests", dependencies: ["DLCore"]),
-        .testTarget(name: "DLStoreTests", dependencies: ["DLStore", "DLCore"]),
+        .testTarget(name: "DLStoreTests", dependencies: ["DLStore", "DLCore", "DLTestSupport"]),
         .testTarget(name: "DLTransferTests", dependencies: ["DLTransfer", "DLCore"]),
         .testTarget(
             name: "DLRPCTests",
