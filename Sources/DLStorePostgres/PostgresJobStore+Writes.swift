@@ -15,38 +15,6 @@ extension PostgresJobStore {
         return outcomes
     }
 
-    /// The columns an insert writes, in `insertRows`' order.
-    private static let insertColumns = """
-        id, url, path, state, priority, created_at, updated_at, key, meta, headers, overwrite, checksum, \
-        expected_size, size, progress_at, group_id, staging_path, options, host
-        """
-
-    private static let insertRows = ValueRows<(id: JobID, new: NewJob, groupID: GroupID?, at: Double)>(
-        types: ["bigint", "text", "text", "text", "bigint", "double precision", "double precision", "text", "text", "text",
-                "boolean", "text", "bigint", "bigint", "double precision", "bigint", "text", "text", "text"]
-    ) { row, binds in
-        let new = row.new
-        _ = binds.int(row.id)
-        _ = binds.text(new.url)
-        _ = binds.text(new.path)
-        _ = binds.text(new.state.rawValue)
-        _ = binds.int(new.priority)
-        _ = binds.double(row.at)
-        _ = binds.double(row.at)
-        _ = binds.text(new.key)
-        _ = binds.text(new.meta)
-        _ = binds.text(ColumnCoding.headers(new.headers))
-        _ = binds.bool(new.overwrite)
-        _ = binds.text(new.checksum?.description)
-        _ = binds.int(new.expectedSize)
-        _ = binds.int(new.expectedSize)
-        _ = binds.double(row.at)
-        _ = binds.int(row.groupID)
-        _ = binds.text(new.stagingPath)
-        _ = binds.text(ColumnCoding.options(new.options))
-        _ = binds.text(new.host ?? URLRules.hostKey(new.url))
-    }
-
     /// Creates jobs with the SQLite store's rules, set-based: one read of the keys and one of
     /// the paths that the request names, then the decisions in order (a key that exists, in
     /// the table or earlier in the request, returns that job; a path that an unfinished job
@@ -122,9 +90,12 @@ extension PostgresJobStore {
 
         let ids = try await allocateIDs(creates.count, on: connection, logger: logger)
         let at = now.timeIntervalSince1970
-        let rows = zip(ids, creates).map { (id: $0, new: $1, groupID: groupID, at: at) }
-        for statement in insertRows.statements(rows, before: "INSERT INTO jobs (\(insertColumns)) VALUES ") {
-            try await connection.run(statement, logger: logger)
+        let records = zip(ids, creates).map { InsertRecord(id: $0, $1, groupID: groupID, at: at) }
+        let set = InsertRecord.set
+        for chunk in try set.chunks(records) {
+            var binds = Binds()
+            let json = binds.json(chunk)
+            try await connection.run(binds.query("INSERT INTO jobs (\(set.names)) SELECT \(set.names) FROM \(set.source(json))"), logger: logger)
         }
         var created: [Job] = []
         created.reserveCapacity(creates.count)
@@ -190,63 +161,23 @@ extension PostgresJobStore {
         return events
     }
 
-    /// The columns `update` sets, in `updateRows`' order after the id.
-    private static let updateColumns = [
-        "url", "path", "state", "wait_reason", "priority", "size", "received", "error_code", "error_message", "attempts",
-        "updated_at", "finished_at", "next_attempt_at", "key", "meta", "headers", "overwrite", "final_url", "etag",
-        "last_modified", "accepts_ranges", "checksum", "expected_size", "sha256", "digest", "progress_at", "staging_path", "options",
-    ]
-
-    private static let updateRows = ValueRows<Job>(
-        types: ["bigint", "text", "text", "text", "text", "bigint", "bigint", "bigint", "text", "text", "bigint",
-                "double precision", "double precision", "double precision", "text", "text", "text", "boolean", "text", "text",
-                "text", "boolean", "text", "bigint", "text", "text", "double precision", "text", "text"]
-    ) { job, binds in
-        _ = binds.int(job.id)
-        _ = binds.text(job.url)
-        _ = binds.text(job.path)
-        _ = binds.text(job.state.rawValue)
-        _ = binds.text(job.waitReason?.rawValue)
-        _ = binds.int(job.priority)
-        _ = binds.int(job.size)
-        _ = binds.int(job.received)
-        _ = binds.text(job.error?.code)
-        _ = binds.text(job.error?.message)
-        _ = binds.int(job.attempts)
-        _ = binds.double(job.updatedAt.timeIntervalSince1970)
-        _ = binds.double(job.finishedAt?.timeIntervalSince1970)
-        _ = binds.double(job.nextAttemptAt?.timeIntervalSince1970)
-        _ = binds.text(job.key)
-        _ = binds.text(job.meta)
-        _ = binds.text(ColumnCoding.headers(job.headers))
-        _ = binds.bool(job.overwrite)
-        _ = binds.text(job.finalURL)
-        _ = binds.text(job.validators.etag)
-        _ = binds.text(job.validators.lastModified)
-        _ = binds.bool(job.validators.acceptsRanges)
-        _ = binds.text(job.checksum?.description)
-        _ = binds.int(job.expectedSize)
-        _ = binds.text(job.sha256)
-        _ = binds.text(job.digest)
-        _ = binds.double(job.progressAt?.timeIntervalSince1970)
-        _ = binds.text(job.stagingPath)
-        _ = binds.text(ColumnCoding.options(job.options))
-    }
-
     /// Writes whole rows (all but id, created_at, group_id and host, as the SQLite store), many
     /// a statement. A row given twice is written twice, in order: a statement never holds the
     /// same id twice (PostgreSQL would apply only one of them).
     static func update(_ jobs: [Job], on connection: PostgresConnection, logger: Logger) async throws {
         guard !jobs.isEmpty else { return }
-        let before = "UPDATE jobs AS j SET " + updateColumns.map { "\($0) = v.\($0)" }.joined(separator: ", ") + " FROM (VALUES "
-        let after = ") AS v(id, " + updateColumns.joined(separator: ", ") + ") WHERE j.id = v.id"
+        let set = UpdateRecord.set
+        let assignments = set.columns.dropFirst().map { "\($0.name) = r.\($0.name)" }.joined(separator: ", ")
         var start = 0
         while start < jobs.count {
             var seen: Set<JobID> = []
             var end = start
             while end < jobs.count, seen.insert(jobs[end].id).inserted { end += 1 }
-            for statement in updateRows.statements(jobs[start..<end], before: before, after: after) {
-                try await connection.run(statement, logger: logger)
+            for chunk in try set.chunks(jobs[start..<end].map(UpdateRecord.init)) {
+                var binds = Binds()
+                let json = binds.json(chunk)
+                try await connection.run(
+                    binds.query("UPDATE jobs AS j SET \(assignments) FROM \(set.source(json)) WHERE j.id = r.id"), logger: logger)
             }
             start = end
         }

@@ -167,20 +167,6 @@ public final class PostgresJobStore: JobTable {
         try await connection.run("DELETE FROM events WHERE seq <= \(last - EventLog.kept)", logger: logger)
     }
 
-    private static let eventRows = ValueRows<StoredEvent>(
-        types: ["bigint", "double precision", "text", "bigint", "bigint", "text", "text", "text", "text"]
-    ) { event, binds in
-        _ = binds.int(event.seq)
-        _ = binds.double(event.at.timeIntervalSince1970)
-        _ = binds.text(event.kind.rawValue)
-        _ = binds.int(event.jobID)
-        _ = binds.int(event.groupID)
-        _ = binds.text(event.state)
-        _ = binds.text(event.waitReason?.rawValue)
-        _ = binds.text(event.error?.code)
-        _ = binds.text(event.error?.message)
-    }
-
     /// Numbers and writes events given as values (their `seq` is ignored and set here), under
     /// the event lock; returns them numbered.
     static func record(_ events: [StoredEvent], on connection: PostgresConnection, logger: Logger) async throws -> [StoredEvent] {
@@ -188,8 +174,11 @@ public final class PostgresJobStore: JobTable {
         let last = try await lockEvents(on: connection, logger: logger)
         var numbered = events
         for index in numbered.indices { numbered[index].seq = last + 1 + Int64(index) }
-        for statement in eventRows.statements(numbered, before: "INSERT INTO events (\(Columns.event)) VALUES ") {
-            try await connection.run(statement, logger: logger)
+        let set = EventRecord.set
+        for chunk in try set.chunks(numbered.map(EventRecord.init)) {
+            var binds = Binds()
+            let json = binds.json(chunk)
+            try await connection.run(binds.query("INSERT INTO events (\(set.names)) SELECT \(set.names) FROM \(set.source(json))"), logger: logger)
         }
         try await pruneEvents(from: last, through: last + Int64(numbered.count), on: connection, logger: logger)
         return numbered

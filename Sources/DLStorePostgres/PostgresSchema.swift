@@ -66,6 +66,10 @@ enum PostgresSchema {
             // The scheduler's order; the path check of inserts; a group's next queued member
             // and its counts (group_id first, so it serves every look-up by group).
             "CREATE INDEX jobs_by_state ON jobs (state, priority DESC, id)",
+            // The next standalone jobs to start, in the scheduler's order: exactly the query's
+            // predicate and order, so that the planner walks it and stops after LIMIT rows even
+            // before the table has statistics (it sorted all 100 000 queued rows otherwise).
+            "CREATE INDEX jobs_queued ON jobs (priority DESC, id) WHERE state = 'queued' AND group_id IS NULL",
             "CREATE INDEX jobs_by_path ON jobs (path)",
             "CREATE INDEX jobs_by_group_state ON jobs (group_id, state, id)",
             // `seq` is given by the writer under the event lock (see `PostgresJobStore.lockEvents`),
