@@ -147,9 +147,9 @@ public struct Dispatcher: Sendable {
             let limit = min(limits.maxPage, Int(try params.int("limit", in: 1...Int64(limits.maxListLimit)) ?? 1000))
             let after = try params.int("after_id", in: 0...Int64.max) ?? 0
             let jobs = try await engine.list(states: states, afterID: after, limit: limit + 1)
-            let page = Array(jobs.prefix(limit))
-            let next: JSONValue = jobs.count > limit ? (page.last?["id"] ?? .null) : .null
-            return ["jobs": .array(page), "next_after_id": next]
+            let page = jobs.prefix(limit)
+            let next: JSONValue = jobs.count > limit ? (page.last.map { .int($0.id) } ?? .null) : .null
+            return ["jobs": .array(page.map(\.json)), "next_after_id": next]
         case "stats":
             _ = try Params(raw, allowed: [])
             let stats = try await engine.stats()
