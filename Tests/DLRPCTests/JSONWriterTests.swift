@@ -160,4 +160,11 @@ import Testing
             #expect(JSONValue.array([.raw(text), .raw(text)]).serialized() == Data("[".utf8) + expected + Data(",".utf8) + expected + Data("]".utf8))
         }
     }
+
+    /// A job's `name` is the last part of its path, as NSString gives it.
+    @Test func nameIsLastPathComponent() {
+        for path in ["/a/b.txt", "/a/b c/é.bin", "/x", "/a/", "/", "", "b", "/a/b/", "//a//b"] {
+            #expect(Job(url: "http://h/", path: path, createdAt: Date(), updatedAt: Date()).name == (path as NSString).lastPathComponent, "\(path)")
+        }
+    }
 }
