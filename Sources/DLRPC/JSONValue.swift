@@ -164,7 +164,7 @@ extension JSONValue {
 
     /// A JSON string (RFC 8259): quote, backslash and control characters escaped, the rest
     /// as UTF-8.
-    static func write(string: String, into out: inout [UInt8]) {
+    public static func write(string: String, into out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
         // Most strings need no escape: copied whole.
         if !string.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {

@@ -70,6 +70,9 @@ public final class JobStore: Sendable {
         configuration.label = "dld.jobs"
         // Another process holding a write lock (there should be none) is waited for, not failed on.
         configuration.busyMode = .timeout(5)
+        // Each reader keeps its own page cache (up to 2 MiB); three are plenty for a daemon
+        // whose reads are short (GRDB opens up to five by default).
+        configuration.maximumReaderCount = 3
         pool = try DatabasePool(path: path, configuration: configuration)
         // DatabasePool opens its writer with synchronous=NORMAL, which can lose the last
         // transactions on power loss. A command is answered only after its commit, so the
