@@ -134,7 +134,14 @@ def small_dld(work, run, list_path, expected, group):
         return seconds, error, daemon.peak_mib()
     finally:
         daemon.terminate(timeout=60)
-        shutil.rmtree(base, ignore_errors=True)
+
+
+# Rounds of the small-files part, each running every tool once, the order rotated from round to
+# round, and the median of each tool counts. Every tool's files stay until the part ends (about
+# 32 MiB a run): creating files on this VM's ext4 (no journal) is slow for some 30 s after many
+# were deleted, as the kernel skips recently freed inodes, so deleting one tool's files before
+# the next ran made whoever came later pay for them (seen: 2.3 s first, 4.3 s third).
+SMALL_ROUNDS = int(os.environ.get("BENCH_SMALL_ROUNDS", "3"))
 
 
 def part_small(files):
@@ -144,61 +151,76 @@ def part_small(files):
         origin, origin_name, entries, expected = small_origin(work, files)
         lists = write_lists(work, entries)
         print(f"small files: {files} × {SMALL_SIZE >> 10} KiB from {origin_name} on loopback; "
-              f"each tool into a fresh folder, every file checked by SHA-256")
-        rows = []  # (label, seconds, error, note)
-
-        def record(label, seconds, error, note=""):
-            rows.append((label, seconds, error, note))
-            shown = f"{seconds:8.2f} s" if seconds is not None else "       —  "
-            print(f"  … {label:34} {shown}  {error or 'ok'} {note}", flush=True)
-
-        seconds, error, peak = small_dld(work, "jobs", lists["aria2.list"], expected, group=False)
-        record("dld (dlctl enqueue -i --wait)", seconds, error, f"(peak RSS {peak:.1f} MiB)")
-        seconds, error, peak = small_dld(work, "group", lists["aria2.list"], expected, group=True)
-        record("dld, one group (--group)", seconds, error, f"(peak RSS {peak:.1f} MiB)")
-
-        tools = [
-            ("aria2c -j16", "aria2c", lambda out: [
-                "aria2c", "-j16", "-i", lists["aria2.list"], "-d", out, "-q", "--allow-overwrite=true",
-                "--auto-file-renaming=false"]),
-            ("curl --parallel --parallel-max 16", "curl", lambda out: [
-                "curl", "-s", "-S", "--fail", "--parallel", "--parallel-max", "16", "-K", curl_config(out)]),
-            # wget names files from the URL; with dld-origin the URL's `name=` comes back as
-            # Content-Disposition, which --content-disposition turns into the file name.
-            ("wget -i (one at a time)", "wget", lambda out: [
-                "wget", "-q", "-i", lists["wget.list"], "-P", out, "--content-disposition"]),
-        ]
+              f"each tool into a fresh folder, every file checked by SHA-256; {SMALL_ROUNDS} rounds, "
+              f"the order rotated each round, medians compared")
 
         def curl_config(out):
             write_curl_config(lists["curl.cfg"], entries, out)
             return lists["curl.cfg"]
 
-        for label, program, argv in tools:
-            if not shutil.which(program):
+        def dld_runner(run, group):
+            def go(round_index):
+                seconds, error, peak = small_dld(work, f"{run}-{round_index}", lists["aria2.list"], expected, group=group)
+                return seconds, error, f"peak RSS {peak:.1f} MiB"
+            return go
+
+        def tool_runner(program, argv):
+            def go(round_index):
+                out = os.path.join(work, f"out-{program}-{round_index}")
+                os.makedirs(out)
+                seconds, error = run_timed(argv(out), STEP_TIMEOUT)
+                return seconds, error or verify(out, expected), ""
+            return go
+
+        # (label, program that must be installed or None, runner)
+        runners = [
+            ("dld (dlctl enqueue -i --wait)", None, dld_runner("jobs", False)),
+            ("dld, one group (--group)", None, dld_runner("group", True)),
+            ("aria2c -j16", "aria2c", tool_runner("aria2c", lambda out: [
+                "aria2c", "-j16", "-i", lists["aria2.list"], "-d", out, "-q", "--allow-overwrite=true",
+                "--auto-file-renaming=false"])),
+            ("curl --parallel --parallel-max 16", "curl", tool_runner("curl", lambda out: [
+                "curl", "-s", "-S", "--fail", "--parallel", "--parallel-max", "16", "-K", curl_config(out)])),
+            # wget names files from the URL; with dld-origin the URL's `name=` comes back as
+            # Content-Disposition, which --content-disposition turns into the file name.
+            ("wget -i (one at a time)", "wget", tool_runner("wget", lambda out: [
+                "wget", "-q", "-i", lists["wget.list"], "-P", out, "--content-disposition"])),
+        ]
+        for label, program, _ in runners:
+            if program and not shutil.which(program):
                 print(f"  note: {program} is not installed; skipping `{label}`")
-                rows.append((label, None, "not installed", ""))
-                continue
-            out = os.path.join(work, "out-" + program)
-            os.makedirs(out)
-            seconds, error = run_timed(argv(out), STEP_TIMEOUT)
-            record(label, seconds, error or verify(out, expected))
-            shutil.rmtree(out, ignore_errors=True)
+        runners = [r for r in runners if not r[1] or shutil.which(r[1])]
 
-        def ok_time(label):
-            for row in rows:
-                if row[0] == label and row[2] is None:
-                    return row[1]
-            return None
+        times = {label: [] for label, _, _ in runners}  # seconds of the good runs
+        errors = {label: None for label, _, _ in runners}
+        notes = {label: [] for label, _, _ in runners}
+        for round_index in range(SMALL_ROUNDS):
+            shift = round_index % len(runners)
+            for label, _, go in runners[shift:] + runners[:shift]:
+                seconds, error, note = go(round_index)
+                shown = f"{seconds:8.2f} s" if seconds is not None else "       —  "
+                print(f"  … round {round_index + 1}: {label:34} {shown}  {error or 'ok'} {note}", flush=True)
+                if error:
+                    errors[label] = error
+                else:
+                    times[label].append(seconds)
+                if note:
+                    notes[label].append(note)
 
-        aria, curl = ok_time("aria2c -j16"), ok_time("curl --parallel --parallel-max 16")
+        def median(label):
+            good = times.get(label) or []
+            return statistics.median(good) if good and errors.get(label) is None else None
+
+        aria, curl = median("aria2c -j16"), median("curl --parallel --parallel-max 16")
         ratio = lambda s, ref: f"{s / ref:10.2f}" if s is not None and ref else f"{'—':>10}"
-        print(f"\n  {'tool':34} {'seconds':>9} {'÷ aria2c':>10} {'÷ curl':>10}")
-        for label, seconds, error, note in rows:
-            shown = f"{seconds:9.2f}" if seconds is not None and error is None else f"{'—':>9}"
-            good = error is None
-            print(f"  {label:34} {shown} {ratio(seconds if good else None, aria)} {ratio(seconds if good else None, curl)}"
-                  f"{'' if good else '   ' + error} {note if good else ''}".rstrip())
-        dld = ok_time("dld (dlctl enqueue -i --wait)")
+        print(f"\n  {'tool (median of the rounds)':34} {'seconds':>9} {'÷ aria2c':>10} {'÷ curl':>10}   all rounds")
+        for label, _, _ in runners:
+            m = median(label)
+            shown = f"{m:9.2f}" if m is not None else f"{'—':>9}"
+            every = ", ".join(f"{t:.2f}" for t in times[label])
+            tail = f"   {errors[label]}" if errors[label] else f"   {every}" + (f" ({notes[label][-1]})" if notes[label] else "")
+            print(f"  {label:34} {shown} {ratio(m, aria)} {ratio(m, curl)}{tail}")
+        dld = median("dld (dlctl enqueue -i --wait)")
         print("  targets: dld ≤ 0.5 × aria2c -j16; dld ≤ 3 × curl --parallel", end="")
         if dld is not None:
             parts = []

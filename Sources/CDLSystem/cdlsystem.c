@@ -12,6 +12,10 @@ int dld_limit_malloc_arenas(int arenas) {
     return mallopt(M_ARENA_MAX, arenas);
 }
 
+int dld_trim_malloc(void) {
+    return malloc_trim(0);
+}
+
 #include <stdio.h>
 
 int dld_rename_noreplace(const char *from, const char *to) {

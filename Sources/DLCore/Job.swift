@@ -192,5 +192,11 @@ public struct Job: Sendable, Equatable {
     public var partialPath: String { downloadPath + ".part" }
 
     /// The file name shown to people.
-    public var name: String { (path as NSString).lastPathComponent }
+    public var name: String {
+        // After the last "/", without NSString for the usual path (it showed in `list` pages).
+        guard let slash = path.lastIndex(of: "/"), path.index(after: slash) != path.endIndex else {
+            return (path as NSString).lastPathComponent
+        }
+        return String(path[path.index(after: slash)...])
+    }
 }

@@ -231,8 +231,12 @@ extension Engine {
         return jobs.map(view)
     }
 
-    public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws(DLError) -> [JSONValue] {
-        try await storage { try await store.list(states: states, afterID: afterID, limit: limit) }.map(view)
+    /// A page of jobs, each as JSON text (`JobJSON.raw`), with its id.
+    public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws(DLError) -> [(id: JobID, json: JSONValue)] {
+        try await storage { try await store.list(states: states, afterID: afterID, limit: limit) }.map { job in
+            let live = running[job.id]?.progress.snapshot
+            return (job.id, JobJSON.raw(job, live: live.map { LiveProgress(received: $0.received, size: $0.size, speed: $0.speed) }))
+        }
     }
 
     public struct Stats: Sendable {

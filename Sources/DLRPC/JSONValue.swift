@@ -10,6 +10,10 @@ public enum JSONValue: Sendable, Equatable, Hashable {
     case string(String)
     case array([JSONValue])
     case object([String: JSONValue])
+    /// JSON text written elsewhere and spliced into a reply as it is: a `list` page writes each
+    /// job straight from its row (`JobJSON.raw`). Never made by the parser; its subscripts and
+    /// accessors see nothing inside it.
+    case raw(RawJSON)
 
     public subscript(key: String) -> JSONValue? {
         if case .object(let object) = self { return object[key] }
@@ -54,8 +58,16 @@ public enum JSONValue: Sendable, Equatable, Hashable {
         case .string: return "string"
         case .array: return "array"
         case .object: return "object"
+        case .raw: return "JSON text"
         }
     }
+}
+
+/// One JSON value's text, already written (see `JSONValue.raw`).
+public struct RawJSON: Sendable, Hashable {
+    public let bytes: [UInt8]
+
+    public init(_ bytes: [UInt8]) { self.bytes = bytes }
 }
 
 extension JSONValue: Codable {
@@ -95,6 +107,7 @@ extension JSONValue: Codable {
         case .string(let s): try container.encode(s)
         case .array(let a): try container.encode(a)
         case .object(let o): try container.encode(o)
+        case .raw(let text): try container.encode(try JSONParser.parse(Data(text.bytes)))
         }
     }
 }
@@ -145,12 +158,13 @@ extension JSONValue {
                 value.write(into: &out)
             }
             out.append(UInt8(ascii: "}"))
+        case .raw(let text): out.append(contentsOf: text.bytes)
         }
     }
 
     /// A JSON string (RFC 8259): quote, backslash and control characters escaped, the rest
     /// as UTF-8.
-    static func write(string: String, into out: inout [UInt8]) {
+    public static func write(string: String, into out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
         // Most strings need no escape: copied whole.
         if !string.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {

@@ -246,13 +246,12 @@ extension JobStore {
     /// queued member. Groups are few next to jobs: one index look-up each.
     public func nextQueued(limit: Int, excludingGroups active: Set<GroupID>) async throws -> (jobs: [Job], groups: [(entry: QueueEntry, groupID: GroupID)]) {
         try await pool.read { db in
-            let jobs = try Row.fetchAll(
+            let jobs = try Self.jobs(
                 db.cachedStatement(sql: """
                     SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_by_state
                     WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
                     """),
-                arguments: [limit]
-            ).map(Self.job(from:))
+                arguments: [limit])
             let groups = try Row.fetchAll(
                 db.cachedStatement(sql: """
                     SELECT g.id AS group_id, g.priority AS priority,
@@ -280,10 +279,9 @@ extension JobStore {
                 if let state = JobState(rawValue: row["state"]) { counts[state, default: 0] += row["n"] as Int }
             }
             guard queuedLimit > 0, counts[.queued, default: 0] > 0 else { return (group, counts, []) }
-            let queued = try Row.fetchAll(
+            let queued = try Self.jobs(
                 db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_by_group_state WHERE group_id = ? AND state = 'queued' ORDER BY id LIMIT ?"),
-                arguments: [id, queuedLimit]
-            ).map(Self.job(from:))
+                arguments: [id, queuedLimit])
             return (group, counts, queued)
         }
     }
@@ -302,8 +300,10 @@ extension JobStore {
     /// The first failed member of a group.
     public func firstFailedMember(of id: GroupID) async throws -> Job? {
         try await pool.read { db in
-            try Row.fetchOne(db, sql: "SELECT \(Self.jobColumns) FROM jobs WHERE group_id = ? AND state = 'failed' ORDER BY id LIMIT 1", arguments: [id])
-                .map(Self.job(from:))
+            try Self.jobs(
+                db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE group_id = ? AND state = 'failed' ORDER BY id LIMIT 1"),
+                arguments: [id]
+            ).first
         }
     }
 
@@ -311,15 +311,13 @@ extension JobStore {
     /// disk (finished, or started at least once), by ascending id.
     public func reconcilePage(afterID: JobID, limit: Int) async throws -> [Job] {
         try await pool.read { db in
-            try Row.fetchAll(
-                db,
-                sql: """
+            try Self.jobs(
+                db.cachedStatement(sql: """
                     SELECT \(Self.jobColumns) FROM jobs WHERE id > ?
                         AND (state IN ('running', 'completed', 'canceled') OR attempts > 0 OR received > 0)
                     ORDER BY id LIMIT ?
-                    """,
-                arguments: [afterID, limit]
-            ).map(Self.job(from:))
+                    """),
+                arguments: [afterID, limit])
         }
     }
 }

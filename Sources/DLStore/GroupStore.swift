@@ -45,7 +45,7 @@ extension JobStore {
 
     public func members(of id: GroupID) async throws -> [Job] {
         try await pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT \(Self.jobColumns) FROM jobs WHERE group_id = ? ORDER BY id", arguments: [id]).map(Self.job(from:))
+            try Self.jobs(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE group_id = ? ORDER BY id"), arguments: [id])
         }
     }
 

@@ -20,9 +20,9 @@ extension JobStore {
                 try batch.write(into: &outcomes, events: &events)
             }
             if let key = new.key,
-                let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?"), arguments: [key])
+                let job = try Self.jobs(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?"), arguments: [key]).first
             {
-                outcomes.append(InsertOutcome(job: try Self.job(from: row), created: false))
+                outcomes.append(InsertOutcome(job: job, created: false))
                 continue
             }
             if let other = try batch.pathUser(new.path) {

@@ -1,6 +1,7 @@
 import DLCore
 import Foundation
 import GRDB
+import GRDBSQLite
 
 /// A job to create; the store gives it an id and timestamps.
 public struct NewJob: Sendable, Equatable {
@@ -69,6 +70,9 @@ public final class JobStore: JobTable {
         configuration.label = "dld.jobs"
         // Another process holding a write lock (there should be none) is waited for, not failed on.
         configuration.busyMode = .timeout(5)
+        // Each reader keeps its own page cache (up to 2 MiB); three are plenty for a daemon
+        // whose reads are short (GRDB opens up to five by default).
+        configuration.maximumReaderCount = 3
         pool = try DatabasePool(path: path, configuration: configuration)
         // DatabasePool opens its writer with synchronous=NORMAL, which can lose the last
         // transactions on power loss. A command is answered only after its commit, so the
@@ -310,11 +314,17 @@ public final class JobStore: JobTable {
 
     // MARK: Reads (concurrent with the writer: WAL snapshots)
 
+    public func fetch(_ id: JobID) async throws -> Job? {
+        try await pool.read { db in
+            try Self.jobs(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?"), arguments: [id]).first
+        }
+    }
+
     /// The jobs with these ids that exist, in the order asked.
     public func fetch(_ ids: [JobID]) async throws -> [Job] {
         try await pool.read { db in
             try ids.compactMap { id in
-                try Row.fetchOne(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?"), arguments: [id]).map(Self.job(from:))
+                try Self.jobs(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?"), arguments: [id]).first
             }
         }
     }
@@ -330,7 +340,7 @@ public final class JobStore: JobTable {
             }
             sql += " ORDER BY id LIMIT ?"
             _ = arguments.append(contentsOf: [min(limit, Int(Int32.max))])
-            return try Row.fetchAll(db, sql: sql, arguments: arguments).map(Self.job(from:))
+            return try Self.jobs(db.cachedStatement(sql: sql), arguments: arguments)
         }
     }
 
@@ -384,34 +394,61 @@ public final class JobStore: JobTable {
         staging_path, options
         """
 
-    static func job(from row: Row) throws -> Job {
-        let stateText: String = row[3]
-        let errorCode: String? = row[8]
-        let errorMessage: String? = row[9]
-        let waitReason: String? = row[4]
-        let finished: Double? = row[13]
-        let nextAttempt: Double? = row[14]
-        let headersText: String = row[17]
-        let checksum: String? = row[23]
-        let progressAt: Double? = row[27]
+    /// The jobs a `SELECT \(jobColumns) …` statement returns, read with SQLite's C API:
+    /// GRDB's generic `row[i]` looked up type metadata for every column and cost about as much
+    /// as writing the job out as JSON. A NULL where a value is expected reads as empty, never
+    /// a crash (a table edited by hand, say).
+    static func jobs(_ statement: Statement, arguments: StatementArguments) throws -> [Job] {
+        try statement.setArguments(arguments)
+        let handle = statement.sqliteStatement
+        defer { sqlite3_reset(handle) }
+        var jobs: [Job] = []
+        while true {
+            switch sqlite3_step(handle) {
+            case SQLITE_DONE: return jobs
+            case SQLITE_ROW: jobs.append(job(from: ColumnReader(handle: handle)))
+            case let code:
+                let message = sqlite3_db_handle(handle).map { String(cString: sqlite3_errmsg($0)) }
+                throw DatabaseError(resultCode: ResultCode(rawValue: code), message: message, sql: statement.sql)
+            }
+        }
+    }
+
+    /// The columns of the current row, by position.
+    struct ColumnReader {
+        let handle: OpaquePointer
+
+        func isNull(_ column: Int32) -> Bool { sqlite3_column_type(handle, column) == SQLITE_NULL }
+        func int(_ column: Int32) -> Int64? { isNull(column) ? nil : sqlite3_column_int64(handle, column) }
+        func double(_ column: Int32) -> Double? { isNull(column) ? nil : sqlite3_column_double(handle, column) }
+        /// As GRDB reads a text: up to its first NUL.
+        func text(_ column: Int32) -> String? {
+            guard !isNull(column), let bytes = sqlite3_column_text(handle, column) else { return nil }
+            return String(cString: bytes)
+        }
+    }
+
+    static func job(from row: ColumnReader) -> Job {
+        let date = { (column: Int32) in row.double(column).map(Date.init(timeIntervalSince1970:)) }
+        let errorCode = row.text(8)
         return Job(
-            id: row[0], url: row[1], path: row[2],
+            id: row.int(0) ?? 0, url: row.text(1) ?? "", path: row.text(2) ?? "",
             // An unknown state can only come from a newer dld; show it as failed, never crash.
-            state: JobState(rawValue: stateText) ?? .failed,
-            waitReason: waitReason.flatMap(WaitReason.init(rawValue:)),
-            priority: row[5], size: row[6], received: row[7],
-            error: errorCode.map { JobError(code: $0, message: errorMessage ?? "") },
-            attempts: row[10],
-            createdAt: Date(timeIntervalSince1970: row[11]),
-            updatedAt: Date(timeIntervalSince1970: row[12]),
-            finishedAt: finished.map(Date.init(timeIntervalSince1970:)),
-            nextAttemptAt: nextAttempt.map(Date.init(timeIntervalSince1970:)),
-            key: row[15], meta: row[16], headers: decodeHeaders(headersText),
-            overwrite: row[18], finalURL: row[19],
-            validators: Validators(etag: row[20], lastModified: row[21], acceptsRanges: row[22]),
-            checksum: checksum.flatMap { try? Checksum.parse($0).get() }, expectedSize: row[24],
-            sha256: row[25], digest: row[26], progressAt: progressAt.map(Date.init(timeIntervalSince1970:)),
-            groupID: row[28], stagingPath: row[29], options: decodeOptions(row[30]))
+            state: row.text(3).flatMap(JobState.init(rawValue:)) ?? .failed,
+            waitReason: row.text(4).flatMap(WaitReason.init(rawValue:)),
+            priority: Int(row.int(5) ?? 0), size: row.int(6), received: row.int(7) ?? 0,
+            error: errorCode.map { JobError(code: $0, message: row.text(9) ?? "") },
+            attempts: Int(row.int(10) ?? 0),
+            createdAt: date(11) ?? Date(timeIntervalSince1970: 0),
+            updatedAt: date(12) ?? Date(timeIntervalSince1970: 0),
+            finishedAt: date(13),
+            nextAttemptAt: date(14),
+            key: row.text(15), meta: row.text(16), headers: decodeHeaders(row.text(17) ?? "[]"),
+            overwrite: row.int(18) ?? 0 != 0, finalURL: row.text(19),
+            validators: Validators(etag: row.text(20), lastModified: row.text(21), acceptsRanges: row.int(22) ?? 0 != 0),
+            checksum: row.text(23).flatMap { try? Checksum.parse($0).get() }, expectedSize: row.int(24),
+            sha256: row.text(25), digest: row.text(26), progressAt: date(27),
+            groupID: row.int(28), stagingPath: row.text(29), options: decodeOptions(row.text(30)))
     }
 
     // The JSON columns hold their empty values for almost every job: those skip the coder,
@@ -457,7 +494,7 @@ extension JobStore {
             var found: [String: Job] = [:]
             let statement = try db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?")
             for key in keys {
-                if let job = try Row.fetchOne(statement, arguments: [key]).map(Self.job(from:)) { found[key] = job }
+                if let job = try Self.jobs(statement, arguments: [key]).first { found[key] = job }
             }
             return found
         }

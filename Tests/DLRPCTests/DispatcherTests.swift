@@ -168,6 +168,8 @@ extension JSONValue {
             let results = try #require(many["result"]?["results"]?.arrayValue)
             #expect(results.map { $0["path"] } == [.string(f.downloads + "/1"), .string(f.downloads + "/two")])
             #expect(results.map { $0["created"] } == [true, true])
+            let ids = results.compactMap { $0["id"]?.int64Value }
+            #expect(ids.count == 2 && ids[1] == ids[0] + 1)
             #expect(many["result"]?["count"] == 2)
             #expect(await f.request("stats")?["result"]?["counts"]?["paused"] == 3)
         }

@@ -1,3 +1,4 @@
+import DLCore
 import DLRPC
 import Foundation
 import Testing
@@ -121,5 +122,49 @@ import Testing
         #expect(ours(deep) == nil)
         let fine = Array((String(repeating: "[", count: 500) + String(repeating: "]", count: 500)).utf8)
         #expect(ours(fine) != nil)
+    }
+}
+
+/// `list` pages write each job straight to text: the bytes must be those of the job object.
+@Suite struct JobTextTests {
+    @Test func rawJobIsTheSerializedObject() throws {
+        var rng = SystemRandomNumberGenerator()
+        func maybe<T>(_ value: T) -> T? { Bool.random(using: &rng) ? value : nil }
+        for n in 0..<500 {
+            var job = Job(url: maybe("https://u:p@h/a\"b") ?? "http://h/é/\(n)", path: "/tmp/x/\(n) \\ \"q\"",
+                          state: JobState.allCases.randomElement(using: &rng) ?? .queued,
+                          createdAt: Date(timeIntervalSince1970: Double(n) * 1000.5), updatedAt: Date(timeIntervalSince1970: 1_800_000_000))
+            job.id = Int64(n + 1)
+            job.priority = Int.random(in: -1000...1000, using: &rng)
+            job.size = maybe(Int64.random(in: 0...1 << 40, using: &rng))
+            job.received = Int64.random(in: 0...1 << 30, using: &rng)
+            job.error = maybe(JobError(code: "http_404", message: "not\nfound"))
+            job.key = maybe("k\(n)")
+            job.meta = maybe(#"{"b":[1,2.5,null],"a":"\u0001"}"#)
+            job.headers = maybe([HeaderField(name: "Authorization", value: "secret"), HeaderField(name: "X", value: "y")]) ?? []
+            job.finishedAt = maybe(Date(timeIntervalSince1970: 1_900_000_000))
+            job.nextAttemptAt = maybe(Date(timeIntervalSince1970: 1_900_000_001))
+            job.groupID = maybe(7)
+            job.waitReason = maybe(.diskSpace)
+            job.sha256 = maybe(String(repeating: "a", count: 64))
+            job.finalURL = maybe("https://cdn/x")
+            job.overwrite = Bool.random(using: &rng)
+            let live = maybe(LiveProgress(received: 12_345, size: maybe(99_999), speed: 1234.6))
+            guard case .raw(let text) = JobJSON.raw(job, live: live) else {
+                Issue.record("not raw text")
+                continue
+            }
+            let expected = JobJSON.encode(job, live: live).serialized()
+            #expect(Data(text.bytes) == expected, "\(String(decoding: text.bytes, as: UTF8.self))")
+            // Spliced into a reply as it is.
+            #expect(JSONValue.array([.raw(text), .raw(text)]).serialized() == Data("[".utf8) + expected + Data(",".utf8) + expected + Data("]".utf8))
+        }
+    }
+
+    /// A job's `name` is the last part of its path, as NSString gives it.
+    @Test func nameIsLastPathComponent() {
+        for path in ["/a/b.txt", "/a/b c/é.bin", "/x", "/a/", "/", "", "b", "/a/b/", "//a//b"] {
+            #expect(Job(url: "http://h/", path: path, createdAt: Date(), updatedAt: Date()).name == (path as NSString).lastPathComponent, "\(path)")
+        }
     }
 }

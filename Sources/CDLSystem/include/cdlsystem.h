@@ -9,6 +9,10 @@ int dld_reserve_keep_size(int fd, off_t offset, off_t length);
 /// mallopt(M_ARENA_MAX, arenas): at most this many glibc malloc arenas. Returns 1 on success.
 int dld_limit_malloc_arenas(int arenas);
 
+/// malloc_trim(0): gives the free memory at the top of glibc's heaps and whole free pages
+/// inside them back to the system. Returns 1 when memory was released.
+int dld_trim_malloc(void);
+
 /// renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE): rename that fails with EEXIST
 /// instead of replacing. Returns 0, or -1 with errno set (EINVAL or ENOSYS where the
 /// filesystem or kernel cannot do it).
