@@ -19,6 +19,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
     ],
     targets: [
         // Plain value types: jobs, states, transitions, errors, policies. No I/O.
@@ -30,6 +31,16 @@ let package = Package(
                 "DLCore", .product(name: "GRDB", package: "GRDB.swift"),
                 // SQLite's C API, which GRDB is built on: bulk inserts bind values in place.
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
+            ]
+        ),
+        // The job table in PostgreSQL (postgres-nio), for a fleet of daemons that share one queue.
+        .target(
+            name: "DLStorePostgres",
+            dependencies: [
+                "DLCore", "DLStore",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         // OpenSSL's libcrypto from libssl-dev, for streaming digests (EVP).
@@ -87,7 +98,10 @@ let package = Package(
             dependencies: ["DLTestSupport", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         .testTarget(name: "DLCoreTests", dependencies: ["DLCore"]),
-        .testTarget(name: "DLStoreTests", dependencies: ["DLStore", "DLCore"]),
+        .testTarget(
+            name: "DLStoreTests",
+            dependencies: ["DLStore", "DLStorePostgres", "DLCore", "DLTestSupport", .product(name: "Logging", package: "swift-log")]
+        ),
         .testTarget(name: "DLTransferTests", dependencies: ["DLTransfer", "DLCore"]),
         .testTarget(
             name: "DLRPCTests",

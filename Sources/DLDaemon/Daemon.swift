@@ -20,7 +20,7 @@ public enum Daemon {
         }
         let lock = try StateLock(stateDir: config.stateDir)
         let databasePath = config.stateDir + "/jobs.sqlite"
-        let store: JobStore
+        let store: any JobTable
         do {
             store = try JobStore(path: databasePath)
         } catch {
@@ -72,8 +72,10 @@ public enum Daemon {
         } catch {
             // A start that failed half-way still has an HTTP client to close.
             await engine.shutdown()
+            await store.close()
             throw error
         }
+        await store.close()
         withExtendedLifetime(lock) {}
     }
 

@@ -18,9 +18,6 @@ extension Engine {
             guard unfinished + specs.count <= configuration.maxQueued else {
                 throw DLError(.queueFull, "\(unfinished) jobs are unfinished and the limit is \(configuration.maxQueued) (max_queued)")
             }
-            // Names in use by unfinished jobs, for on_exists "rename" (else the store refuses
-            // them): an indexed look-up per candidate name, never the whole table.
-            let jobs = self.store
             let destination = Destination(downloadDir: configuration.downloadDir, policy: configuration.pathPolicy, jobs: specs.count)
             // Jobs whose key exists already, in one read (they are returned, not created).
             let keys = specs.compactMap(\.key)
@@ -37,9 +34,19 @@ extension Engine {
                     } else {
                         host = try URLRules.checked(spec.url).get().host
                     }
-                    let resolved = try destination.resolve(
+                    // Names in use by unfinished jobs, for on_exists "rename" (else the store
+                    // refuses them): the name the folder leaves free is asked of the store (an
+                    // indexed look-up, never the whole table); a taken one makes it try the next.
+                    var usedByJobs: Set<String> = []
+                    var resolved = try destination.resolve(
                         url: spec.url, path: spec.path, dir: spec.dir, name: spec.name, overwrite: spec.overwrite,
-                        onExists: spec.onExists, taken: { seenPaths[$0] != nil || (spec.onExists == .rename && jobs.isPathInUse($0)) })
+                        onExists: spec.onExists, taken: { seenPaths[$0] != nil || usedByJobs.contains($0) })
+                    while spec.onExists == .rename, try await storage({ try await store.isPathInUse(resolved.path) }) {
+                        usedByJobs.insert(resolved.path)
+                        resolved = try destination.resolve(
+                            url: spec.url, path: spec.path, dir: spec.dir, name: spec.name, overwrite: spec.overwrite,
+                            onExists: spec.onExists, taken: { seenPaths[$0] != nil || usedByJobs.contains($0) })
+                    }
                     let path = resolved.path
                     if let other = seenPaths[path] {
                         throw DLError(.destinationExists, "jobs \(other) and \(index) of this request both download to \(path)")

@@ -80,7 +80,7 @@ public struct EngineConfiguration: Sendable {
 /// (slots, transfers and their outcomes), Engine+Publishing (finished files in batches),
 /// Engine+Groups, Engine+Recovery (start-up and shutdown).
 public actor Engine {
-    let store: JobStore
+    let store: any JobTable
     let downloader: Downloader
     let logger: Logger
     var configuration: EngineConfiguration
@@ -134,7 +134,7 @@ public actor Engine {
     }
 
     public init(
-        store: JobStore, downloader: Downloader, configuration: EngineConfiguration, logger: Logger,
+        store: any JobTable, downloader: Downloader, configuration: EngineConfiguration, logger: Logger,
         now: @escaping @Sendable () -> Date = { Date() }
     ) {
         self.store = store

@@ -125,7 +125,7 @@ extension JobStore {
     /// Applies `command` to every selected job in a state it changes, in one transaction, with
     /// one event per changed job. `first` rows (jobs whose transfers were just stopped, with
     /// their last checkpoint) are written in the same transaction, before the command.
-    public func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job] = [], now: Date) async throws -> BulkOutcome {
+    public func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], now: Date) async throws -> BulkOutcome {
         let (outcome, range) = try await pool.write { db -> (BulkOutcome, (Int64, Int64)) in
             for job in first { try Self.update(job, in: db) }
             let before = try Self.lastSeq(db)

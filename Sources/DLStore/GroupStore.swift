@@ -53,7 +53,7 @@ extension JobStore {
     /// written in the same transaction. With `publish: false` the event is returned instead of
     /// published, for a caller that must move the files first.
     @discardableResult
-    public func saveGroup(_ group: JobGroup, members: [Job] = [], publish: Bool = true) async throws -> [StoredEvent] {
+    public func saveGroup(_ group: JobGroup, members: [Job], publish: Bool) async throws -> [StoredEvent] {
         let events = try await pool.write { db in
             for member in members { try Self.update(member, in: db) }
             let row = try Row.fetchOne(db, sql: "SELECT closed, error_code FROM groups WHERE id = ?", arguments: [group.id])
@@ -79,7 +79,7 @@ extension JobStore {
 
     /// Deletes a group record (its members are deleted with `delete(.group(id), …)` in the
     /// same command), with its event.
-    public func deleteGroup(_ id: GroupID, now: Date = Date()) async throws {
+    public func deleteGroup(_ id: GroupID, now: Date) async throws {
         let events = try await pool.write { db in
             try db.execute(sql: "DELETE FROM groups WHERE id = ?", arguments: [id])
             return [try Self.record(.groupState, job: nil, groupID: id, state: "removed", at: now, in: db)]

@@ -2,7 +2,6 @@ import DLCore
 import Foundation
 import GRDB
 import GRDBSQLite
-import Synchronization
 
 /// A job to create; the store gives it an id and timestamps.
 public struct NewJob: Sendable, Equatable {
@@ -57,10 +56,11 @@ public enum StoreError: Error, Sendable, Equatable {
     case pathInUse(path: String, by: JobID)
 }
 
-/// The job table. One `DatabasePool` per file (WAL); every write goes through GRDB's single
-/// serialized writer, and every state change is one transaction. The writer runs with
-/// `synchronous=FULL`, so a committed state survives power loss, not just a crash.
-public final class JobStore: Sendable {
+/// The job table in SQLite, the embedded default backend of `JobTable`. One `DatabasePool` per
+/// file (WAL); every write goes through GRDB's single serialized writer, and every state change
+/// is one transaction. The writer runs with `synchronous=FULL`, so a committed state survives
+/// power loss, not just a crash.
+public final class JobStore: JobTable {
     let pool: DatabasePool
     public let path: String
 
@@ -187,9 +187,14 @@ public final class JobStore: Sendable {
         }
     }
 
-    /// Whether an unfinished job downloads to `path` (an indexed look-up, for `on_exists`).
-    public func isPathInUse(_ path: String) -> Bool {
-        ((try? pool.read { db in try Self.pathUser(path, in: db) }) ?? nil) != nil
+    /// Which of these paths an unfinished job downloads to: an indexed look-up each (for
+    /// `on_exists` "rename", which asks about one candidate name at a time).
+    public func unfinishedPaths(among paths: [String]) async throws -> Set<String> {
+        try await pool.read { db in
+            var used: Set<String> = []
+            for path in paths where try Self.pathUser(path, in: db) != nil { used.insert(path) }
+            return used
+        }
     }
 
     static func pathUser(_ path: String, in db: Database) throws -> JobID? {
@@ -199,46 +204,30 @@ public final class JobStore: Sendable {
     static let pathUserSQL = "SELECT id FROM jobs WHERE path = ? AND state NOT IN ('completed', 'failed', 'canceled') LIMIT 1"
 
     /// Events kept for replay; older ones are pruned as new ones are written.
-    public static let eventsKept: Int64 = 10_000
+    public static let eventsKept: Int64 = EventLog.kept
 
-    /// The closures live in a struct on purpose: a bare function type kept in a `Mutex` comes
-    /// back from every `withLock` wrapped in two more reabstraction thunks, so calling it (and
-    /// at last releasing it) recursed once per earlier commit: dld 0.1.0's SIGSEGV after about
-    /// 130 000 commits. `EventSinkTests` guards this.
-    private struct Sink {
-        var deliver: @Sendable ([StoredEvent]) -> Void
-        /// Whether anyone listens: events of a bulk change are read back from the table only
-        /// then, a page at a time.
-        var wanted: @Sendable () -> Bool
-    }
+    private let sink = EventSink()
 
-    private let sink = Mutex<Sink?>(nil)
-
-    /// Receives the events of every committed write, in commit order, after the commit.
-    public func setEventSink(wanted: @escaping @Sendable () -> Bool = { true }, _ deliver: @escaping @Sendable ([StoredEvent]) -> Void) {
-        self.sink.withLock { $0 = Sink(deliver: deliver, wanted: wanted) }
+    public func setEventSink(wanted: @escaping @Sendable () -> Bool, _ deliver: @escaping @Sendable ([StoredEvent]) -> Void) {
+        sink.set(wanted: wanted, deliver)
     }
 
     /// Hands events to the sink. Writers that must finish something first (linking the files
     /// that were just recorded as completed) call this themselves after it.
     public func publishEvents(_ events: [StoredEvent]) {
-        guard !events.isEmpty, let sink = sink.withLock({ $0 }) else { return }
-        sink.deliver(events)
+        sink.publish(events)
     }
 
     /// Hands the events numbered `(after, through]` to the sink, read from the table a page at
     /// a time, so that a change of 100 000 rows never holds 100 000 events in memory.
     func publishEvents(after first: Int64, through last: Int64) {
-        guard last > first, let sink = sink.withLock({ $0 }), sink.wanted() else { return }
-        var cursor = first
-        while cursor < last {
-            guard let page = try? pool.read({ db in try Self.events(after: cursor, through: last, limit: 1000, in: db) }),
-                let end = page.last?.seq
-            else { return }
-            sink.deliver(page)
-            cursor = end
+        sink.publish(after: first, through: last) { after, through, limit in
+            try pool.read { db in try Self.events(after: after, through: through, limit: limit, in: db) }
         }
     }
+
+    /// The pool closes its connections when the store is released.
+    public func close() async {}
 
     /// Records an event in the same transaction as the change it describes.
     static func record(
@@ -260,7 +249,7 @@ public final class JobStore: Sendable {
     }
 
     /// Events after `seq`, oldest first.
-    public func events(after seq: Int64, limit: Int = Int(eventsKept)) async throws -> [StoredEvent] {
+    public func events(after seq: Int64, limit: Int) async throws -> [StoredEvent] {
         try await pool.read { db in try Self.events(after: seq, through: Int64.max, limit: limit, in: db) }
     }
 
@@ -306,7 +295,7 @@ public final class JobStore: Sendable {
     /// every change that is ready (group commit). With `publish: false` the events are
     /// returned instead of published, for a caller that has work to finish first.
     @discardableResult
-    public func save(_ jobs: [Job], publish: Bool = true) async throws -> [StoredEvent] {
+    public func save(_ jobs: [Job], publish: Bool) async throws -> [StoredEvent] {
         guard !jobs.isEmpty else { return [] }
         let events = try await pool.write { db in
             var events: [StoredEvent] = []
@@ -321,14 +310,6 @@ public final class JobStore: Sendable {
         }
         if publish { publishEvents(events) }
         return events
-    }
-
-    public func save(_ job: Job) async throws { try await save([job]) }
-
-    /// Deletes rows in one transaction (see `delete(_:deleteFiles:now:)`).
-    public func delete(_ ids: [JobID], now: Date = Date()) async throws {
-        guard !ids.isEmpty else { return }
-        _ = try await delete(.ids(ids), deleteFiles: false, now: now)
     }
 
     // MARK: Reads (concurrent with the writer: WAL snapshots)
@@ -349,7 +330,7 @@ public final class JobStore: Sendable {
     }
 
     /// A page of jobs by ascending id, optionally only in some states.
-    public func list(states: [JobState]? = nil, afterID: JobID = 0, limit: Int = Int.max) async throws -> [Job] {
+    public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws -> [Job] {
         try await pool.read { db in
             var sql = "SELECT \(Self.jobColumns) FROM jobs WHERE id > ?"
             var arguments: StatementArguments = [afterID]
@@ -500,7 +481,7 @@ public final class JobStore: Sendable {
         return (try? JSONEncoder().encode(headers)).map { String(decoding: $0, as: UTF8.self) } ?? "[]"
     }
 
-    private static func decodeHeaders(_ text: String) -> [HeaderField] {
+    static func decodeHeaders(_ text: String) -> [HeaderField] {
         if text == "[]" { return [] }
         return (try? JSONDecoder().decode([HeaderField].self, from: Data(text.utf8))) ?? []
     }
@@ -523,7 +504,7 @@ extension JobStore {
     /// Records a running transfer's synced progress: only its counters and validators, in one
     /// small transaction. Callers sync the bytes first (durability rule 2).
     public func checkpoint(
-        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date = Date()
+        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date
     ) async throws {
         try await pool.write { db in
             try db.execute(

@@ -46,11 +46,14 @@ public struct ProgramOutput: Sendable {
 }
 
 /// Runs a program to its end and collects its output.
-public func runProgram(_ path: String, _ arguments: [String], environment: [String: String]? = nil, stdin: Data? = nil) throws -> ProgramOutput {
+public func runProgram(
+    _ path: String, _ arguments: [String], environment: [String: String]? = nil, stdin: Data? = nil, currentDirectory: String? = nil
+) throws -> ProgramOutput {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: path)
     process.arguments = arguments
     if let environment { process.environment = environment }
+    if let currentDirectory { process.currentDirectoryURL = URL(fileURLWithPath: currentDirectory) }
     let out = Pipe()
     let err = Pipe()
     let input = Pipe()

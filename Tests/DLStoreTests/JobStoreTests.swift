@@ -15,30 +15,39 @@ final class TempFolder {
 
 let t0 = Date(timeIntervalSince1970: 1_800_000_000)
 
+/// The job table's rules, on every backend.
 @Suite struct JobStoreTests {
-    /// A new file gets the schema, and the writer commits with synchronous=FULL.
-    @Test func migratesFromEmptyWithFullSync() async throws {
+    /// A new table gets the schema and is empty; opening it again migrates nothing away.
+    @Test(arguments: Backend.allCases)
+    func migratesFromEmpty(_ backend: Backend) async throws {
+        try await withStore(backend) { store, fixture in
+            #expect(try await store.list().isEmpty)
+            #expect(try await store.counts().isEmpty)
+            #expect(try await store.lastEventSeq() == 0)
+            _ = try await store.insert([NewJob(url: "https://e.com/1", path: "/tmp/1")], now: t0)
+            let reopened = try await fixture.open()
+            #expect(try await reopened.list().map(\.id) == [1])
+        }
+    }
+
+    /// The SQLite writer commits with synchronous=FULL (GRDB opens it with NORMAL).
+    @Test func sqliteWriterIsFullSync() async throws {
         let folder = try TempFolder()
         let store = try JobStore(path: folder.path + "/jobs.sqlite")
         #expect(try store.writerSynchronousMode() == 2)
-        #expect(try await store.list().isEmpty)
-        #expect(try await store.counts().isEmpty)
     }
 
-    /// Every field written comes back the same, also after the file is opened again.
-    @Test func roundTrip() async throws {
-        let folder = try TempFolder()
-        let path = folder.path + "/jobs.sqlite"
-        var job: Job
-        do {
-            let store = try JobStore(path: path)
+    /// Every field written comes back the same, also after the table is opened again.
+    @Test(arguments: Backend.allCases)
+    func roundTrip(_ backend: Backend) async throws {
+        try await withStore(backend) { store, fixture in
             let outcomes = try await store.insert(
                 [NewJob(url: "https://example.com/a.bin", path: "/tmp/x/a.bin", priority: 5, key: "k1",
                         meta: #"{"chapter":3}"#, headers: [HeaderField(name: "X-Token", value: "t")], overwrite: true)],
                 now: t0)
             #expect(outcomes.count == 1)
             #expect(outcomes[0].created)
-            job = outcomes[0].job
+            var job = outcomes[0].job
             #expect(job.id == 1)
             job.state = .waiting
             job.waitReason = .diskSpace
@@ -50,81 +59,172 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
             job.nextAttemptAt = t0.addingTimeInterval(40)
             job.finalURL = "https://cdn.example.com/a.bin"
             job.validators = Validators(etag: "\"abc\"", lastModified: "Wed, 21 Oct 2015 07:28:00 GMT", acceptsRanges: true)
+            job.sha256 = "ab"
+            job.digest = "cd"
+            job.checksum = try Checksum.parse("sha256:" + String(repeating: "ab", count: 32)).get()
+            job.expectedSize = 1234
+            job.progressAt = t0.addingTimeInterval(0.125)
+            job.finishedAt = t0.addingTimeInterval(1e-6)
+            job.options = JobOptions(automaticName: true, renameIfTaken: false, insecure: true)
             try await store.save(job)
             #expect(try await store.fetch(job.id) == job)
+            let reopened = try await fixture.open()
+            #expect(try await reopened.fetch(1) == job)
+            #expect(try await reopened.fetch(keys: ["k1", "nope"]) == ["k1": job])
         }
-        let reopened = try JobStore(path: path)
-        #expect(try await reopened.fetch(1) == job)
-        #expect(try await reopened.fetch(keys: ["k1", "nope"]) == ["k1": job])
     }
 
     /// A key that exists returns the existing job, in the same batch too; nothing is duplicated.
-    @Test func keyUniqueness() async throws {
-        let folder = try TempFolder()
-        let store = try JobStore(path: folder.path + "/jobs.sqlite")
-        let first = try await store.insert([NewJob(url: "https://e.com/1", path: "/tmp/1", key: "same")], now: t0)
-        let again = try await store.insert(
-            [NewJob(url: "https://e.com/2", path: "/tmp/2", key: "same"), NewJob(url: "https://e.com/3", path: "/tmp/3")],
-            now: t0)
-        #expect(again[0].created == false)
-        #expect(again[0].job.id == first[0].job.id)
-        #expect(again[0].job.url == "https://e.com/1")
-        #expect(again[1].created)
-        #expect(try await store.list().count == 2)
+    @Test(arguments: Backend.allCases)
+    func keyUniqueness(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            let first = try await store.insert([NewJob(url: "https://e.com/1", path: "/tmp/1", key: "same")], now: t0)
+            let again = try await store.insert(
+                [NewJob(url: "https://e.com/2", path: "/tmp/2", key: "same"), NewJob(url: "https://e.com/3", path: "/tmp/3")],
+                now: t0)
+            #expect(again[0].created == false)
+            #expect(again[0].job.id == first[0].job.id)
+            #expect(again[0].job.url == "https://e.com/1")
+            #expect(again[1].created)
+            #expect(try await store.list().count == 2)
+        }
     }
 
     /// Two unfinished jobs may not write the same file; the whole batch is refused.
-    @Test func pathInUseRefusesTheBatch() async throws {
-        let folder = try TempFolder()
-        let store = try JobStore(path: folder.path + "/jobs.sqlite")
-        _ = try await store.insert([NewJob(url: "https://e.com/1", path: "/tmp/same")], now: t0)
-        await #expect(throws: StoreError.pathInUse(path: "/tmp/same", by: 1)) {
-            try await store.insert([NewJob(url: "https://e.com/ok", path: "/tmp/ok"), NewJob(url: "https://e.com/2", path: "/tmp/same")], now: t0)
+    @Test(arguments: Backend.allCases)
+    func pathInUseRefusesTheBatch(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            _ = try await store.insert([NewJob(url: "https://e.com/1", path: "/tmp/same")], now: t0)
+            await #expect(throws: StoreError.pathInUse(path: "/tmp/same", by: 1)) {
+                try await store.insert([NewJob(url: "https://e.com/ok", path: "/tmp/ok"), NewJob(url: "https://e.com/2", path: "/tmp/same")], now: t0)
+            }
+            #expect(try await store.list().count == 1)
+            #expect(try await store.isPathInUse("/tmp/same"))
+            #expect(try await !store.isPathInUse("/tmp/ok"))
+            #expect(try await store.unfinishedPaths(among: ["/tmp/ok", "/tmp/same", "/tmp/same"]) == ["/tmp/same"])
+            // Once the first job is finished the path is free again.
+            var job = try #require(try await store.fetch(1))
+            job.state = .completed
+            try await store.save(job)
+            #expect(try await !store.isPathInUse("/tmp/same"))
+            #expect(try await store.insert([NewJob(url: "https://e.com/2", path: "/tmp/same")], now: t0)[0].created)
         }
-        #expect(try await store.list().count == 1)
-        // Once the first job is finished the path is free again.
-        var job = try #require(try await store.fetch(1))
-        job.state = .completed
-        try await store.save(job)
-        #expect(try await store.insert([NewJob(url: "https://e.com/2", path: "/tmp/same")], now: t0)[0].created)
     }
 
     /// Paging by id, filtering by state, the scheduler's order and counts.
-    @Test func listsAndCounts() async throws {
-        let folder = try TempFolder()
-        let store = try JobStore(path: folder.path + "/jobs.sqlite")
-        let news = (1...5).map { NewJob(url: "https://e.com/\($0)", path: "/tmp/\($0)", priority: $0 == 4 ? 9 : 0) }
-        _ = try await store.insert(news, now: t0)
-        var second = try #require(try await store.fetch(2))
-        second.state = .paused
-        try await store.save(second)
-        #expect(try await store.list(afterID: 2, limit: 2).map(\.id) == [3, 4])
-        #expect(try await store.list(states: [.paused]).map(\.id) == [2])
-        #expect(try await store.nextQueued(limit: 10, excludingGroups: []).jobs.map(\.id) == [4, 1, 3, 5])
-        #expect(try await store.counts() == [.queued: 4, .paused: 1])
-        try await store.delete([1, 3])
-        #expect(try await store.list().map(\.id) == [2, 4, 5])
-        // Ids are never reused after a delete.
-        let next = try await store.insert([NewJob(url: "https://e.com/6", path: "/tmp/6")], now: t0)
-        #expect(next[0].job.id == 6)
+    @Test(arguments: Backend.allCases)
+    func listsAndCounts(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            let news = (1...5).map { NewJob(url: "https://e.com/\($0)", path: "/tmp/\($0)", priority: $0 == 4 ? 9 : 0) }
+            _ = try await store.insert(news, now: t0)
+            var second = try #require(try await store.fetch(2))
+            second.state = .paused
+            try await store.save(second)
+            #expect(try await store.list(afterID: 2, limit: 2).map(\.id) == [3, 4])
+            #expect(try await store.list(states: [.paused]).map(\.id) == [2])
+            #expect(try await store.list(states: [.paused, .queued], afterID: 3, limit: 10).map(\.id) == [4, 5])
+            #expect(try await store.nextQueued(limit: 10, excludingGroups: []).jobs.map(\.id) == [4, 1, 3, 5])
+            #expect(try await store.nextQueued(limit: 2, excludingGroups: []).jobs.map(\.id) == [4, 1])
+            #expect(try await store.counts() == [.queued: 4, .paused: 1])
+            #expect(try await store.unfinishedCount() == 5)
+            #expect(try await store.fetch([5, 99, 1, 5]).map(\.id) == [5, 1, 5], "the ids that exist, in the order asked")
+            try await store.delete([1, 3])
+            #expect(try await store.list().map(\.id) == [2, 4, 5])
+            // Ids are never reused after a delete.
+            let next = try await store.insert([NewJob(url: "https://e.com/6", path: "/tmp/6")], now: t0)
+            #expect(next[0].job.id == 6)
+        }
     }
 
     /// A checkpoint records counters of a running job only.
-    @Test func checkpointOnlyTouchesRunningJobs() async throws {
-        let folder = try TempFolder()
-        let store = try JobStore(path: folder.path + "/jobs.sqlite")
-        _ = try await store.insert([NewJob(url: "https://e.com/1", path: "/tmp/1")], now: t0)
-        let validators = Validators(etag: "\"v\"", acceptsRanges: true)
-        try await store.checkpoint(1, received: 10, size: 100, validators: validators, finalURL: nil)
-        #expect(try await store.fetch(1)?.received == 0)
-        var job = try #require(try await store.fetch(1))
-        job.state = .running
-        try await store.save(job)
-        try await store.checkpoint(1, received: 10, size: 100, validators: validators, finalURL: "https://x/1")
-        let after = try #require(try await store.fetch(1))
-        #expect(after.received == 10)
-        #expect(after.size == 100)
-        #expect(after.validators == validators)
-        #expect(after.finalURL == "https://x/1")
+    @Test(arguments: Backend.allCases)
+    func checkpointOnlyTouchesRunningJobs(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            _ = try await store.insert([NewJob(url: "https://e.com/1", path: "/tmp/1")], now: t0)
+            let validators = Validators(etag: "\"v\"", acceptsRanges: true)
+            try await store.checkpoint(1, received: 10, size: 100, validators: validators, finalURL: nil)
+            #expect(try await store.fetch(1)?.received == 0)
+            var job = try #require(try await store.fetch(1))
+            job.state = .running
+            try await store.save(job)
+            try await store.checkpoint(1, received: 10, size: 100, validators: validators, finalURL: "https://x/1", now: t0.addingTimeInterval(5))
+            let after = try #require(try await store.fetch(1))
+            #expect(after.received == 10)
+            #expect(after.size == 100)
+            #expect(after.validators == validators)
+            #expect(after.finalURL == "https://x/1")
+            #expect(after.progressAt == t0.addingTimeInterval(5), "bytes arrived: the give-up clock restarts")
+            // No new bytes: the clock stays; no final URL: the last one stays.
+            try await store.checkpoint(1, received: 10, size: nil, validators: Validators(), finalURL: nil, now: t0.addingTimeInterval(9))
+            let again = try #require(try await store.fetch(1))
+            #expect(again.progressAt == t0.addingTimeInterval(5))
+            #expect(again.finalURL == "https://x/1")
+            #expect(again.size == nil)
+            #expect(again.validators == Validators())
+        }
     }
+
+    /// A save writes one event for each row whose state changed (with its reason and error),
+    /// none for a row whose state stayed; events are numbered from 1, in order.
+    @Test(arguments: Backend.allCases)
+    func saveRecordsStateChanges(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            let jobs = try await store.insert((1...3).map { NewJob(url: "https://e.com/\($0)", path: "/tmp/\($0)") }, now: t0).map(\.job)
+            var waiting = jobs[0]
+            waiting.state = .waiting
+            waiting.waitReason = .retry
+            waiting.error = JobError(code: "http_status", message: "503")
+            waiting.updatedAt = t0.addingTimeInterval(3)
+            var same = jobs[1]
+            same.received = 7
+            var running = jobs[2]
+            running.state = .running
+            let delivered = Collected()
+            store.setEventSink { delivered.add($0) }
+            let events = try await store.save([waiting, same, running], publish: false)
+            #expect(events.map(\.seq) == [4, 5])
+            #expect(events.map(\.jobID) == [jobs[0].id, jobs[2].id])
+            #expect(events[0] == StoredEvent(seq: 4, at: t0.addingTimeInterval(3), kind: .jobState, jobID: jobs[0].id, groupID: nil,
+                                             state: "waiting", waitReason: .retry, error: JobError(code: "http_status", message: "503")))
+            #expect(delivered.events.isEmpty, "publish: false leaves publishing to the caller")
+            store.publishEvents(events)
+            #expect(delivered.events == events)
+            #expect(try await store.events(after: 3) == events)
+            #expect(try await store.events(after: 0, limit: 2).map(\.seq) == [1, 2])
+            #expect(try await store.lastEventSeq() == 5)
+            #expect(try await store.fetch(jobs[1].id)?.received == 7)
+            // Published by the store itself after the commit.
+            running.state = .completed
+            try await store.save(running)
+            #expect(delivered.events.last?.state == "completed")
+            #expect(delivered.events.last?.seq == 6)
+        }
+    }
+
+    /// Waiting jobs give the earliest wake-up; reconciliation reads only rows that can have files.
+    @Test(arguments: Backend.allCases)
+    func wakeUpsAndReconcilePages(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            var jobs = try await store.insert((1...6).map { NewJob(url: "https://e.com/\($0)", path: "/tmp/\($0)") }, now: t0).map(\.job)
+            #expect(try await store.nextWakeUp() == nil)
+            jobs[0].state = .waiting
+            jobs[0].nextAttemptAt = t0.addingTimeInterval(90)
+            jobs[1].state = .waiting
+            jobs[1].nextAttemptAt = t0.addingTimeInterval(30)
+            jobs[2].state = .running
+            jobs[3].attempts = 1
+            jobs[4].state = .canceled
+            try await store.save(jobs)
+            #expect(try await store.nextWakeUp() == t0.addingTimeInterval(30))
+            #expect(try await store.reconcilePage(afterID: 0, limit: 10).map(\.id) == [3, 4, 5])
+            #expect(try await store.reconcilePage(afterID: 3, limit: 1).map(\.id) == [4])
+        }
+    }
+}
+
+final class Collected: @unchecked Sendable {
+    private let lock = NSLock()
+    private var collected: [StoredEvent] = []
+    func add(_ events: [StoredEvent]) { lock.withLock { collected += events } }
+    var events: [StoredEvent] { lock.withLock { collected } }
 }

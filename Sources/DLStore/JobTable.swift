@@ -1,0 +1,230 @@
+import DLCore
+import Foundation
+import Synchronization
+
+/// The job table as the daemon sees it: every read and write the engine makes, and nothing of
+/// how rows are kept. Two backends implement it with the same semantics (the store tests run
+/// on both): `JobStore` (SQLite through GRDB, the embedded default) and `PostgresJobStore`
+/// (PostgreSQL through postgres-nio, for a fleet of daemons that share one queue).
+///
+/// What every backend keeps:
+/// - every write is one transaction, and a method returns only after its commit;
+/// - every state change writes its event (`events`) in the same transaction, numbered by
+///   `seq` in commit order; committed events go to the event sink after the commit, and the
+///   newest `EventLog.kept` stay in the table for replays;
+/// - a command over many rows (`apply`, `delete`, `requeueDue`) is set-based: one statement,
+///   whatever the count, with the columns the state machine sets (`BulkCommand`);
+/// - `insert` returns the existing job for a key that exists, and refuses a path that an
+///   unfinished job writes to (`StoreError.pathInUse`), and then creates nothing.
+public protocol JobTable: Sendable {
+    // MARK: Events
+
+    /// Receives the events of every committed write, in commit order, after the commit.
+    /// `wanted` tells whether anyone listens: events of a bulk change are read back from the
+    /// table (a page at a time) only then.
+    func setEventSink(wanted: @escaping @Sendable () -> Bool, _ deliver: @escaping @Sendable ([StoredEvent]) -> Void)
+    /// Hands events to the sink: for writers that were told not to publish (`publish: false`)
+    /// because they had to finish something first.
+    func publishEvents(_ events: [StoredEvent])
+    /// Events after `seq`, oldest first, at most `limit`.
+    func events(after seq: Int64, limit: Int) async throws -> [StoredEvent]
+    /// The newest event's number (0 when there is none).
+    func lastEventSeq() async throws -> Int64
+
+    // MARK: Jobs: writes
+
+    /// Creates jobs in one transaction, with one `job.state` event each; see the protocol's
+    /// notes for keys and paths.
+    func insert(_ jobs: [NewJob], now: Date) async throws -> [InsertOutcome]
+    /// Writes whole rows in one transaction, with an event for each row whose state changed.
+    /// With `publish: false` the events are returned instead of published.
+    @discardableResult
+    func save(_ jobs: [Job], publish: Bool) async throws -> [StoredEvent]
+    /// Records a running transfer's synced progress (counters and validators) while the row
+    /// is still `running`. Callers sync the bytes first (durability rule 2).
+    func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date) async throws
+    /// Applies `command` to every selected job in a state it changes, with one event each;
+    /// `first` rows are written in the same transaction, before the command.
+    func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], now: Date) async throws -> BulkOutcome
+    /// Deletes the selected rows with one `job.removed` event each; returns the files to
+    /// delete after the commit (partial files, and with `deleteFiles` the completed files).
+    func delete(_ selection: RowSelection, deleteFiles: Bool, now: Date) async throws -> BulkOutcome
+    /// Queues again the waiting jobs whose `next_attempt_at` has come; returns how many.
+    func requeueDue(now: Date) async throws -> Int
+
+    // MARK: Jobs: reads
+
+    /// The jobs with these ids that exist, in the order asked.
+    func fetch(_ ids: [JobID]) async throws -> [Job]
+    /// The jobs with these client keys that exist, by key.
+    func fetch(keys: [String]) async throws -> [String: Job]
+    /// A page of jobs by ascending id, optionally only in some states.
+    func list(states: [JobState]?, afterID: JobID, limit: Int) async throws -> [Job]
+    func counts() async throws -> [JobState: Int]
+    /// Jobs that are not finished (they count against `max_queued`).
+    func unfinishedCount() async throws -> Int
+    /// Which of these paths an unfinished job downloads to (indexed look-ups, in one read).
+    func unfinishedPaths(among paths: [String]) async throws -> Set<String>
+    /// For an explicit list: the first id that does not exist, and the first job (by id)
+    /// whose state is in `refused`.
+    func check(_ ids: [JobID], refused: Set<JobState>) async throws -> (missing: JobID?, refusedBy: (JobID, JobState)?)
+    /// What can start next: at most `limit` queued standalone jobs by priority then id, and
+    /// the open groups (not in `excludingGroups`) with queued members, each placed by its
+    /// first queued member.
+    func nextQueued(limit: Int, excludingGroups active: Set<GroupID>) async throws -> (jobs: [Job], groups: [(entry: QueueEntry, groupID: GroupID)])
+    /// The earliest `next_attempt_at` of a waiting job.
+    func nextWakeUp() async throws -> Date?
+    /// A page of the rows start-up reconciliation looks at (finished, or started at least once).
+    func reconcilePage(afterID: JobID, limit: Int) async throws -> [Job]
+
+    // MARK: Groups
+
+    /// Creates a group and its members (staged under the group's folder) in one transaction.
+    func insertGroup(name: String, dir: String, priority: Int, members: [NewJob], now: Date) async throws -> (JobGroup, [Job])
+    /// Records a group's closing or failed publish, with its event; `members` rows are written
+    /// in the same transaction. With `publish: false` the event is returned instead.
+    @discardableResult
+    func saveGroup(_ group: JobGroup, members: [Job], publish: Bool) async throws -> [StoredEvent]
+    /// Deletes a group record (after its members), with its event.
+    func deleteGroup(_ id: GroupID, now: Date) async throws
+    func fetchGroup(_ id: GroupID) async throws -> JobGroup?
+    /// Groups with this name, newest first.
+    func fetchGroups(named name: String) async throws -> [JobGroup]
+    func members(of id: GroupID) async throws -> [Job]
+    func memberCounts(of id: GroupID) async throws -> [JobState: Int]
+    func firstFailedMember(of id: GroupID) async throws -> Job?
+    /// A group, its members' counts by state, and up to `queuedLimit` queued members in order.
+    func groupTurn(_ id: GroupID, queuedLimit: Int) async throws -> (group: JobGroup?, counts: [JobState: Int], queued: [Job])
+    /// Every group folder, with how the group was closed (nil while open).
+    func groupFolders() async throws -> [(id: GroupID, dir: String, closed: GroupState?)]
+    /// Ids of groups that are neither published nor canceled.
+    func openGroups() async throws -> [GroupID]
+
+    // MARK: Lifetime
+
+    /// Lets go of the connections; the table is not used after this.
+    func close() async
+}
+
+/// Shorter forms of the requirements, for callers that take the usual choices.
+extension JobTable {
+    public func setEventSink(_ deliver: @escaping @Sendable ([StoredEvent]) -> Void) {
+        setEventSink(wanted: { true }, deliver)
+    }
+
+    /// Every kept event after `seq`.
+    public func events(after seq: Int64) async throws -> [StoredEvent] {
+        try await events(after: seq, limit: Int(EventLog.kept))
+    }
+
+    @discardableResult
+    public func save(_ jobs: [Job]) async throws -> [StoredEvent] {
+        try await save(jobs, publish: true)
+    }
+
+    public func save(_ job: Job) async throws {
+        try await save([job], publish: true)
+    }
+
+    public func fetch(_ id: JobID) async throws -> Job? {
+        try await fetch([id]).first
+    }
+
+    /// Every job (or every job in these states), by id.
+    public func list(states: [JobState]? = nil) async throws -> [Job] {
+        try await list(states: states, afterID: 0, limit: Int.max)
+    }
+
+    public func list(afterID: JobID, limit: Int) async throws -> [Job] {
+        try await list(states: nil, afterID: afterID, limit: limit)
+    }
+
+    public func apply(_ command: BulkCommand, to selection: RowSelection, now: Date) async throws -> BulkOutcome {
+        try await apply(command, to: selection, first: [], now: now)
+    }
+
+    /// Deletes rows by id, keeping their files.
+    public func delete(_ ids: [JobID], now: Date = Date()) async throws {
+        guard !ids.isEmpty else { return }
+        _ = try await delete(.ids(ids), deleteFiles: false, now: now)
+    }
+
+    public func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?) async throws {
+        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, now: Date())
+    }
+
+    @discardableResult
+    public func saveGroup(_ group: JobGroup, members: [Job] = []) async throws -> [StoredEvent] {
+        try await saveGroup(group, members: members, publish: true)
+    }
+
+    /// Whether an unfinished job downloads to `path`.
+    public func isPathInUse(_ path: String) async throws -> Bool {
+        try await unfinishedPaths(among: [path]).contains(path)
+    }
+}
+
+/// The events table's bounds.
+public enum EventLog {
+    /// Events kept for replay; older ones are pruned as new ones are written.
+    public static let kept: Int64 = 10_000
+    /// Bulk changes publish their events read back from the table, this many a read.
+    public static let page = 1000
+}
+
+/// Where a store hands its committed events, shared by the backends.
+///
+/// The closures live in a struct on purpose: a bare function type kept in a `Mutex` comes back
+/// from every `withLock` wrapped in two more reabstraction thunks, so calling it (and at last
+/// releasing it) recursed once per earlier commit: dld 0.1.0's SIGSEGV after about 130 000
+/// commits. `EventSinkTests` guards this.
+public final class EventSink: Sendable {
+    private struct Sink {
+        var deliver: @Sendable ([StoredEvent]) -> Void
+        var wanted: @Sendable () -> Bool
+    }
+
+    private let sink = Mutex<Sink?>(nil)
+
+    public init() {}
+
+    public func set(wanted: @escaping @Sendable () -> Bool, _ deliver: @escaping @Sendable ([StoredEvent]) -> Void) {
+        sink.withLock { $0 = Sink(deliver: deliver, wanted: wanted) }
+    }
+
+    /// Whether a sink is set and wants events.
+    public var wanted: Bool {
+        guard let sink = sink.withLock({ $0 }) else { return false }
+        return sink.wanted()
+    }
+
+    public func publish(_ events: [StoredEvent]) {
+        guard !events.isEmpty, let sink = sink.withLock({ $0 }) else { return }
+        sink.deliver(events)
+    }
+
+    /// Publishes the events numbered `(first, last]`, read by `read(after, through, limit)` a
+    /// page at a time, so that a change of 100 000 rows never holds 100 000 events in memory.
+    /// Nothing is read when no one listens. A page that cannot be read ends the publishing (a
+    /// subscriber can still replay them from the table).
+    public func publish(after first: Int64, through last: Int64, read: (Int64, Int64, Int) throws -> [StoredEvent]) {
+        guard last > first, let sink = sink.withLock({ $0 }), sink.wanted() else { return }
+        var cursor = first
+        while cursor < last {
+            guard let page = try? read(cursor, last, EventLog.page), let end = page.last?.seq else { return }
+            sink.deliver(page)
+            cursor = end
+        }
+    }
+
+    /// `publish(after:through:read:)` for a backend whose reads are asynchronous.
+    public func publish(after first: Int64, through last: Int64, fetch: (Int64, Int64, Int) async throws -> [StoredEvent]) async {
+        guard last > first, let sink = sink.withLock({ $0 }), sink.wanted() else { return }
+        var cursor = first
+        while cursor < last {
+            guard let page = try? await fetch(cursor, last, EventLog.page), let end = page.last?.seq else { return }
+            sink.deliver(page)
+            cursor = end
+        }
+    }
+}

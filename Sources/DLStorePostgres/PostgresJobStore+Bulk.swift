@@ -1,0 +1,133 @@
+import DLCore
+import DLStore
+import Foundation
+import Logging
+import PostgresNIO
+
+extension PostgresJobStore {
+    // MARK: Bulk commands: one statement, one transaction, whatever the count
+
+    /// The SQL condition for a selection, its value bound in `binds`. Ids travel as one
+    /// `bigint[]` parameter, so 100 000 ids are one parameter, not 100 000.
+    private static func condition(_ selection: RowSelection, _ binds: inout Binds) -> String {
+        switch selection {
+        case .all: return "TRUE"
+        case .ids(let ids): return "id = ANY(\(binds.ints(ids)))"
+        case .group(let id): return "group_id = \(binds.int(id))"
+        }
+    }
+
+    /// The columns a command sets: the same result as `StateMachine.apply` on each row (a store
+    /// test checks that they agree, on both backends). PostgreSQL, like SQLite, evaluates
+    /// every expression on the old row. `now` and `startOver` are placeholders of values.
+    private static func assignments(_ command: BulkCommand, now: String, startOver: String) -> String {
+        switch command {
+        case .pause:
+            return "state = 'paused', wait_reason = NULL, next_attempt_at = NULL, updated_at = \(now)"
+        case .cancel:
+            return "state = 'canceled', wait_reason = NULL, next_attempt_at = NULL, finished_at = \(now), updated_at = \(now)"
+        case .resume:
+            let restart = "error_code = ANY(\(startOver))"
+            return """
+                state = 'queued', wait_reason = NULL, next_attempt_at = NULL, finished_at = NULL, attempts = 0,
+                updated_at = \(now),
+                error_code = CASE WHEN state = 'failed' THEN NULL ELSE error_code END,
+                error_message = CASE WHEN state = 'failed' THEN NULL ELSE error_message END,
+                received = CASE WHEN \(restart) THEN 0 ELSE received END,
+                etag = CASE WHEN \(restart) THEN NULL ELSE etag END,
+                last_modified = CASE WHEN \(restart) THEN NULL ELSE last_modified END,
+                accepts_ranges = CASE WHEN \(restart) THEN false ELSE accepts_ranges END,
+                sha256 = CASE WHEN \(restart) THEN NULL ELSE sha256 END,
+                digest = CASE WHEN \(restart) THEN NULL ELSE digest END
+                """
+        }
+    }
+
+    public func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], now: Date) async throws -> BulkOutcome {
+        let (outcome, range) = try await transaction { connection -> (BulkOutcome, (Int64, Int64)) in
+            try await Self.update(first, on: connection, logger: logger)
+            var binds = Binds()
+            let at = binds.double(now.timeIntervalSince1970)
+            let startOver = binds.texts(BulkCommand.startOverCodes)
+            let states = binds.texts(command.sources.map(\.rawValue))
+            let condition = Self.condition(selection, &binds)
+            let changed = try await connection.rows(
+                binds.query(
+                    "UPDATE jobs SET \(Self.assignments(command, now: at, startOver: startOver)) WHERE state = ANY(\(states)) AND \(condition) RETURNING id"),
+                logger: logger
+            ).map { try $0.decode(Int64.self) }.sorted()
+            let files = command == .cancel ? try await Self.partialFiles(of: changed, on: connection, logger: logger) : []
+            let range = try await Self.recordStates(of: changed, at: now, on: connection, logger: logger)
+            return (BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files), range)
+        }
+        await publishEvents(after: range.0, through: range.1)
+        return outcome
+    }
+
+    public func delete(_ selection: RowSelection, deleteFiles: Bool, now: Date) async throws -> BulkOutcome {
+        let (outcome, range) = try await transaction { connection -> (BulkOutcome, (Int64, Int64)) in
+            var binds = Binds()
+            let condition = Self.condition(selection, &binds)
+            var removed: [(id: JobID, group: GroupID?)] = []
+            var files: [String] = []
+            for row in try await connection.rows(
+                binds.query("DELETE FROM jobs WHERE \(condition) RETURNING id, group_id, state, path, staging_path, attempts, received"),
+                logger: logger)
+            {
+                let (id, group, stateText, path, staging, attempts, received) = try row.decode((Int64, Int64?, String, String, String?, Int64, Int64).self)
+                removed.append((id, group))
+                let state = JobState(rawValue: stateText) ?? .failed
+                if state == .completed {
+                    if deleteFiles { files.append(path) }
+                } else if state != .canceled, attempts > 0 || received > 0 {
+                    files.append((staging ?? path) + ".part")
+                }
+            }
+            removed.sort { $0.id < $1.id }
+            let ids = removed.prefix(BulkOutcome.idsShown).map(\.id)
+            guard !removed.isEmpty else { return (BulkOutcome(count: 0, ids: [], files: []), (0, 0)) }
+            // One `job.removed` event a row, in id order. Group ids travel as 0 for none (ids
+            // start at 1): postgres-nio binds no arrays with NULLs in them.
+            let last = try await Self.lockEvents(on: connection, logger: logger)
+            try await connection.run(
+                """
+                INSERT INTO events (seq, at, kind, job_id, group_id, state)
+                SELECT \(last) + u.n, \(now.timeIntervalSince1970), 'job.removed', u.id, NULLIF(u.g, 0), 'removed'
+                FROM unnest(\(removed.map(\.id))::bigint[], \(removed.map { $0.group ?? 0 })::bigint[]) WITH ORDINALITY AS u(id, g, n)
+                """,
+                logger: logger)
+            let through = last + Int64(removed.count)
+            try await Self.pruneEvents(from: last, through: through, on: connection, logger: logger)
+            return (BulkOutcome(count: removed.count, ids: ids, files: files), (last, through))
+        }
+        await publishEvents(after: range.0, through: range.1)
+        return outcome
+    }
+
+    public func requeueDue(now: Date) async throws -> Int {
+        let (count, range) = try await transaction { connection -> (Int, (Int64, Int64)) in
+            let at = now.timeIntervalSince1970
+            let changed = try await connection.rows(
+                """
+                UPDATE jobs SET state = 'queued', wait_reason = NULL, next_attempt_at = NULL, updated_at = \(at)
+                WHERE state = 'waiting' AND next_attempt_at <= \(at) RETURNING id
+                """,
+                logger: logger
+            ).map { try $0.decode(Int64.self) }
+            return (changed.count, try await Self.recordStates(of: changed, at: now, on: connection, logger: logger))
+        }
+        await publishEvents(after: range.0, through: range.1)
+        return count
+    }
+
+    /// Partial files that jobs which ever started may have left.
+    private static func partialFiles(of ids: [JobID], on connection: PostgresConnection, logger: Logger) async throws -> [String] {
+        guard !ids.isEmpty else { return [] }
+        return try await connection.rows(
+            "SELECT path, staging_path FROM jobs WHERE id = ANY(\(ids)) AND (attempts > 0 OR received > 0) ORDER BY id", logger: logger
+        ).map { row in
+            let (path, staging) = try row.decode((String, String?).self)
+            return (staging ?? path) + ".part"
+        }
+    }
+}

@@ -1,0 +1,315 @@
+import DLCore
+import DLStore
+import Foundation
+import Logging
+import PostgresNIO
+
+extension PostgresJobStore {
+    // MARK: Inserts
+
+    public func insert(_ jobs: [NewJob], now: Date) async throws -> [InsertOutcome] {
+        let (outcomes, events) = try await transaction { connection in
+            try await Self.insert(jobs, groupID: nil, now: now, on: connection, logger: logger)
+        }
+        publishEvents(events)
+        return outcomes
+    }
+
+    /// Creates jobs with the SQLite store's rules, set-based: one read of the keys and one of
+    /// the paths that the request names, then the decisions in order (a key that exists, in
+    /// the table or earlier in the request, returns that job; a path that an unfinished job
+    /// writes to, in the table or earlier in the request, refuses the whole insert), then the
+    /// rows in a few statements and their events.
+    ///
+    /// The checks and the writes must not interleave with another daemon's, or two jobs could
+    /// take one path: inserts hold `LockKey.inserts` until they commit, one at a time across
+    /// the fleet, as behind SQLite's single writer. They take it first, and the event lock
+    /// last, so no two transactions wait for each other's locks.
+    static func insert(
+        _ jobs: [NewJob], groupID: GroupID?, now: Date, on connection: PostgresConnection, logger: Logger
+    ) async throws -> (outcomes: [InsertOutcome], events: [StoredEvent]) {
+        guard !jobs.isEmpty else { return ([], []) }
+        try await connection.run("SELECT pg_advisory_xact_lock(\(LockKey.inserts))", logger: logger)
+        var existing: [String: Job] = [:]
+        let keys = Array(Set(jobs.compactMap { $0.key.map(storedText) }))
+        if !keys.isEmpty {
+            for row in try await connection.rows("SELECT \(unescaped: Columns.job) FROM jobs WHERE key = ANY(\(keys))", logger: logger) {
+                let job = try Columns.job(row)
+                if let key = job.key { existing[key] = job }
+            }
+        }
+        var pathUsers: [String: JobID] = [:]
+        let paths = Array(Set(jobs.map { storedText($0.path) }))
+        for row in try await connection.rows(
+            """
+            SELECT path, MIN(id) FROM jobs WHERE path = ANY(\(paths)) AND state NOT IN ('completed', 'failed', 'canceled')
+            GROUP BY path
+            """,
+            logger: logger)
+        {
+            let (path, id) = try row.decode((String, Int64).self)
+            pathUsers[path] = id
+        }
+
+        enum Decision {
+            case existing(Job)
+            /// Created: its place in `creates`.
+            case created(Int)
+            /// Its key is that of a job created earlier in this request.
+            case sameAs(Int)
+        }
+        var decisions: [Decision] = []
+        decisions.reserveCapacity(jobs.count)
+        var creates: [NewJob] = []
+        var createdKeys: [String: Int] = [:]
+        var createdPaths: [String: Int] = [:]
+        for new in jobs {
+            let key = new.key.map(storedText)
+            if let key, let earlier = createdKeys[key] {
+                decisions.append(.sameAs(earlier))
+                continue
+            }
+            if let key, let job = existing[key] {
+                decisions.append(.existing(job))
+                continue
+            }
+            let path = storedText(new.path)
+            if let other = pathUsers[path] {
+                throw StoreError.pathInUse(path: new.path, by: other)
+            }
+            if let earlier = createdPaths[path] {
+                // The earlier job of this request would have had its id by now.
+                let ids = try await allocateIDs(earlier + 1, on: connection, logger: logger)
+                throw StoreError.pathInUse(path: new.path, by: ids[earlier])
+            }
+            if let key { createdKeys[key] = creates.count }
+            if !new.state.isFinished { createdPaths[path] = creates.count }
+            decisions.append(.created(creates.count))
+            creates.append(new)
+        }
+
+        let ids = try await allocateIDs(creates.count, on: connection, logger: logger)
+        let at = now.timeIntervalSince1970
+        let records = zip(ids, creates).map { InsertRecord(id: $0, $1, groupID: groupID, at: at) }
+        let set = InsertRecord.set
+        for chunk in try set.chunks(records) {
+            var binds = Binds()
+            let json = binds.json(chunk)
+            try await connection.run(binds.query("INSERT INTO jobs (\(set.names)) SELECT \(set.names) FROM \(set.source(json))"), logger: logger)
+        }
+        var created: [Job] = []
+        created.reserveCapacity(creates.count)
+        for (id, new) in zip(ids, creates) {
+            var job = Job(
+                url: new.url, path: new.path, state: new.state, priority: new.priority,
+                createdAt: now, updatedAt: now, key: new.key, meta: new.meta,
+                headers: new.headers, overwrite: new.overwrite, checksum: new.checksum,
+                expectedSize: new.expectedSize, progressAt: now, groupID: groupID, stagingPath: new.stagingPath)
+            job.options = new.options
+            job.size = new.expectedSize
+            job.id = id
+            created.append(job)
+        }
+        let events = try await record(
+            created.map { StoredEvent(seq: 0, at: now, kind: .jobState, jobID: $0.id, groupID: groupID, state: $0.state.rawValue) },
+            on: connection, logger: logger)
+        let outcomes = decisions.map { decision -> InsertOutcome in
+            switch decision {
+            case .existing(let job): return InsertOutcome(job: job, created: false)
+            case .created(let index): return InsertOutcome(job: created[index], created: true)
+            case .sameAs(let index): return InsertOutcome(job: created[index], created: false)
+            }
+        }
+        return (outcomes, events)
+    }
+
+    /// `count` new job ids, ascending: a request's jobs get ids in its order.
+    private static func allocateIDs(_ count: Int, on connection: PostgresConnection, logger: Logger) async throws -> [JobID] {
+        guard count > 0 else { return [] }
+        return try await connection.rows(
+            "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) FROM generate_series(1, \(Int64(count)))", logger: logger
+        ).map { try $0.decode(Int64.self) }.sorted()
+    }
+
+    // MARK: Whole rows
+
+    @discardableResult
+    public func save(_ jobs: [Job], publish: Bool) async throws -> [StoredEvent] {
+        guard !jobs.isEmpty else { return [] }
+        let events = try await transaction { connection in
+            // Row locks in id order, as every saver takes them, and the states before.
+            var state: [JobID: String] = [:]
+            for row in try await connection.rows(
+                "SELECT id, state FROM jobs WHERE id = ANY(\(jobs.map(\.id))) ORDER BY id FOR UPDATE", logger: logger)
+            {
+                let (id, before) = try row.decode((Int64, String).self)
+                state[id] = before
+            }
+            try await Self.update(jobs, on: connection, logger: logger)
+            // An event for each row whose state changed, in the order given (a row that is
+            // not there gets one too, as in the SQLite store).
+            var changes: [StoredEvent] = []
+            for job in jobs where state[job.id] != job.state.rawValue {
+                if state[job.id] != nil { state[job.id] = job.state.rawValue }
+                changes.append(StoredEvent(
+                    seq: 0, at: job.updatedAt, kind: .jobState, jobID: job.id, groupID: job.groupID, state: job.state.rawValue,
+                    waitReason: job.waitReason, error: job.error))
+            }
+            return try await Self.record(changes, on: connection, logger: logger)
+        }
+        if publish { publishEvents(events) }
+        return events
+    }
+
+    /// Writes whole rows (all but id, created_at, group_id and host, as the SQLite store), many
+    /// a statement. A row given twice is written twice, in order: a statement never holds the
+    /// same id twice (PostgreSQL would apply only one of them).
+    static func update(_ jobs: [Job], on connection: PostgresConnection, logger: Logger) async throws {
+        guard !jobs.isEmpty else { return }
+        let set = UpdateRecord.set
+        let assignments = set.columns.dropFirst().map { "\($0.name) = r.\($0.name)" }.joined(separator: ", ")
+        var start = 0
+        while start < jobs.count {
+            var seen: Set<JobID> = []
+            var end = start
+            while end < jobs.count, seen.insert(jobs[end].id).inserted { end += 1 }
+            for chunk in try set.chunks(jobs[start..<end].map(UpdateRecord.init)) {
+                var binds = Binds()
+                let json = binds.json(chunk)
+                try await connection.run(
+                    binds.query("UPDATE jobs AS j SET \(assignments) FROM \(set.source(json)) WHERE j.id = r.id"), logger: logger)
+            }
+            start = end
+        }
+    }
+
+    public func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date) async throws {
+        _ = try await rows(
+            """
+            UPDATE jobs SET progress_at = CASE WHEN \(received)::bigint > received THEN \(now.timeIntervalSince1970) ELSE progress_at END,
+                received = \(received), size = \(size), etag = \(text: validators.etag), last_modified = \(text: validators.lastModified),
+                accepts_ranges = \(validators.acceptsRanges), final_url = COALESCE(\(text: finalURL), final_url)
+            WHERE id = \(id) AND state = 'running'
+            """)
+    }
+
+    // MARK: Groups
+
+    public func insertGroup(name: String, dir: String, priority: Int, members: [NewJob], now: Date) async throws -> (JobGroup, [Job]) {
+        let (group, jobs, events) = try await transaction { connection in
+            let id = try await connection.rows("SELECT nextval(pg_get_serial_sequence('groups', 'id'))", logger: logger)
+                .first?.decode(Int64.self) ?? 0
+            guard id > 0 else { throw PostgresStoreError("PostgreSQL gave no group id") }
+            let staging = JobGroup.stagingFolder(for: dir, id: id)
+            let at = now.timeIntervalSince1970
+            try await connection.run(
+                """
+                INSERT INTO groups (id, name, dir, staging, priority, created_at, updated_at)
+                VALUES (\(id), \(text: name), \(text: dir), \(text: staging), \(priority), \(at), \(at))
+                """,
+                logger: logger)
+            let group = JobGroup(id: id, name: name, dir: dir, staging: staging, priority: priority, createdAt: now, updatedAt: now)
+            // Members stage under the group's folder, at their path relative to `dir`.
+            let staged = members.map { member -> NewJob in
+                var member = member
+                let relative = String(member.path.dropFirst(dir.count + 1))
+                member.stagingPath = staging + "/" + relative
+                return member
+            }
+            let (outcomes, events) = try await Self.insert(staged, groupID: id, now: now, on: connection, logger: logger)
+            return (group, outcomes.map(\.job), events)
+        }
+        publishEvents(events)
+        return (group, jobs)
+    }
+
+    @discardableResult
+    public func saveGroup(_ group: JobGroup, members: [Job], publish: Bool) async throws -> [StoredEvent] {
+        let events = try await transaction { connection -> [StoredEvent] in
+            try await Self.update(members, on: connection, logger: logger)
+            let row = try await connection.rows("SELECT closed, error_code FROM groups WHERE id = \(group.id) FOR UPDATE", logger: logger).first
+            let (before, errorBefore) = try row?.decode((String?, String?).self) ?? (nil, nil)
+            try await connection.run(
+                """
+                UPDATE groups SET name = \(text: group.name), dir = \(text: group.dir), staging = \(text: group.staging),
+                    priority = \(group.priority), closed = \(text: group.closed?.rawValue), error_code = \(text: group.error?.code),
+                    error_message = \(text: group.error?.message), updated_at = \(group.updatedAt.timeIntervalSince1970),
+                    finished_at = \(group.finishedAt?.timeIntervalSince1970)
+                WHERE id = \(group.id)
+                """,
+                logger: logger)
+            let state: String
+            if group.closed == nil, errorBefore == nil, group.error != nil {
+                // Its publish failed (a file appeared in the folder): it is `failed` until resumed.
+                state = "failed"
+            } else if let closed = group.closed, before != closed.rawValue {
+                state = closed.rawValue
+            } else {
+                return []
+            }
+            return try await Self.record(
+                [StoredEvent(seq: 0, at: group.updatedAt, kind: .groupState, jobID: nil, groupID: group.id, state: state)],
+                on: connection, logger: logger)
+        }
+        if publish { publishEvents(events) }
+        return events
+    }
+
+    public func deleteGroup(_ id: GroupID, now: Date) async throws {
+        let events = try await transaction { connection in
+            try await connection.run("DELETE FROM groups WHERE id = \(id)", logger: logger)
+            return try await Self.record(
+                [StoredEvent(seq: 0, at: now, kind: .groupState, jobID: nil, groupID: id, state: "removed")], on: connection, logger: logger)
+        }
+        publishEvents(events)
+    }
+
+    public func fetchGroup(_ id: GroupID) async throws -> JobGroup? {
+        try await rows("SELECT \(unescaped: Columns.group) FROM groups WHERE id = \(id)").first.map(Columns.group)
+    }
+
+    public func fetchGroups(named name: String) async throws -> [JobGroup] {
+        try await rows("SELECT \(unescaped: Columns.group) FROM groups WHERE name = \(text: name) ORDER BY id DESC").map(Columns.group)
+    }
+
+    public func members(of id: GroupID) async throws -> [Job] {
+        try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE group_id = \(id) ORDER BY id")
+    }
+
+    public func memberCounts(of id: GroupID) async throws -> [JobState: Int] {
+        try Columns.counts(try await rows("SELECT state, COUNT(*) FROM jobs WHERE group_id = \(id) GROUP BY state"))
+    }
+
+    public func firstFailedMember(of id: GroupID) async throws -> Job? {
+        try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE group_id = \(id) AND state = 'failed' ORDER BY id LIMIT 1").first
+    }
+
+    public func groupTurn(_ id: GroupID, queuedLimit: Int) async throws -> (group: JobGroup?, counts: [JobState: Int], queued: [Job]) {
+        try await snapshot { connection in
+            guard let group = try await connection.rows("SELECT \(unescaped: Columns.group) FROM groups WHERE id = \(id)", logger: logger)
+                .first.map(Columns.group)
+            else {
+                return (nil, [:], [])
+            }
+            let counts = try Columns.counts(
+                try await connection.rows("SELECT state, COUNT(*) FROM jobs WHERE group_id = \(id) GROUP BY state", logger: logger))
+            guard queuedLimit > 0, counts[.queued, default: 0] > 0 else { return (group, counts, []) }
+            let queued = try await connection.rows(
+                "SELECT \(unescaped: Columns.job) FROM jobs WHERE group_id = \(id) AND state = 'queued' ORDER BY id LIMIT \(Int64(queuedLimit))",
+                logger: logger
+            ).map(Columns.job)
+            return (group, counts, queued)
+        }
+    }
+
+    public func groupFolders() async throws -> [(id: GroupID, dir: String, closed: GroupState?)] {
+        try await rows("SELECT id, dir, closed FROM groups ORDER BY id").map { row in
+            let (id, dir, closed) = try row.decode((Int64, String, String?).self)
+            return (id, dir, closed.flatMap(GroupState.init(rawValue:)))
+        }
+    }
+
+    public func openGroups() async throws -> [GroupID] {
+        try await rows("SELECT id FROM groups WHERE closed IS NULL ORDER BY id").map { try $0.decode(Int64.self) }
+    }
+}

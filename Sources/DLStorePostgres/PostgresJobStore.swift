@@ -1,0 +1,316 @@
+import DLCore
+import DLStore
+import Foundation
+import Logging
+import PostgresNIO
+
+/// The job table in PostgreSQL: the `JobTable` of a fleet of daemons that share one queue.
+/// Same rows, same events and the same answers as the SQLite store (the store tests run on
+/// both); what differs is how writers that are not one process stay in order:
+///
+/// - every write is one transaction on a connection of postgres-nio's pool;
+/// - events are numbered under an advisory lock, so their `seq` follows commit order across
+///   daemons (`lockEvents`);
+/// - inserts, which check keys and paths before they write, run one at a time across daemons
+///   (`LockKey.inserts`), as they do behind SQLite's single writer;
+/// - reads of more than one statement read one snapshot (`REPEATABLE READ`).
+///
+/// Lifetime: `open` starts the client's pool in a task of its own and migrates the schema;
+/// `close` ends the pool. The connection string's password is never logged.
+public final class PostgresJobStore: JobTable {
+    let client: PostgresClient
+    private let runner: Task<Void, Never>
+    let logger: Logger
+    private let sink = EventSink()
+
+    private init(client: PostgresClient, runner: Task<Void, Never>, logger: Logger) {
+        self.client = client
+        self.runner = runner
+        self.logger = logger
+    }
+
+    /// Brings the schema up to date, then starts a pool of at most `maxConnections`.
+    ///
+    /// The migrations run on a connection of their own, made once: a server that refuses
+    /// (no such database, wrong password, nothing listening) fails the open at once, with the
+    /// server's words. The pool would keep trying for a minute and then say only that it
+    /// could not connect.
+    public static func open(_ url: PostgresURL, maxConnections: Int = 8, logger: Logger) async throws -> PostgresJobStore {
+        do {
+            let connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 0, logger: logger)
+            do {
+                try await PostgresSchema.migrate(on: connection, logger: logger)
+            } catch {
+                try? await connection.close().get()
+                throw error
+            }
+            try await connection.close().get()
+        } catch {
+            throw PostgresStoreError(describing: error)
+        }
+        var configuration = url.configuration
+        configuration.options.maximumConnections = maxConnections
+        let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+        // Detached: the pool must outlive a graceful shutdown of the caller's services until
+        // `close`, after the engine has committed its last checkpoints.
+        let runner = Task.detached { await client.run() }
+        return PostgresJobStore(client: client, runner: runner, logger: logger)
+    }
+
+    public func close() async {
+        runner.cancel()
+        await runner.value
+    }
+
+    // MARK: Connections and transactions
+
+    /// A connection of the pool for `body`; postgres-nio's errors become `PostgresStoreError`s
+    /// (a `StoreError` of the body is thrown as it is).
+    func connection<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {
+        do {
+            return try await client.withConnection { connection in try await body(connection) }
+        } catch let error as StoreError {
+            throw error
+        } catch {
+            throw PostgresStoreError(describing: error)
+        }
+    }
+
+    /// `body` in one transaction, committed before this returns; rolled back if it throws
+    /// (and its error, a `StoreError` say, is thrown as it was).
+    func transaction<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {
+        try await connection { connection in
+            try await connection.run("BEGIN", logger: logger)
+            do {
+                let value = try await body(connection)
+                try await connection.run("COMMIT", logger: logger)
+                return value
+            } catch {
+                try? await connection.run("ROLLBACK", logger: logger)
+                throw error
+            }
+        }
+    }
+
+    /// Reads of several statements from one snapshot, as SQLite's WAL readers see one.
+    func snapshot<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {
+        try await connection { connection in
+            try await connection.run("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", logger: logger)
+            do {
+                let value = try await body(connection)
+                try await connection.run("COMMIT", logger: logger)
+                return value
+            } catch {
+                try? await connection.run("ROLLBACK", logger: logger)
+                throw error
+            }
+        }
+    }
+
+    /// The rows of one statement.
+    func rows(_ query: PostgresQuery) async throws -> [PostgresRow] {
+        try await connection { connection in try await connection.rows(query, logger: logger) }
+    }
+
+    func jobs(_ query: PostgresQuery) async throws -> [Job] {
+        try await rows(query).map(Columns.job)
+    }
+
+    // MARK: Events
+
+    public func setEventSink(wanted: @escaping @Sendable () -> Bool, _ deliver: @escaping @Sendable ([StoredEvent]) -> Void) {
+        sink.set(wanted: wanted, deliver)
+    }
+
+    public func publishEvents(_ events: [StoredEvent]) {
+        sink.publish(events)
+    }
+
+    /// Publishes the events numbered `(first, last]`, read back a page at a time when someone listens.
+    func publishEvents(after first: Int64, through last: Int64) async {
+        await sink.publish(after: first, through: last) { after, through, limit in
+            try await self.rows("SELECT \(unescaped: Columns.event) FROM events WHERE seq > \(after) AND seq <= \(through) ORDER BY seq LIMIT \(limit)")
+                .map(Columns.event)
+        }
+    }
+
+    public func events(after seq: Int64, limit: Int) async throws -> [StoredEvent] {
+        try await rows("SELECT \(unescaped: Columns.event) FROM events WHERE seq > \(seq) ORDER BY seq LIMIT \(limit)").map(Columns.event)
+    }
+
+    public func lastEventSeq() async throws -> Int64 {
+        try await rows("SELECT COALESCE(MAX(seq), 0)::bigint FROM events").first?.decode(Int64.self) ?? 0
+    }
+
+    /// Takes the event lock of this transaction and returns the newest event's number.
+    ///
+    /// Why a lock: `seq` must follow commit order, because a subscriber replays `events(after:)`
+    /// from the last number it saw. A sequence would hand out numbers in the order writers ask,
+    /// so a reader could see 8 committed while 7 is not yet, move its cursor past 7, and lose
+    /// it. Under `pg_advisory_xact_lock`, held until COMMIT, only one transaction at a time
+    /// numbers events, so numbers are given in commit order and a reader never sees a gap
+    /// that fills later.
+    ///
+    /// The lock is taken last, after a transaction's rows are written: the section it
+    /// serializes stays short, and it never waits for a row lock while holding it (no deadlock
+    /// with a writer that holds rows and waits for the lock). The number is read in a statement
+    /// after the lock's, whose snapshot (READ COMMITTED) includes the previous holder's commit.
+    static func lockEvents(on connection: PostgresConnection, logger: Logger) async throws -> Int64 {
+        try await connection.run("SELECT pg_advisory_xact_lock(\(LockKey.events))", logger: logger)
+        return try await connection.rows("SELECT COALESCE(MAX(seq), 0)::bigint FROM events", logger: logger).first?.decode(Int64.self) ?? 0
+    }
+
+    /// Keeps the newest `EventLog.kept` events; checked when the numbers cross a hundred, as
+    /// the SQLite store does.
+    static func pruneEvents(from first: Int64, through last: Int64, on connection: PostgresConnection, logger: Logger) async throws {
+        guard last / 100 != first / 100 else { return }
+        try await connection.run("DELETE FROM events WHERE seq <= \(last - EventLog.kept)", logger: logger)
+    }
+
+    /// Numbers and writes events given as values (their `seq` is ignored and set here), under
+    /// the event lock; returns them numbered.
+    static func record(_ events: [StoredEvent], on connection: PostgresConnection, logger: Logger) async throws -> [StoredEvent] {
+        guard !events.isEmpty else { return [] }
+        let last = try await lockEvents(on: connection, logger: logger)
+        var numbered = events
+        for index in numbered.indices { numbered[index].seq = last + 1 + Int64(index) }
+        let set = EventRecord.set
+        for chunk in try set.chunks(numbered.map(EventRecord.init)) {
+            var binds = Binds()
+            let json = binds.json(chunk)
+            try await connection.run(binds.query("INSERT INTO events (\(set.names)) SELECT \(set.names) FROM \(set.source(json))"), logger: logger)
+        }
+        try await pruneEvents(from: last, through: last + Int64(numbered.count), on: connection, logger: logger)
+        return numbered
+    }
+
+    /// One `job.state` event per job, as the rows are now, in id order. Returns the numbers
+    /// they took: `(first, last]`.
+    static func recordStates(of ids: [JobID], at now: Date, on connection: PostgresConnection, logger: Logger) async throws -> (Int64, Int64) {
+        guard !ids.isEmpty else { return (0, 0) }
+        let last = try await lockEvents(on: connection, logger: logger)
+        try await connection.run(
+            """
+            INSERT INTO events (seq, at, kind, job_id, group_id, state, wait_reason, error_code, error_message)
+            SELECT \(last) + row_number() OVER (ORDER BY id), \(now.timeIntervalSince1970), 'job.state', id, group_id, state,
+                wait_reason, error_code, error_message
+            FROM jobs WHERE id = ANY(\(ids))
+            """,
+            logger: logger)
+        let through = last + Int64(ids.count)
+        try await pruneEvents(from: last, through: through, on: connection, logger: logger)
+        return (last, through)
+    }
+
+    // MARK: Reads
+
+    public func fetch(_ ids: [JobID]) async throws -> [Job] {
+        guard !ids.isEmpty else { return [] }
+        let found = try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE id = ANY(\(ids))")
+        let byID = Dictionary(found.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
+        return ids.compactMap { byID[$0] }
+    }
+
+    public func fetch(keys: [String]) async throws -> [String: Job] {
+        guard !keys.isEmpty else { return [:] }
+        let found = try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE key = ANY(\(texts: keys))")
+        var byKey: [String: Job] = [:]
+        for job in found { if let key = job.key { byKey[key] = job } }
+        // Keys as asked: a key with a NUL was stored (and found) cut at it.
+        var result: [String: Job] = [:]
+        for key in keys { if let job = byKey[storedText(key)] { result[key] = job } }
+        return result
+    }
+
+    public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws -> [Job] {
+        let limit = Int64(min(limit, Int(Int32.max)))
+        if let states {
+            return try await jobs(
+                "SELECT \(unescaped: Columns.job) FROM jobs WHERE id > \(afterID) AND state = ANY(\(states.map(\.rawValue))) ORDER BY id LIMIT \(limit)")
+        }
+        return try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE id > \(afterID) ORDER BY id LIMIT \(limit)")
+    }
+
+    public func counts() async throws -> [JobState: Int] {
+        try Columns.counts(try await rows("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
+    }
+
+    public func unfinishedCount() async throws -> Int {
+        Int(try await rows("SELECT COUNT(*) FROM jobs WHERE state IN ('queued', 'running', 'waiting', 'paused')").first?.decode(Int64.self) ?? 0)
+    }
+
+    public func unfinishedPaths(among paths: [String]) async throws -> Set<String> {
+        guard !paths.isEmpty else { return [] }
+        var used: Set<String> = []
+        for row in try await rows(
+            "SELECT DISTINCT path FROM jobs WHERE path = ANY(\(texts: paths)) AND state NOT IN ('completed', 'failed', 'canceled')")
+        {
+            used.insert(try row.decode(String.self))
+        }
+        return Set(paths.filter { used.contains(storedText($0)) })
+    }
+
+    public func check(_ ids: [JobID], refused: Set<JobState>) async throws -> (missing: JobID?, refusedBy: (JobID, JobState)?) {
+        try await snapshot { connection in
+            // The first id of the list (in its order) that has no row.
+            let missing = try await connection.rows(
+                """
+                SELECT u.id FROM unnest(\(ids)::bigint[]) WITH ORDINALITY AS u(id, n)
+                WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.id = u.id) ORDER BY u.n LIMIT 1
+                """,
+                logger: logger
+            ).first?.decode(Int64.self)
+            var refusedBy: (JobID, JobState)? = nil
+            if !refused.isEmpty,
+                let row = try await connection.rows(
+                    "SELECT id, state FROM jobs WHERE id = ANY(\(ids)) AND state = ANY(\(refused.map(\.rawValue))) ORDER BY id LIMIT 1",
+                    logger: logger
+                ).first
+            {
+                let (id, state) = try row.decode((Int64, String).self)
+                if let state = JobState(rawValue: state) { refusedBy = (id, state) }
+            }
+            return (missing, refusedBy)
+        }
+    }
+
+    public func nextQueued(limit: Int, excludingGroups active: Set<GroupID>) async throws -> (jobs: [Job], groups: [(entry: QueueEntry, groupID: GroupID)]) {
+        try await snapshot { connection in
+            let jobs = try await connection.rows(
+                """
+                SELECT \(unescaped: Columns.job) FROM jobs
+                WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT \(Int64(limit))
+                """,
+                logger: logger
+            ).map(Columns.job)
+            var groups: [(entry: QueueEntry, groupID: GroupID)] = []
+            for row in try await connection.rows(
+                """
+                SELECT g.id, g.priority,
+                    (SELECT MIN(j.id) FROM jobs j WHERE j.group_id = g.id AND j.state = 'queued')
+                FROM groups g WHERE g.closed IS NULL ORDER BY g.id
+                """,
+                logger: logger)
+            {
+                let (group, priority, first) = try row.decode((Int64, Int, Int64?).self)
+                guard !active.contains(group), let first else { continue }
+                groups.append((QueueEntry(id: first, priority: priority), group))
+            }
+            return (jobs, groups)
+        }
+    }
+
+    public func nextWakeUp() async throws -> Date? {
+        try await rows("SELECT MIN(next_attempt_at) FROM jobs WHERE state = 'waiting'").first?
+            .decode(Double?.self).map(Date.init(timeIntervalSince1970:))
+    }
+
+    public func reconcilePage(afterID: JobID, limit: Int) async throws -> [Job] {
+        try await jobs(
+            """
+            SELECT \(unescaped: Columns.job) FROM jobs WHERE id > \(afterID)
+                AND (state IN ('running', 'completed', 'canceled') OR attempts > 0 OR received > 0)
+            ORDER BY id LIMIT \(Int64(limit))
+            """)
+    }
+}

@@ -1,0 +1,181 @@
+import DLCore
+import DLStore
+import Foundation
+
+// Rows written many a statement, as `RecordSet` JSON. Texts are cut at a NUL here, as every
+// text the store writes (`storedText`). A nil is left out of the JSON, which reads as NULL.
+
+/// A new job's row (`insert`).
+struct InsertRecord: Encodable {
+    var id: JobID
+    var url: String
+    var path: String
+    var state: String
+    var priority: Int
+    var createdAt: Double
+    var updatedAt: Double
+    var key: String?
+    var meta: String?
+    var headers: String
+    var overwrite: Bool
+    var checksum: String?
+    var expectedSize: Int64?
+    var size: Int64?
+    var progressAt: Double
+    var groupID: GroupID?
+    var stagingPath: String?
+    var options: String
+    var host: String
+
+    enum CodingKeys: String, CodingKey {
+        case id, url, path, state, priority, key, meta, headers, overwrite, checksum, size, options, host
+        case createdAt = "created_at", updatedAt = "updated_at", expectedSize = "expected_size"
+        case progressAt = "progress_at", groupID = "group_id", stagingPath = "staging_path"
+    }
+
+    init(id: JobID, _ new: NewJob, groupID: GroupID?, at: Double) {
+        self.id = id
+        url = storedText(new.url)
+        path = storedText(new.path)
+        state = new.state.rawValue
+        priority = new.priority
+        createdAt = at
+        updatedAt = at
+        key = new.key.map(storedText)
+        meta = new.meta.map(storedText)
+        headers = storedText(ColumnCoding.headers(new.headers))
+        overwrite = new.overwrite
+        checksum = new.checksum.map { storedText($0.description) }
+        expectedSize = new.expectedSize
+        size = new.expectedSize
+        progressAt = at
+        self.groupID = groupID
+        stagingPath = new.stagingPath.map(storedText)
+        options = ColumnCoding.options(new.options)
+        host = storedText(new.host ?? URLRules.hostKey(new.url))
+    }
+
+    static let set = RecordSet<InsertRecord>(columns: [
+        ("id", "bigint"), ("url", "text"), ("path", "text"), ("state", "text"), ("priority", "bigint"),
+        ("created_at", "double precision"), ("updated_at", "double precision"), ("key", "text"), ("meta", "text"),
+        ("headers", "text"), ("overwrite", "boolean"), ("checksum", "text"), ("expected_size", "bigint"), ("size", "bigint"),
+        ("progress_at", "double precision"), ("group_id", "bigint"), ("staging_path", "text"), ("options", "text"), ("host", "text"),
+    ])
+}
+
+/// A whole row as `save` writes it: every column but created_at, group_id and host, as the
+/// SQLite store's `update`.
+struct UpdateRecord: Encodable {
+    var id: JobID
+    var url: String
+    var path: String
+    var state: String
+    var waitReason: String?
+    var priority: Int
+    var size: Int64?
+    var received: Int64
+    var errorCode: String?
+    var errorMessage: String?
+    var attempts: Int
+    var updatedAt: Double
+    var finishedAt: Double?
+    var nextAttemptAt: Double?
+    var key: String?
+    var meta: String?
+    var headers: String
+    var overwrite: Bool
+    var finalURL: String?
+    var etag: String?
+    var lastModified: String?
+    var acceptsRanges: Bool
+    var checksum: String?
+    var expectedSize: Int64?
+    var sha256: String?
+    var digest: String?
+    var progressAt: Double?
+    var stagingPath: String?
+    var options: String
+
+    enum CodingKeys: String, CodingKey {
+        case id, url, path, state, priority, size, received, attempts, key, meta, headers, overwrite, etag, checksum, sha256, digest, options
+        case waitReason = "wait_reason", errorCode = "error_code", errorMessage = "error_message", updatedAt = "updated_at"
+        case finishedAt = "finished_at", nextAttemptAt = "next_attempt_at", finalURL = "final_url", lastModified = "last_modified"
+        case acceptsRanges = "accepts_ranges", expectedSize = "expected_size", progressAt = "progress_at", stagingPath = "staging_path"
+    }
+
+    init(_ job: Job) {
+        id = job.id
+        url = storedText(job.url)
+        path = storedText(job.path)
+        state = job.state.rawValue
+        waitReason = job.waitReason?.rawValue
+        priority = job.priority
+        size = job.size
+        received = job.received
+        errorCode = job.error.map { storedText($0.code) }
+        errorMessage = job.error.map { storedText($0.message) }
+        attempts = job.attempts
+        updatedAt = job.updatedAt.timeIntervalSince1970
+        finishedAt = job.finishedAt?.timeIntervalSince1970
+        nextAttemptAt = job.nextAttemptAt?.timeIntervalSince1970
+        key = job.key.map(storedText)
+        meta = job.meta.map(storedText)
+        headers = storedText(ColumnCoding.headers(job.headers))
+        overwrite = job.overwrite
+        finalURL = job.finalURL.map(storedText)
+        etag = job.validators.etag.map(storedText)
+        lastModified = job.validators.lastModified.map(storedText)
+        acceptsRanges = job.validators.acceptsRanges
+        checksum = job.checksum.map { storedText($0.description) }
+        expectedSize = job.expectedSize
+        sha256 = job.sha256.map(storedText)
+        digest = job.digest.map(storedText)
+        progressAt = job.progressAt?.timeIntervalSince1970
+        stagingPath = job.stagingPath.map(storedText)
+        options = ColumnCoding.options(job.options)
+    }
+
+    static let set = RecordSet<UpdateRecord>(columns: [
+        ("id", "bigint"), ("url", "text"), ("path", "text"), ("state", "text"), ("wait_reason", "text"), ("priority", "bigint"),
+        ("size", "bigint"), ("received", "bigint"), ("error_code", "text"), ("error_message", "text"), ("attempts", "bigint"),
+        ("updated_at", "double precision"), ("finished_at", "double precision"), ("next_attempt_at", "double precision"),
+        ("key", "text"), ("meta", "text"), ("headers", "text"), ("overwrite", "boolean"), ("final_url", "text"), ("etag", "text"),
+        ("last_modified", "text"), ("accepts_ranges", "boolean"), ("checksum", "text"), ("expected_size", "bigint"),
+        ("sha256", "text"), ("digest", "text"), ("progress_at", "double precision"), ("staging_path", "text"), ("options", "text"),
+    ])
+}
+
+/// An event given as a value (`record`), numbered.
+struct EventRecord: Encodable {
+    var seq: Int64
+    var at: Double
+    var kind: String
+    var jobID: JobID?
+    var groupID: GroupID?
+    var state: String
+    var waitReason: String?
+    var errorCode: String?
+    var errorMessage: String?
+
+    enum CodingKeys: String, CodingKey {
+        case seq, at, kind, state
+        case jobID = "job_id", groupID = "group_id", waitReason = "wait_reason", errorCode = "error_code", errorMessage = "error_message"
+    }
+
+    init(_ event: StoredEvent) {
+        seq = event.seq
+        at = event.at.timeIntervalSince1970
+        kind = event.kind.rawValue
+        jobID = event.jobID
+        groupID = event.groupID
+        state = storedText(event.state)
+        waitReason = event.waitReason?.rawValue
+        errorCode = event.error.map { storedText($0.code) }
+        errorMessage = event.error.map { storedText($0.message) }
+    }
+
+    static let set = RecordSet<EventRecord>(columns: [
+        ("seq", "bigint"), ("at", "double precision"), ("kind", "text"), ("job_id", "bigint"), ("group_id", "bigint"),
+        ("state", "text"), ("wait_reason", "text"), ("error_code", "text"), ("error_message", "text"),
+    ])
+}

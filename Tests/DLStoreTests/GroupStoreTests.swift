@@ -1,0 +1,117 @@
+import DLCore
+import DLStore
+import Foundation
+import Testing
+
+/// Groups: created with their members in one transaction, scheduled as one unit, closed with
+/// one event, removed after their members. On every backend.
+@Suite struct GroupStoreTests {
+    /// A group's whole life as the engine drives it, read back through every group query.
+    @Test(arguments: Backend.allCases)
+    func groupLifecycle(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            let dir = "/tmp/g/book"
+            let news = (1...3).map { NewJob(url: "https://e.com/p\($0)", path: dir + "/p\($0).jpg") }
+            let (group, jobs) = try await store.insertGroup(name: "book", dir: dir, priority: 2, members: news, now: t0)
+            #expect(group.id == 1)
+            #expect(group.staging == "/tmp/g/.book.dld-staging-1")
+            #expect(jobs.map(\.stagingPath) == (1...3).map { "/tmp/g/.book.dld-staging-1/p\($0).jpg" })
+            #expect(jobs.allSatisfy { $0.groupID == group.id && $0.state == .queued })
+            #expect(try await store.fetchGroup(group.id) == group)
+            #expect(try await store.members(of: group.id) == jobs)
+            #expect(try await store.events(after: 0).map(\.groupID) == [1, 1, 1], "one job.state event a member")
+            let single = try await store.insert([NewJob(url: "https://e.com/s", path: "/tmp/g/s", priority: 1)], now: t0)[0].job
+
+            // The queue: standalone jobs by themselves, the group placed by its first queued member.
+            let next = try await store.nextQueued(limit: 10, excludingGroups: [])
+            #expect(next.jobs.map(\.id) == [single.id])
+            #expect(next.groups.map(\.groupID) == [1])
+            #expect(next.groups.first?.entry == QueueEntry(id: jobs[0].id, priority: 2))
+            #expect(try await store.nextQueued(limit: 10, excludingGroups: [1]).groups.isEmpty)
+            let turn = try await store.groupTurn(1, queuedLimit: 2)
+            #expect(turn.group == group)
+            #expect(turn.counts == [.queued: 3])
+            #expect(turn.queued.map(\.id) == [jobs[0].id, jobs[1].id])
+            #expect(try await store.groupTurn(1, queuedLimit: 0).queued.isEmpty)
+            #expect(try await store.groupTurn(99, queuedLimit: 2).group == nil)
+
+            // A member fails; the group's publish fails once (one event), then it is published.
+            var failed = jobs[1]
+            failed.state = .failed
+            failed.error = JobError(code: "http_status", message: "404")
+            try await store.save(failed)
+            #expect(try await store.firstFailedMember(of: 1)?.id == jobs[1].id)
+            #expect(try await store.memberCounts(of: 1) == [.queued: 2, .failed: 1])
+            var closing = group
+            closing.error = JobError(code: "destination_exists", message: "p1.jpg appeared")
+            closing.updatedAt = t0.addingTimeInterval(1)
+            let failedEvents = try await store.saveGroup(closing, members: [], publish: false)
+            #expect(failedEvents.map(\.state) == ["failed"])
+            #expect(failedEvents.first?.kind == .groupState)
+            #expect(failedEvents.first?.groupID == 1)
+            #expect(try await store.saveGroup(closing, members: [], publish: false).isEmpty, "still failed: no new event")
+            let done = jobs.map { job -> Job in
+                var job = job
+                job.state = .completed
+                job.stagingPath = nil
+                return job
+            }
+            closing.error = nil
+            closing.closed = .completed
+            closing.updatedAt = t0.addingTimeInterval(2)
+            closing.finishedAt = t0.addingTimeInterval(2)
+            let published = try await store.saveGroup(closing, members: done, publish: false)
+            #expect(published.map(\.state) == ["completed"])
+            #expect(published.first?.at == t0.addingTimeInterval(2))
+            #expect(try await store.fetchGroup(1) == closing)
+            #expect(try await store.members(of: 1) == done)
+            #expect(try await store.openGroups().isEmpty)
+            #expect(try await store.nextQueued(limit: 10, excludingGroups: []).groups.isEmpty)
+
+            // Names are not unique: newest first.
+            let (second, _) = try await store.insertGroup(
+                name: "book", dir: "/tmp/g/book2", priority: 0, members: [NewJob(url: "https://e.com/a", path: "/tmp/g/book2/a")], now: t0)
+            #expect(try await store.fetchGroups(named: "book").map(\.id) == [second.id, 1])
+            #expect(try await store.fetchGroups(named: "none").isEmpty)
+            #expect(try await store.openGroups() == [second.id])
+            let folders = try await store.groupFolders()
+            #expect(folders.map(\.id) == [1, second.id])
+            #expect(folders.map(\.dir) == [dir, "/tmp/g/book2"])
+            #expect(folders.map(\.closed) == [.completed, nil])
+
+            // Removed: the members (their files with delete_file), then the group.
+            let before = try await store.lastEventSeq()
+            let removed = try await store.delete(.group(1), deleteFiles: true, now: t0.addingTimeInterval(3))
+            #expect(removed.count == 3)
+            #expect(removed.ids == jobs.map(\.id))
+            #expect(removed.files.sorted() == jobs.map(\.path).sorted())
+            try await store.deleteGroup(1, now: t0.addingTimeInterval(3))
+            #expect(try await store.fetchGroup(1) == nil)
+            let events = try await store.events(after: before)
+            #expect(events.map(\.kind) == [.jobRemoved, .jobRemoved, .jobRemoved, .groupState])
+            #expect(events.map(\.groupID) == [1, 1, 1, 1])
+            #expect(events.map(\.jobID) == jobs.map(\.id) + [nil])
+            #expect(events.last?.state == "removed")
+            #expect(events.map(\.seq) == Array((before + 1)...(before + 4)))
+            _ = try await store.delete(.ids([single.id]), deleteFiles: false, now: t0)
+            let last = try await store.events(after: before + 4)
+            #expect(last.map(\.jobID) == [single.id])
+            #expect(last.first?.groupID == nil)
+        }
+    }
+
+    /// A member path already used by an unfinished job refuses the whole group.
+    @Test(arguments: Backend.allCases)
+    func groupWithATakenPathIsRefused(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            _ = try await store.insert([NewJob(url: "https://e.com/x", path: "/tmp/g/b/x")], now: t0)
+            await #expect(throws: StoreError.pathInUse(path: "/tmp/g/b/x", by: 1)) {
+                _ = try await store.insertGroup(
+                    name: "b", dir: "/tmp/g/b", priority: 0,
+                    members: [NewJob(url: "https://e.com/w", path: "/tmp/g/b/w"), NewJob(url: "https://e.com/x", path: "/tmp/g/b/x")], now: t0)
+            }
+            #expect(try await store.fetchGroups(named: "b").isEmpty)
+            #expect(try await store.list().count == 1)
+        }
+    }
+}
