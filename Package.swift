@@ -65,7 +65,7 @@ let package = Package(
         .target(
             name: "DLDaemon",
             dependencies: [
-                "DLCore", "DLStore", "DLTransfer", "DLRPC", "CDLSystem",
+                "DLCore", "DLStore", "DLStorePostgres", "DLTransfer", "DLRPC", "CDLSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -1,5 +1,6 @@
 import DLCore
 import DLRPC
+import DLStorePostgres
 import Foundation
 import Logging
 
@@ -36,6 +37,11 @@ public struct DaemonConfig: Sendable, Equatable {
     public var idleTimeout: Int = 300
     /// `~/.netrc` by default; "" turns it off.
     public var netrc: String?
+    /// `postgresql://…`: the job table in PostgreSQL instead of `<state_dir>/jobs.sqlite`.
+    /// Checked when read (`PostgresURL`); its password is never printed.
+    public var database: String?
+    /// Connections to PostgreSQL at most.
+    public var databasePoolSize: Int = 8
     /// The file that was read, if any.
     public var configFile: String?
 
@@ -103,7 +109,7 @@ public struct DaemonConfig: Sendable, Equatable {
         "socket", "state_dir", "download_dir", "max_active", "log_level", "max_attempts", "retry_base",
         "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections", "min_free",
         "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
-        "allowed_roots", "max_queued", "idle_timeout", "netrc",
+        "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -163,6 +169,19 @@ public struct DaemonConfig: Sendable, Equatable {
             }
             allowedRoots = roots
         case "hook_timeout": hookTimeout = try int(1...86400)
+        case "database":
+            let text = try string()
+            if text.isEmpty {
+                database = nil
+            } else {
+                do {
+                    _ = try PostgresURL.parse(text, defaultUser: NSUserName())
+                } catch {
+                    throw DaemonError("database: \(error)")
+                }
+                database = text
+            }
+        case "database_pool_size": databasePoolSize = try int(1...256)
         case "on_complete", "on_error":
             guard case .array(let items) = value, !items.isEmpty else {
                 throw DaemonError("\(key) must be a non-empty array of strings: the command and its arguments")
@@ -232,6 +251,22 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("max_queued = \(maxQueued)")
         lines.append("idle_timeout = \(idleTimeout)")
         lines.append("netrc = \(quote(effectiveNetrc ?? ""))")
+        // The password stays out of what is printed (it is often pasted into bug reports).
+        lines.append("database = \(quote(database.map(PostgresURL.redacted) ?? ""))")
+        lines.append("database_pool_size = \(databasePoolSize)")
         return lines.joined(separator: "\n") + "\n"
     }
 }
+
+/// A configuration printed or logged whole (by a library's debug log, say) shows the
+/// database's connection string without its password.
+extension DaemonConfig: CustomStringConvertible, CustomDebugStringConvertible {
+    public var description: String {
+        var shown = self
+        shown.database = database.map(PostgresURL.redacted)
+        return "DaemonConfig(" + Mirror(reflecting: shown).children.map { "\($0.label ?? ""): \(String(reflecting: $0.value))" }.joined(separator: ", ") + ")"
+    }
+
+    public var debugDescription: String { description }
+}
+

@@ -2,6 +2,7 @@ import CDLSystem
 import DLCore
 import DLRPC
 import DLStore
+import DLStorePostgres
 import DLTransfer
 import Foundation
 import Logging
@@ -19,14 +20,7 @@ public enum Daemon {
             logger.warning("state folder had mode \(String(old, radix: 8)); set to 700", metadata: ["path": "\(config.stateDir)"])
         }
         let lock = try StateLock(stateDir: config.stateDir)
-        let databasePath = config.stateDir + "/jobs.sqlite"
-        let store: any JobTable
-        do {
-            store = try JobStore(path: databasePath)
-        } catch {
-            throw DaemonError("cannot open the job table \(databasePath): \(error)")
-        }
-        for suffix in ["", "-wal", "-shm"] { chmod(databasePath + suffix, 0o600) }
+        let (store, databaseLock) = try await openStore(config, logger: logger)
         try prepareSocketFolder(config.socket, logger: logger)
         if !FileManager.default.fileExists(atPath: config.downloadDir) {
             try? FileManager.default.createDirectory(atPath: config.downloadDir, withIntermediateDirectories: true)
@@ -73,10 +67,43 @@ public enum Daemon {
             // A start that failed half-way still has an HTTP client to close.
             await engine.shutdown()
             await store.close()
+            await databaseLock?.release()
             throw error
         }
         await store.close()
+        await databaseLock?.release()
         withExtendedLifetime(lock) {}
+    }
+
+    /// The job table: `<state_dir>/jobs.sqlite`, or PostgreSQL when `database` is set (then
+    /// with the lock that keeps a second daemon off the same table).
+    static func openStore(_ config: DaemonConfig, logger: Logger) async throws -> (any JobTable, PostgresDaemonLock?) {
+        guard let database = config.database else {
+            let databasePath = config.stateDir + "/jobs.sqlite"
+            let store: JobStore
+            do {
+                store = try JobStore(path: databasePath)
+            } catch {
+                throw DaemonError("cannot open the job table \(databasePath): \(error)")
+            }
+            for suffix in ["", "-wal", "-shm"] { chmod(databasePath + suffix, 0o600) }
+            return (store, nil)
+        }
+        let shown = PostgresURL.redacted(database)
+        do {
+            let url = try PostgresURL.parse(database, defaultUser: NSUserName())
+            let lock = try await PostgresDaemonLock.acquire(url, logger: logger)
+            do {
+                let store = try await PostgresJobStore.open(url, maxConnections: config.databasePoolSize, logger: logger)
+                logger.info("job table in PostgreSQL", metadata: ["database": "\(shown)"])
+                return (store, lock)
+            } catch {
+                await lock.release()
+                throw error
+            }
+        } catch {
+            throw DaemonError("cannot open the job table \(shown): \(error)")
+        }
     }
 
     /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not
@@ -101,7 +128,11 @@ public enum Daemon {
 
 /// The daemon as a service: binds the socket, starts the engine, serves until asked to stop,
 /// then stops the transfers with their progress committed.
-struct DaemonService: Service {
+struct DaemonService: Service, CustomStringConvertible {
+    /// What ServiceLifecycle logs for the service: its name, never its configuration (which
+    /// holds the database's connection string).
+    var description: String { "DaemonService" }
+
     let config: DaemonConfig
     let engine: Engine
     let hub: EventHub

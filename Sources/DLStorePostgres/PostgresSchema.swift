@@ -130,4 +130,6 @@ enum LockKey {
     static let events: Int64 = 0x646C_6400_0002
     /// Held by inserts, which check keys and paths and then write: see `PostgresJobStore.insert`.
     static let inserts: Int64 = 0x646C_6400_0003
+    /// Held (at session level) by the one daemon that uses the database: `PostgresDaemonLock`.
+    static let daemon: Int64 = 0x646C_6400_0004
 }

@@ -3,23 +3,29 @@ import DLDaemon
 import Foundation
 import Logging
 
-/// `dld`: parse flags, read the config, run the daemon. Everything else is in DLDaemon.
+/// `dld`: parse flags, read the config, run the daemon (or `dld migrate`). Everything else is
+/// in DLDaemon.
 @main
 struct DLD: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dld",
         abstract: "The dld download daemon.",
-        discussion: "Reads $XDG_CONFIG_HOME/dld/config.toml when it exists; flags override it. See docs/configuration.md.")
+        discussion: "Reads $XDG_CONFIG_HOME/dld/config.toml when it exists; flags override it. See docs/configuration.md.",
+        subcommands: [Serve.self, Migrate.self],
+        defaultSubcommand: Serve.self)
+}
 
+/// The options every subcommand reads the configuration with.
+struct ConfigOptions: ParsableArguments {
     @Option(help: "Control socket path.") var socket: String?
     @Option(name: .customLong("state-dir"), help: "Folder of the job table and lock.") var stateDir: String?
     @Option(name: .customLong("download-dir"), help: "Default folder for downloads.") var downloadDir: String?
     @Option(name: .customLong("max-active"), help: "Transfers at once (1 = strictly one at a time).") var maxActive: Int?
     @Option(help: "Config file (default: $XDG_CONFIG_HOME/dld/config.toml).") var config: String?
     @Option(name: .customLong("log-level"), help: "trace, debug, info, notice, warning, error or critical.") var logLevel: String?
-    @Flag(name: .customLong("print-config"), help: "Print the effective configuration and exit.") var printConfig = false
 
-    func run() async throws {
+    /// Defaults, then the config file, then these flags.
+    func effective() throws -> DaemonConfig {
         var effective = DaemonConfig.defaults()
         do {
             if let config {
@@ -44,17 +50,39 @@ struct DLD: AsyncParsableCommand {
         } catch let error as DaemonError {
             throw ValidationError(error.description)
         }
+        return effective
+    }
+
+    private func absolute(_ path: String) -> String {
+        let expanded = (path as NSString).expandingTildeInPath
+        if expanded.hasPrefix("/") { return expanded }
+        return FileManager.default.currentDirectoryPath + "/" + expanded
+    }
+}
+
+func bootstrapLogging(_ level: Logger.Level) -> Logger {
+    LoggingSystem.bootstrap { label in
+        var handler = StreamLogHandler.standardError(label: label)
+        handler.logLevel = level
+        return handler
+    }
+    return Logger(label: "dld")
+}
+
+/// `dld` (the default): runs the daemon until SIGTERM, SIGINT or a `shutdown` request.
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "serve", abstract: "Run the daemon (what `dld` does without a subcommand).")
+
+    @OptionGroup var options: ConfigOptions
+    @Flag(name: .customLong("print-config"), help: "Print the effective configuration and exit.") var printConfig = false
+
+    func run() async throws {
+        let effective = try options.effective()
         if printConfig {
             print(effective.rendered(), terminator: "")
             return
         }
-        let level = effective.logLevel
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
-        }
-        let logger = Logger(label: "dld")
+        let logger = bootstrapLogging(effective.logLevel)
         do {
             try await Daemon.run(config: effective, logger: logger)
         } catch let error as DaemonError {
@@ -62,10 +90,31 @@ struct DLD: AsyncParsableCommand {
             throw ExitCode(1)
         }
     }
+}
 
-    private func absolute(_ path: String) -> String {
-        let expanded = (path as NSString).expandingTildeInPath
-        if expanded.hasPrefix("/") { return expanded }
-        return FileManager.default.currentDirectoryPath + "/" + expanded
+/// `dld migrate --to postgresql://…`: the SQLite job table copied into PostgreSQL.
+struct Migrate: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Copy the job table (<state_dir>/jobs.sqlite) into an empty PostgreSQL database.",
+        discussion: """
+            Stop dld first. Jobs, groups and events keep their ids; the SQLite file is left as it was. \
+            Then set database = "postgresql://…" in the config and start dld. See docs/operations.md.
+            """)
+
+    @OptionGroup var options: ConfigOptions
+    @Option(help: "The PostgreSQL connection string, postgresql://user[:password]@host[:port]/database.") var to: String
+
+    func run() async throws {
+        let effective = try options.effective()
+        // Quiet unless asked: the summary is the output.
+        let logger = bootstrapLogging(max(effective.logLevel, .warning))
+        do {
+            let summary = try await TableMigration.run(stateDir: effective.stateDir, to: to, logger: logger)
+            print("copied \(summary.jobs) jobs, \(summary.groups) groups and \(summary.events) events to \(TableMigration.redacted(to))")
+            print("now set database = \"\(TableMigration.redacted(to))\" in \(effective.configFile ?? DaemonConfig.defaultConfigFile()) (with the password) and start dld")
+        } catch let error as DaemonError {
+            FileHandle.standardError.write(Data("dld migrate: \(error.description)\n".utf8))
+            throw ExitCode(1)
+        }
     }
 }
