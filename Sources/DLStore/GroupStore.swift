@@ -15,13 +15,7 @@ extension JobStore {
             let staging = JobGroup.stagingFolder(for: dir, id: id)
             try db.execute(sql: "UPDATE groups SET staging = ? WHERE id = ?", arguments: [staging, id])
             let group = JobGroup(id: id, name: name, dir: dir, staging: staging, priority: priority, createdAt: now, updatedAt: now)
-            // Members stage under the group's folder, at their path relative to `dir`.
-            let staged = members.map { member -> NewJob in
-                var member = member
-                let relative = String(member.path.dropFirst(dir.count + 1))
-                member.stagingPath = staging + "/" + relative
-                return member
-            }
+            let staged = NewJob.staged(members, dir: dir, staging: staging)
             var events: [StoredEvent] = []
             let outcomes = try Self.insert(staged, groupID: id, now: now, events: &events, in: db)
             return (group, outcomes.map(\.job), events)

@@ -130,14 +130,7 @@ private struct InsertBatch {
         ).execute(arguments: [at, firstID])
         let firstSeq = db.lastInsertedRowID - Int64(rows.count) + 1
         for (offset, (new, outcome)) in rows.enumerated() {
-            var job = Job(
-                url: new.url, path: new.path, state: new.state, priority: new.priority,
-                createdAt: now, updatedAt: now, key: new.key, meta: new.meta,
-                headers: new.headers, overwrite: new.overwrite, checksum: new.checksum,
-                expectedSize: new.expectedSize, progressAt: now, groupID: groupID, stagingPath: new.stagingPath)
-            job.options = new.options
-            job.size = new.expectedSize
-            job.id = firstID + Int64(offset)
+            let job = new.created(id: firstID + Int64(offset), groupID: groupID, now: now)
             outcomes[outcome] = InsertOutcome(job: job, created: true)
             events.append(StoredEvent(seq: firstSeq + Int64(offset), at: now, kind: .jobState, jobID: job.id, groupID: groupID, state: new.state.rawValue))
         }

@@ -38,6 +38,31 @@ public struct NewJob: Sendable, Equatable {
     }
 }
 
+extension NewJob {
+    /// The row as created: both backends' inserts return it.
+    public func created(id: JobID, groupID: GroupID?, now: Date) -> Job {
+        var job = Job(
+            url: url, path: path, state: state, priority: priority,
+            createdAt: now, updatedAt: now, key: key, meta: meta,
+            headers: headers, overwrite: overwrite, checksum: checksum,
+            expectedSize: expectedSize, progressAt: now, groupID: groupID, stagingPath: stagingPath)
+        job.options = options
+        job.size = expectedSize
+        job.id = id
+        return job
+    }
+
+    /// Group members as staged: under the group's staging folder, at their path relative to
+    /// the group's `dir`.
+    public static func staged(_ members: [NewJob], dir: String, staging: String) -> [NewJob] {
+        members.map { member in
+            var member = member
+            member.stagingPath = staging + "/" + String(member.path.dropFirst(dir.count + 1))
+            return member
+        }
+    }
+}
+
 /// What `insert` did for one requested job.
 public struct InsertOutcome: Sendable, Equatable {
     public var job: Job

@@ -35,11 +35,11 @@ extension PostgresJobStore {
                     logger: logger)
             }
             try await Self.update(jobs, on: connection, logger: logger)
-            for chunk in try ImportedEvent.set.chunks(events.map(ImportedEvent.init)) {
+            for chunk in try EventRecord.set.chunks(events.map(EventRecord.init)) {
                 var binds = Binds()
                 let json = binds.json(chunk)
                 try await connection.run(
-                    binds.query("INSERT INTO events (\(ImportedEvent.set.names)) SELECT \(ImportedEvent.set.names) FROM \(ImportedEvent.set.source(json))"),
+                    binds.query("INSERT INTO events (\(EventRecord.set.names)) SELECT \(EventRecord.set.names) FROM \(EventRecord.set.source(json))"),
                     logger: logger)
             }
         }
@@ -127,39 +127,5 @@ private struct ImportedGroup: Encodable {
         ("id", "bigint"), ("name", "text"), ("dir", "text"), ("staging", "text"), ("priority", "bigint"), ("closed", "text"),
         ("error_code", "text"), ("error_message", "text"), ("created_at", "double precision"), ("updated_at", "double precision"),
         ("finished_at", "double precision"),
-    ])
-}
-
-private struct ImportedEvent: Encodable {
-    var seq: Int64
-    var at: Double
-    var kind: String
-    var jobID: JobID?
-    var groupID: GroupID?
-    var state: String
-    var waitReason: String?
-    var errorCode: String?
-    var errorMessage: String?
-
-    enum CodingKeys: String, CodingKey {
-        case seq, at, kind, state
-        case jobID = "job_id", groupID = "group_id", waitReason = "wait_reason", errorCode = "error_code", errorMessage = "error_message"
-    }
-
-    init(_ event: StoredEvent) {
-        seq = event.seq
-        at = event.at.timeIntervalSince1970
-        kind = event.kind.rawValue
-        jobID = event.jobID
-        groupID = event.groupID
-        state = storedText(event.state)
-        waitReason = event.waitReason?.rawValue
-        errorCode = event.error.map { storedText($0.code) }
-        errorMessage = event.error.map { storedText($0.message) }
-    }
-
-    static let set = RecordSet<ImportedEvent>(columns: [
-        ("seq", "bigint"), ("at", "double precision"), ("kind", "text"), ("job_id", "bigint"), ("group_id", "bigint"),
-        ("state", "text"), ("wait_reason", "text"), ("error_code", "text"), ("error_message", "text"),
     ])
 }

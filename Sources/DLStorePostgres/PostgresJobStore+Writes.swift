@@ -100,15 +100,7 @@ extension PostgresJobStore {
         var created: [Job] = []
         created.reserveCapacity(creates.count)
         for (id, new) in zip(ids, creates) {
-            var job = Job(
-                url: new.url, path: new.path, state: new.state, priority: new.priority,
-                createdAt: now, updatedAt: now, key: new.key, meta: new.meta,
-                headers: new.headers, overwrite: new.overwrite, checksum: new.checksum,
-                expectedSize: new.expectedSize, progressAt: now, groupID: groupID, stagingPath: new.stagingPath)
-            job.options = new.options
-            job.size = new.expectedSize
-            job.id = id
-            created.append(job)
+            created.append(new.created(id: id, groupID: groupID, now: now))
         }
         let events = try await record(
             created.map { StoredEvent(seq: 0, at: now, kind: .jobState, jobID: $0.id, groupID: groupID, state: $0.state.rawValue) },
@@ -209,13 +201,7 @@ extension PostgresJobStore {
                 """,
                 logger: logger)
             let group = JobGroup(id: id, name: name, dir: dir, staging: staging, priority: priority, createdAt: now, updatedAt: now)
-            // Members stage under the group's folder, at their path relative to `dir`.
-            let staged = members.map { member -> NewJob in
-                var member = member
-                let relative = String(member.path.dropFirst(dir.count + 1))
-                member.stagingPath = staging + "/" + relative
-                return member
-            }
+            let staged = NewJob.staged(members, dir: dir, staging: staging)
             let (outcomes, events) = try await Self.insert(staged, groupID: id, now: now, on: connection, logger: logger)
             return (group, outcomes.map(\.job), events)
         }

@@ -79,23 +79,17 @@ public final class PostgresJobStore: JobTable {
     /// `body` in one transaction, committed before this returns; rolled back if it throws
     /// (and its error, a `StoreError` say, is thrown as it was).
     func transaction<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {
-        try await connection { connection in
-            try await connection.run("BEGIN", logger: logger)
-            do {
-                let value = try await body(connection)
-                try await connection.run("COMMIT", logger: logger)
-                return value
-            } catch {
-                try? await connection.run("ROLLBACK", logger: logger)
-                throw error
-            }
-        }
+        try await inTransaction("BEGIN", body)
     }
 
     /// Reads of several statements from one snapshot, as SQLite's WAL readers see one.
     func snapshot<T: Sendable>(_ body: (PostgresConnection) async throws -> T) async throws -> T {
+        try await inTransaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
+    }
+
+    private func inTransaction<T: Sendable>(_ begin: PostgresQuery, _ body: (PostgresConnection) async throws -> T) async throws -> T {
         try await connection { connection in
-            try await connection.run("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", logger: logger)
+            try await connection.run(begin, logger: logger)
             do {
                 let value = try await body(connection)
                 try await connection.run("COMMIT", logger: logger)
