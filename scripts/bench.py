@@ -14,6 +14,8 @@ small       --files N (default 2000) files of 16 KiB: dld per job, dld as one gr
             -j16, curl --parallel, wget (the tools that are installed); see bench_many.py.
 scale       --jobs N (default 100000) jobs in one daemon: enqueue, list, status latency,
             start-up, resume/pause/cancel all, SIGTERM, RSS; see bench_many.py.
+postgres    the scale steps (--jobs N) with the job table in SQLite and in PostgreSQL, side by
+            side (a PostgreSQL server is started on a Unix socket; skipped if not installed).
 
 Run through `make bench`, which builds release binaries first. BENCH_SIZE_MIB (default 1024)
 and BENCH_RUNS (default 3, the best run of each is reported) change the work of the first two;
@@ -31,7 +33,7 @@ SIZE = int(os.environ.get("BENCH_SIZE_MIB", "1024")) << 20
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 CRASH_RATE = int(os.environ.get("BENCH_CRASH_RATE", "100000000"))
 KILL_EVERY = float(os.environ.get("BENCH_KILL_EVERY", "2"))
-PARTS = ("throughput", "crash", "small", "scale")
+PARTS = ("throughput", "crash", "small", "scale", "postgres")
 
 
 def wait_for_socket(path, proc, timeout=20):
@@ -209,8 +211,10 @@ def main():
                 shutil.rmtree(work, ignore_errors=True)
         elif part == "small":
             bench_many.part_small(args.files)
-        else:
+        elif part == "scale":
             bench_many.part_scale(args.jobs)
+        else:
+            bench_many.part_postgres(args.jobs)
         print(f"  ({part}: {time.monotonic() - started:.0f} s in all)")
 
 

@@ -14,7 +14,7 @@ Imported by scripts/bench.py (the one entry point, `make bench`).
 import hashlib, os, shutil, statistics, subprocess, tempfile, time, urllib.request
 
 from benchlib import (BIN, STEP_TIMEOUT, ConnectionClosed, Daemon, RpcError, exit_text, start_dld_origin,
-                      start_nginx, stop)
+                      start_nginx, start_postgres, stop)
 
 SMALL_SIZE = 16 << 10
 
@@ -241,7 +241,7 @@ def part_small(files):
 class ScaleRun:
     """One daemon (restarted on the same state folder when a step kills it) and the results."""
 
-    def __init__(self, work, n, base):
+    def __init__(self, work, n, base, database=None):
         self.work, self.n, self.base = work, n, base
         self.daemon = Daemon(work, os.path.join(work, "state"), os.path.join(work, "dl"),
                              extra=["--max-active", str(SLOW_TRANSFERS)])
@@ -249,6 +249,8 @@ class ScaleRun:
         os.makedirs(os.path.join(work, "cfg", "dld"), exist_ok=True)
         with open(os.path.join(work, "cfg", "dld", "config.toml"), "w") as f:
             f.write(f"max_per_host = {SLOW_TRANSFERS}\n")
+            if database:
+                f.write(f'database = "{database}"\n')
         self.rows = []  # (step, result, RSS after in MiB or None)
         self.queue_paused = False  # re-applied after a restart (dld does not keep it)
 
@@ -448,3 +450,49 @@ def part_scale(n):
     finally:
         stop(origin)
         shutil.rmtree(work, ignore_errors=True)
+
+
+# MARK: - postgres
+
+def part_postgres(n):
+    """The scale steps on the same build with the job table in SQLite and in PostgreSQL (one
+    daemon each, on the same two cores as the server), side by side."""
+    work = tempfile.mkdtemp(prefix="dld-bench-pg-")
+    origin = pg = None
+    try:
+        started = start_postgres(work)
+        if not started:
+            print("postgres: PostgreSQL is not installed (apt-get install postgresql); part skipped")
+            return
+        pg, url = started
+        origin, base = start_dld_origin()
+        print(f"postgres: {n} jobs, the scale steps with the job table in SQLite, then in PostgreSQL "
+              f"(a server on a Unix socket on this machine)")
+        results = {}
+        for label, database in (("SQLite", None), ("PostgreSQL", url)):
+            sub = os.path.join(work, label)
+            os.makedirs(sub)
+            run = ScaleRun(sub, n, base, database=database)
+            run.step("start (empty table)", run.restart, needs_daemon=False)
+            run.step(f"enqueue {n} paused", run.enqueue_paused)
+            run.step(f"list all (pages of {LIST_PAGE})", run.list_all)
+            run.step(f"status ×{STATUS_CALLS}, {SLOW_TRANSFERS} transfers running", run.status_latency)
+            run.step("SIGTERM", run.sigterm)
+            run.step(f"start with {n} rows (spawn → `version`)", run.restart, needs_daemon=False)
+            run.step("queue pause", run.pause_queue)
+            run.step("resume all", run.bulk("resume"))
+            run.step("pause all", run.bulk("pause"))
+            run.step("cancel all", run.bulk("cancel"))
+            run.step("SIGTERM", run.sigterm)
+            results[label] = (run.rows, run.daemon.peak_mib())
+            run.daemon.kill()
+        print(f"\n  {'step':48} {'SQLite':>40}   PostgreSQL")
+        for (step, a, _), (_, b, _) in zip(results["SQLite"][0], results["PostgreSQL"][0]):
+            short = lambda r: r.split(" (")[0][:40]
+            print(f"  {step:48} {short(a):>40}   {short(b)}")
+        print(f"  {'dld peak RSS':48} {results['SQLite'][1]:>36.1f} MiB   {results['PostgreSQL'][1]:.1f} MiB")
+    finally:
+        stop(origin)
+        stop(pg)
+        shutil.rmtree(work, ignore_errors=True)
+

@@ -264,6 +264,47 @@ http {{ access_log off; sendfile on; server {{ listen 127.0.0.1:{port}; root {do
     raise RuntimeError(f"nginx did not start (see {work}/nginx.err)")
 
 
+def start_postgres(work):
+    """A throwaway PostgreSQL on a Unix socket in `work` (as the tests start one), or None when
+    PostgreSQL is not installed. Returns (process, connection string). Run as root, the server
+    runs as the `postgres` user (it refuses root)."""
+    import glob, pwd
+    initdb = shutil.which("initdb")
+    bindir = os.path.dirname(os.path.realpath(initdb)) if initdb else None
+    if not bindir:
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        bindir = os.path.dirname(found[-1]) if found else None
+    if not bindir:
+        return None
+    folder = os.path.join(work, "pg")
+    os.makedirs(folder)
+    prefix = []
+    if os.geteuid() == 0:
+        user = pwd.getpwnam("postgres")
+        os.chmod(work, 0o755)
+        os.chown(folder, user.pw_uid, user.pw_gid)
+        prefix = ["/usr/bin/setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env["LC_ALL"] = "C"
+    subprocess.run(prefix + [f"{bindir}/initdb", "-D", f"{folder}/data", "-U", "dld", "--auth=trust", "-E", "UTF8",
+                             "--no-locale"], cwd=folder, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = open(os.path.join(folder, "postgres.log"), "ab")
+    proc = subprocess.Popen(prefix + [f"{bindir}/postgres", "-D", f"{folder}/data", "-c", "listen_addresses=",
+                                      "-c", f"unix_socket_directories={folder}"], cwd=folder, env=env, stdout=log, stderr=log)
+    log.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done = subprocess.run([f"{bindir}/createdb", "-h", folder, "-U", "dld", "bench"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if done.returncode == 0:
+            return proc, f"postgresql://dld@/bench?host={folder}"
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    stop(proc)
+    raise RuntimeError(f"PostgreSQL did not start (see {folder}/postgres.log)")
+
+
 def stop(proc):
     """Stops a helper process (origin, nginx) that this script started."""
     if proc and proc.poll() is None:
