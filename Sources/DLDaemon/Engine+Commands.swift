@@ -1,3 +1,4 @@
+import CDLSystem
 import DLCore
 import DLRPC
 import DLStore
@@ -142,6 +143,7 @@ extension Engine {
         }
         let outcome = try await storage { try await store.apply(command, to: rows, first: first, now: now()) }
         for path in outcome.files { removePartial(at: path) }
+        Self.trimAfterBulk(outcome.count)
         if outcome.count > 0 {
             logger.info("\(command.event.verb)", metadata: ["jobs": "\(outcome.count)"])
         }
@@ -188,6 +190,7 @@ extension Engine {
                 try await storage { try await store.save(stopped) }
             }
             let outcome = try await storage { try await store.delete(rows, deleteFiles: deleteFile, now: now()) }
+            Self.trimAfterBulk(outcome.count)
             for path in outcome.files where unlink(path) != 0 && errno != ENOENT {
                 logger.warning("could not delete file", metadata: ["path": "\(path)", "errno": "\(errno)"])
             }
@@ -263,4 +266,11 @@ extension Engine {
         return JobJSON.encode(job, live: LiveProgress(received: live.received, size: live.size, speed: live.speed))
     }
 
+    /// A command that changed tens of thousands of rows read their ids and events through
+    /// buffers that glibc keeps after they are freed: given back, so that the next such
+    /// command does not grow the daemon further (seen on PostgreSQL: 43, 51, 58 MiB after
+    /// resume, pause and cancel of 100 000 jobs).
+    static func trimAfterBulk(_ count: Int) {
+        if count >= 10_000 { _ = dld_trim_malloc() }
+    }
 }

@@ -83,7 +83,7 @@ struct RecordSet<Record: Encodable>: Sendable {
     let columns: [(name: String, type: String)]
 
     /// Records a statement: each statement's JSON stays a few MB.
-    static var recordsPerStatement: Int { 5000 }
+    static var recordsPerStatement: Int { 1000 }
 
     /// `a, b, c`
     var names: String { columns.map(\.name).joined(separator: ", ") }
