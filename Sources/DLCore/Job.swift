@@ -143,6 +143,12 @@ public struct Job: Sendable, Equatable {
     /// published to `path`.
     public var stagingPath: String?
     public var options = JobOptions()
+    /// The daemon (worker id) whose transfer runs this job; nil unless `running` under a
+    /// worker that claimed it (a fleet sharing one table).
+    public var worker: String?
+    /// Until when the worker's claim holds: past it, the job is queued again for another
+    /// worker unless the lease was renewed.
+    public var leaseUntil: Date?
 
     public init(
         id: JobID = 0, url: String, path: String, state: JobState = .queued,
@@ -152,9 +158,12 @@ public struct Job: Sendable, Equatable {
         key: String? = nil, meta: String? = nil, headers: [HeaderField] = [],
         overwrite: Bool = false, finalURL: String? = nil, validators: Validators = Validators(),
         checksum: Checksum? = nil, expectedSize: Int64? = nil, sha256: String? = nil, digest: String? = nil,
-        progressAt: Date? = nil, groupID: GroupID? = nil, stagingPath: String? = nil, options: JobOptions = JobOptions()
+        progressAt: Date? = nil, groupID: GroupID? = nil, stagingPath: String? = nil, options: JobOptions = JobOptions(),
+        worker: String? = nil, leaseUntil: Date? = nil
     ) {
         self.options = options
+        self.worker = worker
+        self.leaseUntil = leaseUntil
         self.id = id
         self.url = url
         self.path = path

@@ -90,6 +90,11 @@ public enum StateMachine {
         default:
             throw TransitionError(from: job.state, event: event.verb)
         }
+        // A worker holds a job only while it runs it.
+        if next.state != .running {
+            next.worker = nil
+            next.leaseUntil = nil
+        }
         return next
     }
 

@@ -55,9 +55,9 @@ public enum BulkCommand: Sendable, CaseIterable {
     var assignments: String {
         switch self {
         case .pause:
-            return "state = 'paused', wait_reason = NULL, next_attempt_at = NULL, updated_at = :now"
+            return "state = 'paused', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, updated_at = :now"
         case .cancel:
-            return "state = 'canceled', wait_reason = NULL, next_attempt_at = NULL, finished_at = :now, updated_at = :now"
+            return "state = 'canceled', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, finished_at = :now, updated_at = :now"
         case .resume:
             let startOver = "error_code IN (" + Self.startOverCodes.map { "'\($0)'" }.joined(separator: ",") + ")"
             return """

@@ -88,6 +88,8 @@ public enum StoreError: Error, Sendable, Equatable {
 public final class JobStore: JobTable {
     let pool: DatabasePool
     public let path: String
+    /// The streams `changes()` handed out, finished by `close`.
+    let changeStreams = ChangeStreams()
 
     public init(path: String) throws {
         self.path = path
@@ -202,6 +204,20 @@ public final class JobStore: JobTable {
             // jobs_by_group only cost its upkeep (about a tenth of an insert).
             try db.execute(sql: "DROP INDEX IF EXISTS jobs_by_group")
         }
+        migrator.registerMigration("v7-workers") { db in
+            // A running job's worker and lease (see `JobTable.claim`), and the workers'
+            // heartbeats. SQLite has one daemon, but keeps the same columns so that a table
+            // moves between the backends unchanged.
+            try db.execute(sql: """
+                ALTER TABLE jobs ADD COLUMN worker TEXT;
+                ALTER TABLE jobs ADD COLUMN lease_until REAL;
+                CREATE TABLE workers (
+                    id TEXT PRIMARY KEY,
+                    started_at REAL NOT NULL,
+                    seen_at REAL NOT NULL
+                );
+                """)
+        }
         return migrator
     }
 
@@ -251,8 +267,10 @@ public final class JobStore: JobTable {
         }
     }
 
-    /// The pool closes its connections when the store is released.
-    public func close() async {}
+    /// The pool closes its connections when the store is released; `changes()` streams end.
+    public func close() async {
+        changeStreams.finish()
+    }
 
     /// Records an event in the same transaction as the change it describes.
     static func record(
@@ -396,7 +414,7 @@ public final class JobStore: JobTable {
                     received = ?, error_code = ?, error_message = ?, attempts = ?, updated_at = ?,
                     finished_at = ?, next_attempt_at = ?, key = ?, meta = ?, headers = ?, overwrite = ?,
                     final_url = ?, etag = ?, last_modified = ?, accepts_ranges = ?, checksum = ?, expected_size = ?,
-                    sha256 = ?, digest = ?, progress_at = ?, staging_path = ?, options = ?
+                    sha256 = ?, digest = ?, progress_at = ?, staging_path = ?, options = ?, worker = ?, lease_until = ?
                 WHERE id = ?
                 """
         ).execute(
@@ -406,7 +424,10 @@ public final class JobStore: JobTable {
                 job.finishedAt?.timeIntervalSince1970, job.nextAttemptAt?.timeIntervalSince1970, job.key, job.meta,
                 encodeHeaders(job.headers), job.overwrite, job.finalURL, job.validators.etag,
                 job.validators.lastModified, job.validators.acceptsRanges, job.checksum?.description, job.expectedSize,
-                job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.stagingPath, encodeOptions(job.options), job.id,
+                job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.stagingPath, encodeOptions(job.options),
+                // A worker holds a job only while it runs it.
+                job.state == .running ? job.worker : nil,
+                job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil, job.id,
             ])
     }
 
@@ -416,7 +437,7 @@ public final class JobStore: JobTable {
         id, url, path, state, wait_reason, priority, size, received, error_code, error_message, attempts, \
         created_at, updated_at, finished_at, next_attempt_at, key, meta, headers, overwrite, final_url, etag, \
         last_modified, accepts_ranges, checksum, expected_size, sha256, digest, progress_at, group_id, \
-        staging_path, options
+        staging_path, options, worker, lease_until
         """
 
     /// The jobs a `SELECT \(jobColumns) …` statement returns, read with SQLite's C API:
@@ -473,7 +494,8 @@ public final class JobStore: JobTable {
             validators: Validators(etag: row.text(20), lastModified: row.text(21), acceptsRanges: row.int(22) ?? 0 != 0),
             checksum: row.text(23).flatMap { try? Checksum.parse($0).get() }, expectedSize: row.int(24),
             sha256: row.text(25), digest: row.text(26), progressAt: date(27),
-            groupID: row.int(28), stagingPath: row.text(29), options: decodeOptions(row.text(30)))
+            groupID: row.int(28), stagingPath: row.text(29), options: decodeOptions(row.text(30)),
+            worker: row.text(31), leaseUntil: date(32))
     }
 
     // The JSON columns hold their empty values for almost every job: those skip the coder,
@@ -528,19 +550,21 @@ extension JobStore {
 
     /// Records a running transfer's synced progress: only its counters and validators, in one
     /// small transaction. Callers sync the bytes first (durability rule 2).
+    @discardableResult
     public func checkpoint(
-        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date
-    ) async throws {
+        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date, owner: String?
+    ) async throws -> Bool {
         try await pool.write { db in
             try db.execute(
                 sql: """
                     UPDATE jobs SET progress_at = CASE WHEN ? > received THEN ? ELSE progress_at END,
                         received = ?, size = ?, etag = ?, last_modified = ?, accepts_ranges = ?,
                         final_url = COALESCE(?, final_url)
-                    WHERE id = ? AND state = 'running'
+                    WHERE id = ? AND state = 'running' AND (? IS NULL OR worker = ?)
                     """,
                 arguments: [received, now.timeIntervalSince1970, received, size, validators.etag, validators.lastModified,
-                            validators.acceptsRanges, finalURL, id])
+                            validators.acceptsRanges, finalURL, id, owner, owner])
+            return db.changesCount > 0
         }
     }
 }

@@ -15,7 +15,19 @@ import Synchronization
 /// - a command over many rows (`apply`, `delete`, `requeueDue`) is set-based: one statement,
 ///   whatever the count, with the columns the state machine sets (`BulkCommand`);
 /// - `insert` returns the existing job for a key that exists, and refuses a path that an
-///   unfinished job writes to (`StoreError.pathInUse`), and then creates nothing.
+///   unfinished job writes to (`StoreError.pathInUse`), and then creates nothing;
+/// - a row that leaves `running` loses its `worker` and `leaseUntil` (`save`, `saveOwned`,
+///   bulk commands).
+///
+/// How events reach the sink differs:
+/// - SQLite (`JobStore`): one daemon writes the table; each write hands its own events to the
+///   sink right after its commit (publish: false ones when the caller says), in commit order.
+/// - PostgreSQL (`PostgresJobStore`): the sink gets EVERY committed event of the table, this
+///   daemon's and other daemons', in `seq` order, each once: one serial reader follows
+///   `events(after:)` from the last number it delivered, woken by this store's commits and by
+///   `NOTIFY dld_events`, which every transaction that writes events sends. A write returns
+///   after the reader has delivered its events (unless an earlier `publish: false` write holds
+///   them back: nothing after a held event is delivered before it is published).
 public protocol JobTable: Sendable {
     // MARK: Events
 
@@ -41,8 +53,13 @@ public protocol JobTable: Sendable {
     @discardableResult
     func save(_ jobs: [Job], publish: Bool) async throws -> [StoredEvent]
     /// Records a running transfer's synced progress (counters and validators) while the row
-    /// is still `running`. Callers sync the bytes first (durability rule 2).
-    func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date) async throws
+    /// is still `running` (and, when `owner` is given, still `owner`'s: a worker whose lease
+    /// was taken never writes over the new owner's offset). Returns whether the row was
+    /// written. Callers sync the bytes first (durability rule 2).
+    @discardableResult
+    func checkpoint(
+        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date, owner: String?
+    ) async throws -> Bool
     /// Applies `command` to every selected job in a state it changes, with one event each;
     /// `first` rows are written in the same transaction, before the command.
     func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], now: Date) async throws -> BulkOutcome
@@ -76,6 +93,46 @@ public protocol JobTable: Sendable {
     func nextWakeUp() async throws -> Date?
     /// A page of the rows start-up reconciliation looks at (finished, or started at least once).
     func reconcilePage(afterID: JobID, limit: Int) async throws -> [Job]
+
+    // MARK: Fleet: workers, claims and leases
+    //
+    // A daemon of a fleet is a worker with a stable id. It takes queued jobs with `claim`,
+    // which marks them `running` under its id with a lease, keeps the lease with
+    // `renewLeases`, and writes its transfers' outcomes with `saveOwned`, which refuses rows
+    // that are no longer its own. A worker that dies stops renewing; `requeueExpired` (run by
+    // any worker) queues its jobs again once their lease has passed. On SQLite there is one
+    // daemon, and these do the same on its one table.
+
+    /// Takes up to `limit` queued standalone jobs whose `host` is not in `excludingHosts`, by
+    /// priority (higher first) then id, and marks them `running` as `StateMachine`'s `start`
+    /// does (`attempts + 1`), with `worker` and `leaseUntil`; one `job.state` event each; one
+    /// transaction. Two workers claiming at once never get the same job. Returns the rows as
+    /// committed, in claim order.
+    func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, now: Date) async throws -> [Job]
+    /// Extends the lease of every `running` job of `worker` and records its heartbeat
+    /// (`workers.seen_at`). Returns the ids it still owns: a running transfer whose id is not
+    /// in the set was paused, canceled, requeued or taken by someone else, and must stop.
+    func renewLeases(worker: String, until: Date, now: Date) async throws -> Set<JobID>
+    /// Queues again every `running` job whose lease has passed (`worker` and `leaseUntil`
+    /// cleared, `received` kept), one event each, one statement. Returns their ids.
+    func requeueExpired(now: Date) async throws -> [JobID]
+    /// A clean stop: the worker's running jobs go back to `queued` (worker cleared), one event
+    /// each. Returns their ids.
+    @discardableResult
+    func releaseJobs(worker: String, now: Date) async throws -> [JobID]
+    /// `save` for the outcomes of `owner`'s transfers: every job given comes from `running`.
+    /// A row that is no longer `running`, or that another worker holds, is not written and is
+    /// returned in `lost` (the caller stops that transfer and publishes nothing). Rows that
+    /// leave `running` lose their worker and lease.
+    func saveOwned(_ jobs: [Job], owner: String, publish: Bool) async throws -> (events: [StoredEvent], lost: Set<JobID>)
+    /// The workers whose last heartbeat is at or after `seenSince`, by id.
+    func workers(seenSince: Date) async throws -> [(id: String, seenAt: Date)]
+    /// Yields when job states may have changed in the table, by any daemon: a daemon re-reads
+    /// what it runs then (a pause of one of its jobs by another daemon). PostgreSQL: on every
+    /// `NOTIFY dld_jobs`, which every state-changing transaction sends (this daemon's too).
+    /// SQLite: one daemon owns the table and its own commands reach its engine directly, so
+    /// the stream never yields; it ends at `close`.
+    func changes() -> AsyncStream<Void>
 
     // MARK: Groups
 
@@ -150,7 +207,12 @@ extension JobTable {
     }
 
     public func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?) async throws {
-        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, now: Date())
+        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, now: Date(), owner: nil)
+    }
+
+    /// A checkpoint of a daemon that does not claim (no owner check).
+    public func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date) async throws {
+        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, now: now, owner: nil)
     }
 
     @discardableResult

@@ -23,9 +23,9 @@ extension PostgresJobStore {
     private static func assignments(_ command: BulkCommand, now: String, startOver: String) -> String {
         switch command {
         case .pause:
-            return "state = 'paused', wait_reason = NULL, next_attempt_at = NULL, updated_at = \(now)"
+            return "state = 'paused', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, updated_at = \(now)"
         case .cancel:
-            return "state = 'canceled', wait_reason = NULL, next_attempt_at = NULL, finished_at = \(now), updated_at = \(now)"
+            return "state = 'canceled', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, finished_at = \(now), updated_at = \(now)"
         case .resume:
             let restart = "error_code = ANY(\(startOver))"
             return """

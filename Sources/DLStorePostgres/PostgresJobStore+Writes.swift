@@ -11,7 +11,7 @@ extension PostgresJobStore {
         let (outcomes, events) = try await transaction { connection in
             try await Self.insert(jobs, groupID: nil, now: now, on: connection, logger: logger)
         }
-        publishEvents(events)
+        await published(events)
         return outcomes
     }
 
@@ -128,7 +128,7 @@ extension PostgresJobStore {
     @discardableResult
     public func save(_ jobs: [Job], publish: Bool) async throws -> [StoredEvent] {
         guard !jobs.isEmpty else { return [] }
-        let events = try await transaction { connection in
+        return try await eventTransaction(publish: publish, events: { $0 }) { connection in
             // Row locks in id order, as every saver takes them, and the states before.
             var state: [JobID: String] = [:]
             for row in try await connection.rows(
@@ -149,8 +149,30 @@ extension PostgresJobStore {
             }
             return try await Self.record(changes, on: connection, logger: logger)
         }
-        if publish { publishEvents(events) }
-        return events
+    }
+
+    /// A transaction that writes events. With `publish` they reach the sink after the commit,
+    /// before this returns; without, they are held from before the COMMIT (the event reader
+    /// stops before them) until the caller hands them to `publishEvents`.
+    func eventTransaction<T: Sendable>(
+        publish: Bool, events: (T) -> [StoredEvent], _ body: (PostgresConnection) async throws -> T
+    ) async throws -> T {
+        var held: [StoredEvent] = []
+        do {
+            let value = try await transaction { connection in
+                let value = try await body(connection)
+                if !publish {
+                    held = events(value)
+                    follower.hold(held)
+                }
+                return value
+            }
+            if publish { await published(events(value)) }
+            return value
+        } catch {
+            follower.unhold(held)
+            throw error
+        }
     }
 
     /// Writes whole rows (all but id, created_at, group_id and host, as the SQLite store), many
@@ -175,14 +197,18 @@ extension PostgresJobStore {
         }
     }
 
-    public func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date) async throws {
-        _ = try await rows(
+    @discardableResult
+    public func checkpoint(
+        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date, owner: String?
+    ) async throws -> Bool {
+        try await !rows(
             """
             UPDATE jobs SET progress_at = CASE WHEN \(received)::bigint > received THEN \(now.timeIntervalSince1970) ELSE progress_at END,
                 received = \(received), size = \(size), etag = \(text: validators.etag), last_modified = \(text: validators.lastModified),
                 accepts_ranges = \(validators.acceptsRanges), final_url = COALESCE(\(text: finalURL), final_url)
-            WHERE id = \(id) AND state = 'running'
-            """)
+            WHERE id = \(id) AND state = 'running' AND (\(text: owner)::text IS NULL OR worker = \(text: owner))
+            RETURNING id
+            """).isEmpty
     }
 
     // MARK: Groups
@@ -205,13 +231,13 @@ extension PostgresJobStore {
             let (outcomes, events) = try await Self.insert(staged, groupID: id, now: now, on: connection, logger: logger)
             return (group, outcomes.map(\.job), events)
         }
-        publishEvents(events)
+        await published(events)
         return (group, jobs)
     }
 
     @discardableResult
     public func saveGroup(_ group: JobGroup, members: [Job], publish: Bool) async throws -> [StoredEvent] {
-        let events = try await transaction { connection -> [StoredEvent] in
+        try await eventTransaction(publish: publish, events: { $0 }) { connection -> [StoredEvent] in
             try await Self.update(members, on: connection, logger: logger)
             let row = try await connection.rows("SELECT closed, error_code FROM groups WHERE id = \(group.id) FOR UPDATE", logger: logger).first
             let (before, errorBefore) = try row?.decode((String?, String?).self) ?? (nil, nil)
@@ -237,8 +263,6 @@ extension PostgresJobStore {
                 [StoredEvent(seq: 0, at: group.updatedAt, kind: .groupState, jobID: nil, groupID: group.id, state: state)],
                 on: connection, logger: logger)
         }
-        if publish { publishEvents(events) }
-        return events
     }
 
     public func deleteGroup(_ id: GroupID, now: Date) async throws {
@@ -247,7 +271,7 @@ extension PostgresJobStore {
             return try await Self.record(
                 [StoredEvent(seq: 0, at: now, kind: .groupState, jobID: nil, groupID: id, state: "removed")], on: connection, logger: logger)
         }
-        publishEvents(events)
+        await published(events)
     }
 
     public func fetchGroup(_ id: GroupID) async throws -> JobGroup? {

@@ -21,25 +21,45 @@ public final class PostgresJobStore: JobTable {
     let client: PostgresClient
     private let runner: Task<Void, Never>
     let logger: Logger
-    private let sink = EventSink()
+    private let sink: EventSink
+    /// Delivers every committed event of the table to the sink, in order (`EventFollower`).
+    let follower: EventFollower
+    private let reader: Task<Void, Never>
+    /// LISTENs for other daemons' changes and events (`PostgresListener`).
+    private let listener: Task<Void, Never>
+    let changeStreams: ChangeStreams
 
-    private init(client: PostgresClient, runner: Task<Void, Never>, logger: Logger) {
+    private init(
+        client: PostgresClient, runner: Task<Void, Never>, logger: Logger, sink: EventSink, follower: EventFollower,
+        reader: Task<Void, Never>, listener: Task<Void, Never>, changeStreams: ChangeStreams
+    ) {
         self.client = client
         self.runner = runner
         self.logger = logger
+        self.sink = sink
+        self.follower = follower
+        self.reader = reader
+        self.listener = listener
+        self.changeStreams = changeStreams
     }
 
-    /// Brings the schema up to date, then starts a pool of at most `maxConnections`.
+    /// Brings the schema up to date, then starts a pool of at most `maxConnections`, the event
+    /// reader and the listener (one connection of its own).
     ///
     /// The migrations run on a connection of their own, made once: a server that refuses
     /// (no such database, wrong password, nothing listening) fails the open at once, with the
     /// server's words. The pool would keep trying for a minute and then say only that it
     /// could not connect.
     public static func open(_ url: PostgresURL, maxConnections: Int = 8, logger: Logger) async throws -> PostgresJobStore {
+        let connectionConfiguration: PostgresConnection.Configuration
+        let lastSeq: Int64
         do {
-            let connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 0, logger: logger)
+            connectionConfiguration = try url.connectionConfiguration()
+            let connection = try await PostgresConnection.connect(configuration: connectionConfiguration, id: 0, logger: logger)
             do {
                 try await PostgresSchema.migrate(on: connection, logger: logger)
+                lastSeq = try await connection.rows("SELECT COALESCE(MAX(seq), 0)::bigint FROM events", logger: logger)
+                    .first?.decode(Int64.self) ?? 0
             } catch {
                 try? await connection.close().get()
                 throw error
@@ -52,14 +72,57 @@ public final class PostgresJobStore: JobTable {
         configuration.options.maximumConnections = maxConnections
         let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
         // Detached: the pool must outlive a graceful shutdown of the caller's services until
-        // `close`, after the engine has committed its last checkpoints.
+        // `close`, after the engine has committed its last checkpoints. So must the reader and
+        // the listener, which `close` ends too.
         let runner = Task.detached { await client.run() }
-        return PostgresJobStore(client: client, runner: runner, logger: logger)
+        let sink = EventSink()
+        // Events committed before this open are history (replayed with `events(after:)`),
+        // not news: the sink starts after them.
+        let follower = EventFollower(sink: sink, delivered: lastSeq)
+        let reader = Task.detached {
+            await follower.run(
+                read: { after, limit in
+                    try await client.withConnection { connection in
+                        try await connection.rows(
+                            "SELECT \(unescaped: Columns.event) FROM events WHERE seq > \(after) ORDER BY seq LIMIT \(Int64(limit))",
+                            logger: logger
+                        ).map(Columns.event)
+                    }
+                },
+                last: {
+                    try await client.withConnection { connection in
+                        try await connection.rows("SELECT COALESCE(MAX(seq), 0)::bigint FROM events", logger: logger)
+                            .first?.decode(Int64.self) ?? 0
+                    }
+                })
+        }
+        let changeStreams = ChangeStreams()
+        let listener = Task.detached {
+            await PostgresListener.run(
+                configuration: connectionConfiguration, logger: logger,
+                onJobs: { changeStreams.signal() }, onEvents: { follower.wake() })
+        }
+        return PostgresJobStore(
+            client: client, runner: runner, logger: logger, sink: sink, follower: follower, reader: reader, listener: listener,
+            changeStreams: changeStreams)
     }
 
     public func close() async {
+        listener.cancel()
+        await listener.value
+        follower.close()
+        await reader.value
+        changeStreams.finish()
         runner.cancel()
         await runner.value
+    }
+
+    /// Yields on every `NOTIFY dld_jobs` (any daemon's state change, this one's too), and once
+    /// each time the listener (re)connects, since changes may have been missed meanwhile.
+    public func changes() -> AsyncStream<Void> {
+        let (stream, continuation) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
+        if !changeStreams.add(continuation) { continuation.finish() }
+        return stream
     }
 
     // MARK: Connections and transactions
@@ -116,16 +179,22 @@ public final class PostgresJobStore: JobTable {
         sink.set(wanted: wanted, deliver)
     }
 
+    /// Hands over events a `publish: false` write held back; the reader then goes on past them.
     public func publishEvents(_ events: [StoredEvent]) {
-        sink.publish(events)
+        follower.publish(events)
     }
 
-    /// Publishes the events numbered `(first, last]`, read back a page at a time when someone listens.
+    /// After a commit of this store: its events (and any other daemon's before them) reach the
+    /// sink before this returns.
+    func published(_ events: [StoredEvent]) async {
+        await follower.committed(events)
+    }
+
+    /// After a commit of this store that numbered the events `(first, last]`: the reader reads
+    /// them (a page at a time, only when someone listens) before this returns.
     func publishEvents(after first: Int64, through last: Int64) async {
-        await sink.publish(after: first, through: last) { after, through, limit in
-            try await self.rows("SELECT \(unescaped: Columns.event) FROM events WHERE seq > \(after) AND seq <= \(through) ORDER BY seq LIMIT \(limit)")
-                .map(Columns.event)
-        }
+        guard last > first else { return }
+        await follower.catchUp()
     }
 
     public func events(after seq: Int64, limit: Int) async throws -> [StoredEvent] {
@@ -145,12 +214,18 @@ public final class PostgresJobStore: JobTable {
     /// numbers events, so numbers are given in commit order and a reader never sees a gap
     /// that fills later.
     ///
+    /// Notifications: `dld_events` wakes every daemon's event reader; `dld_jobs` every
+    /// daemon's `changes()`.
+    ///
     /// The lock is taken last, after a transaction's rows are written: the section it
     /// serializes stays short, and it never waits for a row lock while holding it (no deadlock
     /// with a writer that holds rows and waits for the lock). The number is read in a statement
     /// after the lock's, whose snapshot (READ COMMITTED) includes the previous holder's commit.
     static func lockEvents(on connection: PostgresConnection, logger: Logger) async throws -> Int64 {
-        try await connection.run("SELECT pg_advisory_xact_lock(\(LockKey.events))", logger: logger)
+        // Every transaction that writes events changes the table: other daemons hear of it at
+        // COMMIT (PostgreSQL sends notifications then, once per channel and payload).
+        try await connection.run(
+            "SELECT pg_advisory_xact_lock(\(LockKey.events)), pg_notify('dld_events', ''), pg_notify('dld_jobs', '')", logger: logger)
         return try await connection.rows("SELECT COALESCE(MAX(seq), 0)::bigint FROM events", logger: logger).first?.decode(Int64.self) ?? 0
     }
 

@@ -89,6 +89,22 @@ enum PostgresSchema {
             )
             """,
         ]),
+        ("v2-workers-leases", [
+            // A running job's worker and lease (`JobTable.claim`), and the workers' heartbeats.
+            "ALTER TABLE jobs ADD COLUMN worker text",
+            "ALTER TABLE jobs ADD COLUMN lease_until double precision",
+            """
+            CREATE TABLE workers (
+                id text PRIMARY KEY,
+                started_at double precision NOT NULL,
+                seen_at double precision NOT NULL
+            )
+            """,
+            // What runs, by worker (renewals, releases) and by lease (expiry): only running
+            // rows, a few per worker, whatever the queue holds.
+            "CREATE INDEX jobs_running_by_worker ON jobs (worker) WHERE state = 'running'",
+            "CREATE INDEX jobs_running_by_lease ON jobs (lease_until) WHERE state = 'running'",
+        ]),
     ]
 
     /// Applies the migrations this database lacks, in one transaction, under an advisory lock:

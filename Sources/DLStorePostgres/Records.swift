@@ -95,9 +95,12 @@ struct UpdateRecord: Encodable {
     var progressAt: Double?
     var stagingPath: String?
     var options: String
+    var worker: String?
+    var leaseUntil: Double?
 
     enum CodingKeys: String, CodingKey {
         case id, url, path, state, priority, size, received, attempts, key, meta, headers, overwrite, etag, checksum, sha256, digest, options
+        case worker, leaseUntil = "lease_until"
         case waitReason = "wait_reason", errorCode = "error_code", errorMessage = "error_message", updatedAt = "updated_at"
         case finishedAt = "finished_at", nextAttemptAt = "next_attempt_at", finalURL = "final_url", lastModified = "last_modified"
         case acceptsRanges = "accepts_ranges", expectedSize = "expected_size", progressAt = "progress_at", stagingPath = "staging_path"
@@ -133,6 +136,9 @@ struct UpdateRecord: Encodable {
         progressAt = job.progressAt?.timeIntervalSince1970
         stagingPath = job.stagingPath.map(storedText)
         options = ColumnCoding.options(job.options)
+        // A worker holds a job only while it runs it.
+        worker = job.state == .running ? job.worker.map(storedText) : nil
+        leaseUntil = job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil
     }
 
     static let set = RecordSet<UpdateRecord>(columns: [
@@ -142,6 +148,7 @@ struct UpdateRecord: Encodable {
         ("key", "text"), ("meta", "text"), ("headers", "text"), ("overwrite", "boolean"), ("final_url", "text"), ("etag", "text"),
         ("last_modified", "text"), ("accepts_ranges", "boolean"), ("checksum", "text"), ("expected_size", "bigint"),
         ("sha256", "text"), ("digest", "text"), ("progress_at", "double precision"), ("staging_path", "text"), ("options", "text"),
+        ("worker", "text"), ("lease_until", "double precision"),
     ])
 }
 

@@ -70,7 +70,18 @@ final class StoreFixture: @unchecked Sendable {
             return opened
         }
         for store in stores { await store.close() }
-        if let server, let database { server.dropDatabase(database) }
+        if let server, let database {
+            // Off Swift's cooperative pool: `dropdb --force` blocks until every backend has
+            // absorbed a ProcSignalBarrier, and a backend that is writing rows to a client
+            // waits for a task of this process to read them. With the pool's threads (two on
+            // a two-core machine) blocked in `dropdb`, nothing read them: the run hung.
+            await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+                DispatchQueue.global().async {
+                    server.dropDatabase(database)
+                    done.resume()
+                }
+            }
+        }
     }
 }
 

@@ -214,8 +214,10 @@ import Testing
         var store: (any JobTable)? = try await fixture.open()
         let delivered = Counter()
         store?.setEventSink { delivered.add($0.count) }
-        let event = StoredEvent(seq: 1, at: t0, kind: .jobState, jobID: 1, groupID: nil, state: "queued")
-        for _ in 0..<300_000 { store?.publishEvents([event]) }
+        // Numbered as a table numbers them: the PostgreSQL store hands each number over once.
+        for seq in 1...300_000 {
+            store?.publishEvents([StoredEvent(seq: Int64(seq), at: t0, kind: .jobState, jobID: 1, groupID: nil, state: "queued")])
+        }
         #expect(delivered.value == 300_000)
         store = nil
         await fixture.finish()

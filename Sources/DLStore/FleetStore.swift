@@ -1,0 +1,171 @@
+import DLCore
+import Foundation
+import GRDB
+import Synchronization
+
+/// The fleet primitives of `JobTable` on SQLite. One daemon owns a SQLite table, so no two
+/// claims ever race here; these still do what the PostgreSQL store does, on the one writer,
+/// so that the engine has one way to run jobs and the store tests hold on both backends.
+extension JobStore {
+    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, now: Date) async throws -> [Job] {
+        guard limit > 0 else { return [] }
+        let (jobs, range) = try await pool.write { db -> ([Job], (Int64, Int64)) in
+            let before = try Self.lastSeq(db)
+            let ids = try JobID.fetchAll(
+                db,
+                sql: """
+                    SELECT id FROM jobs INDEXED BY jobs_by_state
+                    WHERE state = 'queued' AND group_id IS NULL AND host NOT IN (SELECT value FROM json_each(?))
+                    ORDER BY priority DESC, id LIMIT ?
+                    """,
+                arguments: [Self.jsonTexts(excludingHosts.sorted()), limit])
+            guard !ids.isEmpty else { return ([], (before, before)) }
+            // What `StateMachine.apply(.start)` sets, plus the worker and its lease.
+            try db.execute(
+                sql: """
+                    UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = ?, worker = ?, lease_until = ?
+                    WHERE id IN (SELECT value FROM json_each(?))
+                    """,
+                arguments: [now.timeIntervalSince1970, worker, leaseUntil.timeIntervalSince1970, RowSelection.jsonArray(ids)])
+            try Self.recordStates(of: ids.sorted(), at: now, in: db)
+            let statement = try db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?")
+            let jobs = try ids.compactMap { try Self.jobs(statement, arguments: [$0]).first }
+            return (jobs, (before, try Self.lastSeq(db)))
+        }
+        publishEvents(after: range.0, through: range.1)
+        return jobs
+    }
+
+    public func renewLeases(worker: String, until: Date, now: Date) async throws -> Set<JobID> {
+        try await pool.write { db in
+            try Self.heartbeat(worker, now: now, in: db)
+            let ids = try JobID.fetchAll(
+                db, sql: "UPDATE jobs SET lease_until = ? WHERE state = 'running' AND worker = ? RETURNING id",
+                arguments: [until.timeIntervalSince1970, worker])
+            return Set(ids)
+        }
+    }
+
+    public func requeueExpired(now: Date) async throws -> [JobID] {
+        try await requeue(where: "state = 'running' AND lease_until < ?", [now.timeIntervalSince1970], now: now)
+    }
+
+    @discardableResult
+    public func releaseJobs(worker: String, now: Date) async throws -> [JobID] {
+        try await requeue(where: "state = 'running' AND worker = ?", [worker], now: now)
+    }
+
+    /// Running jobs that match `condition` go back to `queued` without their worker and lease;
+    /// one statement, one event each.
+    private func requeue(where condition: String, _ arguments: StatementArguments, now: Date) async throws -> [JobID] {
+        let (ids, range) = try await pool.write { db -> ([JobID], (Int64, Int64)) in
+            let before = try Self.lastSeq(db)
+            let ids = try JobID.fetchAll(
+                db,
+                sql: """
+                    UPDATE jobs SET state = 'queued', worker = NULL, lease_until = NULL, updated_at = ?
+                    WHERE \(condition) RETURNING id
+                    """,
+                arguments: [now.timeIntervalSince1970] + arguments
+            ).sorted()
+            try Self.recordStates(of: ids, at: now, in: db)
+            return (ids, (before, try Self.lastSeq(db)))
+        }
+        publishEvents(after: range.0, through: range.1)
+        return ids
+    }
+
+    public func saveOwned(_ jobs: [Job], owner: String, publish: Bool) async throws -> (events: [StoredEvent], lost: Set<JobID>) {
+        guard !jobs.isEmpty else { return ([], []) }
+        let (events, lost) = try await pool.write { db -> ([StoredEvent], Set<JobID>) in
+            var events: [StoredEvent] = []
+            var lost: Set<JobID> = []
+            let read = try db.cachedStatement(sql: "SELECT state, worker FROM jobs WHERE id = ?")
+            for job in jobs {
+                guard let row = try Row.fetchOne(read, arguments: [job.id]) else {
+                    lost.insert(job.id)
+                    continue
+                }
+                let state: String = row["state"]
+                let worker: String? = row["worker"]
+                guard Self.owns(state: state, worker: worker, owner: owner) else {
+                    lost.insert(job.id)
+                    continue
+                }
+                try Self.update(job, in: db)
+                if state != job.state.rawValue {
+                    events.append(try Self.record(.jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))
+                }
+            }
+            return (events, lost)
+        }
+        if publish { publishEvents(events) }
+        return (events, lost)
+    }
+
+    /// Whether a row as stored is still the running job of `owner` (a row running without a
+    /// worker was started by a daemon that does not claim: it is anyone's).
+    static func owns(state: String, worker: String?, owner: String) -> Bool {
+        state == JobState.running.rawValue && (worker == nil || worker == owner)
+    }
+
+    public func workers(seenSince: Date) async throws -> [(id: String, seenAt: Date)] {
+        try await pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT id, seen_at FROM workers WHERE seen_at >= ? ORDER BY id", arguments: [seenSince.timeIntervalSince1970])
+                .map { row in (id: row["id"], seenAt: Date(timeIntervalSince1970: row["seen_at"])) }
+        }
+    }
+
+    /// Inserts the worker's row, or moves its `seen_at`.
+    static func heartbeat(_ worker: String, now: Date, in db: Database) throws {
+        try db.execute(
+            sql: """
+                INSERT INTO workers (id, started_at, seen_at) VALUES (?, ?, ?)
+                ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at
+                """,
+            arguments: [worker, now.timeIntervalSince1970, now.timeIntervalSince1970])
+    }
+
+    /// SQLite has one daemon: its own commands reach its engine directly, so nothing ever
+    /// needs to be signalled. The stream never yields; it ends when the store is closed.
+    public func changes() -> AsyncStream<Void> {
+        let (stream, continuation) = AsyncStream<Void>.makeStream()
+        if !changeStreams.add(continuation) { continuation.finish() }
+        return stream
+    }
+
+    /// A JSON array of texts, for `json_each`.
+    static func jsonTexts(_ texts: [String]) -> String {
+        (try? JSONEncoder().encode(texts)).map { String(decoding: $0, as: UTF8.self) } ?? "[]"
+    }
+}
+
+/// The continuations of `changes()` streams, finished at `close`.
+public final class ChangeStreams: Sendable {
+    private let state = Mutex<(open: Bool, streams: [AsyncStream<Void>.Continuation])>((true, []))
+
+    public init() {}
+
+    /// Keeps `continuation`; false when the store is closed already.
+    public func add(_ continuation: AsyncStream<Void>.Continuation) -> Bool {
+        state.withLock { state in
+            guard state.open else { return false }
+            state.streams.append(continuation)
+            return true
+        }
+    }
+
+    /// Tells every stream that something changed.
+    public func signal() {
+        for continuation in state.withLock({ $0.streams }) { continuation.yield() }
+    }
+
+    public func finish() {
+        let streams = state.withLock { state -> [AsyncStream<Void>.Continuation] in
+            state.open = false
+            defer { state.streams = [] }
+            return state.streams
+        }
+        for continuation in streams { continuation.finish() }
+    }
+}

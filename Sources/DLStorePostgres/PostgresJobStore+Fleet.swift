@@ -1,0 +1,140 @@
+import DLCore
+import DLStore
+import Foundation
+import Logging
+import PostgresNIO
+
+/// The fleet primitives of `JobTable`: several daemons claim from one queue, each job on one
+/// worker at a time, held by a lease that its worker renews.
+extension PostgresJobStore {
+    /// One statement: the SELECT walks `jobs_queued` (the scheduler's partial index) in
+    /// order and locks the rows it takes; `SKIP LOCKED` passes over rows another daemon is
+    /// claiming at this moment instead of waiting for them, and a row that another claim
+    /// committed as `running` meanwhile no longer matches `state = 'queued'` when it is
+    /// locked (READ COMMITTED rechecks the row's newest version). So two claims never take
+    /// the same job, and neither waits for the other. The SELECT is a MATERIALIZED CTE, run
+    /// once: as a plain `id IN (SELECT … LIMIT n)` the planner may run it again for each row
+    /// of a join, and then its LIMIT no longer bounds the claim (seen here: 4 rows for 3).
+    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, now: Date) async throws -> [Job] {
+        guard limit > 0 else { return [] }
+        return try await eventTransaction(publish: true, events: { $0.events }) { connection -> (jobs: [Job], events: [StoredEvent]) in
+            let at = now.timeIntervalSince1970
+            let hosts = excludingHosts.sorted().map(storedText)
+            var jobs = try await connection.rows(
+                """
+                WITH picked AS MATERIALIZED (
+                    SELECT id FROM jobs
+                    WHERE state = 'queued' AND group_id IS NULL AND host <> ALL(\(hosts))
+                    ORDER BY priority DESC, id LIMIT \(Int64(limit))
+                    FOR UPDATE SKIP LOCKED)
+                UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = \(at),
+                    worker = \(text: worker), lease_until = \(leaseUntil.timeIntervalSince1970)
+                WHERE state = 'queued' AND id IN (SELECT id FROM picked)
+                RETURNING \(unescaped: Columns.job)
+                """,
+                logger: logger
+            ).map(Columns.job)
+            jobs.sort { ($0.priority, -$0.id) > ($1.priority, -$1.id) }
+            let events = try await Self.record(
+                jobs.sorted { $0.id < $1.id }.map {
+                    StoredEvent(seq: 0, at: now, kind: .jobState, jobID: $0.id, groupID: nil, state: $0.state.rawValue)
+                },
+                on: connection, logger: logger)
+            return (jobs, events)
+        }.jobs
+    }
+
+    public func renewLeases(worker: String, until: Date, now: Date) async throws -> Set<JobID> {
+        try await transaction { connection in
+            try await Self.heartbeat(worker, now: now, on: connection, logger: logger)
+            let ids = try await connection.rows(
+                "UPDATE jobs SET lease_until = \(until.timeIntervalSince1970) WHERE state = 'running' AND worker = \(text: worker) RETURNING id",
+                logger: logger
+            ).map { try $0.decode(Int64.self) }
+            return Set(ids)
+        }
+    }
+
+    public func requeueExpired(now: Date) async throws -> [JobID] {
+        let at = now.timeIntervalSince1970
+        return try await requeue(
+            """
+            UPDATE jobs SET state = 'queued', worker = NULL, lease_until = NULL, updated_at = \(at)
+            WHERE state = 'running' AND lease_until < \(at) RETURNING id
+            """,
+            now: now)
+    }
+
+    @discardableResult
+    public func releaseJobs(worker: String, now: Date) async throws -> [JobID] {
+        try await requeue(
+            """
+            UPDATE jobs SET state = 'queued', worker = NULL, lease_until = NULL, updated_at = \(now.timeIntervalSince1970)
+            WHERE state = 'running' AND worker = \(text: worker) RETURNING id
+            """,
+            now: now)
+    }
+
+    /// Runs `update` (an `UPDATE … RETURNING id` that queues running jobs again) with one
+    /// event for each row it changed, in one transaction.
+    private func requeue(_ update: PostgresQuery, now: Date) async throws -> [JobID] {
+        let (ids, range) = try await transaction { connection -> ([JobID], (Int64, Int64)) in
+            let ids = try await connection.rows(update, logger: logger).map { try $0.decode(Int64.self) }.sorted()
+            return (ids, try await Self.recordStates(of: ids, at: now, on: connection, logger: logger))
+        }
+        await publishEvents(after: range.0, through: range.1)
+        return ids
+    }
+
+    public func saveOwned(_ jobs: [Job], owner: String, publish: Bool) async throws -> (events: [StoredEvent], lost: Set<JobID>) {
+        guard !jobs.isEmpty else { return ([], []) }
+        return try await eventTransaction(publish: publish, events: { $0.events }) { connection -> (events: [StoredEvent], lost: Set<JobID>) in
+            // Row locks in id order, as every saver takes them: a claim, a command or another
+            // worker's save that comes after sees these rows as written here.
+            var stored: [JobID: (state: String, worker: String?)] = [:]
+            for row in try await connection.rows(
+                "SELECT id, state, worker FROM jobs WHERE id = ANY(\(jobs.map(\.id))) ORDER BY id FOR UPDATE", logger: logger)
+            {
+                let (id, state, worker) = try row.decode((Int64, String, String?).self)
+                stored[id] = (state, worker)
+            }
+            var lost: Set<JobID> = []
+            var owned: [Job] = []
+            for job in jobs {
+                guard let row = stored[job.id], row.state == JobState.running.rawValue, row.worker == nil || row.worker == owner else {
+                    lost.insert(job.id)
+                    continue
+                }
+                owned.append(job)
+            }
+            try await Self.update(owned, on: connection, logger: logger)
+            var changes: [StoredEvent] = []
+            var state = stored.mapValues(\.state)
+            for job in owned where state[job.id] != job.state.rawValue {
+                state[job.id] = job.state.rawValue
+                changes.append(StoredEvent(
+                    seq: 0, at: job.updatedAt, kind: .jobState, jobID: job.id, groupID: job.groupID, state: job.state.rawValue,
+                    waitReason: job.waitReason, error: job.error))
+            }
+            return (try await Self.record(changes, on: connection, logger: logger), lost)
+        }
+    }
+
+    public func workers(seenSince: Date) async throws -> [(id: String, seenAt: Date)] {
+        try await rows("SELECT id, seen_at FROM workers WHERE seen_at >= \(seenSince.timeIntervalSince1970) ORDER BY id").map { row in
+            let (id, seen) = try row.decode((String, Double).self)
+            return (id: id, seenAt: Date(timeIntervalSince1970: seen))
+        }
+    }
+
+    /// Inserts the worker's row, or moves its `seen_at`.
+    static func heartbeat(_ worker: String, now: Date, on connection: PostgresConnection, logger: Logger) async throws {
+        let at = now.timeIntervalSince1970
+        try await connection.run(
+            """
+            INSERT INTO workers (id, started_at, seen_at) VALUES (\(text: worker), \(at), \(at))
+            ON CONFLICT (id) DO UPDATE SET seen_at = EXCLUDED.seen_at
+            """,
+            logger: logger)
+    }
+}

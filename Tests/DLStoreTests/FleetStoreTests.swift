@@ -1,0 +1,290 @@
+import DLCore
+import DLStore
+import DLStorePostgres
+import Foundation
+import Synchronization
+import Testing
+
+/// The fleet primitives: claims, leases, ownership of writes, workers. On both backends
+/// (SQLite has one daemon, but the same answers), and what only PostgreSQL has: several
+/// daemons at once (several stores on one database), notifications and the whole table's
+/// events.
+@Suite struct FleetStoreTests {
+    private func new(_ n: Int, priority: Int = 0, host: String = "e.com") -> NewJob {
+        NewJob(url: "https://\(host)/\(n)", path: "/tmp/fleet/\(n)", priority: priority)
+    }
+
+    /// A claim takes queued standalone jobs of hosts not excluded, by priority then id, up to
+    /// the limit; marks them running as `start` does, with the worker and lease; one event each.
+    @Test(arguments: Backend.allCases)
+    func claimOrderLimitHostsAndEvents(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            let jobs = try await store.insert(
+                [new(1), new(2, priority: 5), new(3, host: "busy.org"), new(4), new(5, priority: 5), new(6)], now: t0
+            ).map(\.job)
+            _ = try await store.insertGroup(
+                name: "g", dir: "/tmp/fleet/g", priority: 9, members: [NewJob(url: "https://e.com/m", path: "/tmp/fleet/g/m")], now: t0)
+            _ = try await store.apply(.pause, to: .ids([jobs[5].id]), now: t0)
+            let before = try await store.lastEventSeq()
+            let at = t0.addingTimeInterval(10)
+            let lease = at.addingTimeInterval(30)
+
+            let first = try await store.claim(limit: 3, worker: "w1", leaseUntil: lease, excludingHosts: ["busy.org"], now: at)
+            #expect(first.map(\.id) == [jobs[1].id, jobs[4].id, jobs[0].id], "priority first, then id")
+            for job in first {
+                #expect(job.state == .running)
+                #expect(job.worker == "w1")
+                #expect(job.leaseUntil == lease)
+                #expect(job.attempts == 1, "as StateMachine's start")
+                #expect(job.updatedAt == at)
+            }
+            #expect(try await store.fetch(first.map(\.id)) == first, "returned as committed")
+            let events = try await store.events(after: before)
+            #expect(events.map(\.jobID) == first.map(\.id).sorted().map(Optional.init))
+            #expect(events.allSatisfy { $0.state == "running" && $0.kind == .jobState && $0.at == at })
+
+            let rest = try await store.claim(limit: 10, worker: "w1", leaseUntil: lease, excludingHosts: ["busy.org"], now: at)
+            #expect(rest.map(\.id) == [jobs[3].id], "not the excluded host, the paused job, or the group member")
+            let busy = try await store.claim(limit: 10, worker: "w2", leaseUntil: lease, excludingHosts: [], now: at)
+            #expect(busy.map(\.id) == [jobs[2].id])
+            #expect(try await store.claim(limit: 10, worker: "w2", leaseUntil: lease, excludingHosts: [], now: at).isEmpty)
+        }
+    }
+
+    /// Renewal extends only this worker's running jobs, says which they are (not one paused by
+    /// another daemon, nor another worker's), and records the heartbeat.
+    @Test(arguments: Backend.allCases)
+    func renewReturnsOnlyOwnedRunningJobs(_ backend: Backend) async throws {
+        try await withStore(backend) { a, fixture in
+            let b = try await fixture.open()
+            _ = try await a.insert((1...4).map { new($0) }, now: t0)
+            let mine = try await a.claim(limit: 3, worker: "w1", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
+            let theirs = try await b.claim(limit: 3, worker: "w2", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
+            try #require(mine.count == 3 && theirs.count == 1)
+            _ = try await b.apply(.pause, to: .ids([mine[0].id]), now: t0.addingTimeInterval(1))
+            #expect(try await a.fetch(mine[0].id)?.worker == nil, "a paused job has no worker")
+
+            let later = t0.addingTimeInterval(60)
+            let owned = try await a.renewLeases(worker: "w1", until: later, now: t0.addingTimeInterval(20))
+            #expect(owned == Set([mine[1].id, mine[2].id]))
+            #expect(try await a.fetch(mine[1].id)?.leaseUntil == later)
+            #expect(try await a.fetch(theirs[0].id)?.leaseUntil == t0.addingTimeInterval(30), "another worker's lease stays")
+            #expect(try await a.workers(seenSince: t0).map(\.id) == ["w1"])
+            _ = try await b.renewLeases(worker: "w2", until: later, now: t0.addingTimeInterval(25))
+            let workers = try await b.workers(seenSince: t0.addingTimeInterval(21))
+            #expect(workers.map(\.id) == ["w2"])
+            #expect(workers.first?.seenAt == t0.addingTimeInterval(25))
+        }
+    }
+
+    /// Jobs whose lease has passed go back to the queue with their offset, one event each;
+    /// the next claim is another attempt.
+    @Test(arguments: Backend.allCases)
+    func expiredLeasesAreRequeued(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            _ = try await store.insert((1...3).map { new($0) }, now: t0)
+            let short = try await store.claim(limit: 2, worker: "w1", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
+            let long = try await store.claim(limit: 1, worker: "w2", leaseUntil: t0.addingTimeInterval(90), excludingHosts: [], now: t0)
+            try #require(short.count == 2 && long.count == 1)
+            #expect(try await store.checkpoint(short[0].id, received: 500, size: 1000, validators: Validators(), finalURL: nil,
+                                               now: t0.addingTimeInterval(5), owner: "w1"))
+            #expect(try await store.requeueExpired(now: t0.addingTimeInterval(29)).isEmpty)
+            let before = try await store.lastEventSeq()
+            let requeued = try await store.requeueExpired(now: t0.addingTimeInterval(31))
+            #expect(requeued == short.map(\.id).sorted())
+            for id in requeued {
+                let job = try #require(try await store.fetch(id))
+                #expect(job.state == .queued)
+                #expect(job.worker == nil && job.leaseUntil == nil)
+            }
+            #expect(try await store.fetch(short[0].id)?.received == 500, "the committed offset is kept")
+            #expect(try await store.fetch(long[0].id)?.state == .running)
+            let events = try await store.events(after: before)
+            #expect(events.map(\.jobID) == requeued.map(Optional.init))
+            #expect(events.allSatisfy { $0.state == "queued" })
+            let again = try await store.claim(limit: 5, worker: "w3", leaseUntil: t0.addingTimeInterval(99), excludingHosts: [], now: t0.addingTimeInterval(32))
+            #expect(again.map(\.id) == short.map(\.id))
+            #expect(again.allSatisfy { $0.attempts == 2 && $0.worker == "w3" })
+        }
+    }
+
+    /// A worker whose job was taken over never writes over the new owner's row: its outcome
+    /// and its checkpoints are refused and reported; the owner's are written, and a row that
+    /// leaves running loses its worker.
+    @Test(arguments: Backend.allCases)
+    func savesOfALostJobAreRefused(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            let jobs = try await store.insert((1...2).map { new($0) }, now: t0).map(\.job)
+            let old = try await store.claim(limit: 2, worker: "w1", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
+            _ = try await store.requeueExpired(now: t0.addingTimeInterval(31))
+            let taken = try await store.claim(limit: 1, worker: "w2", leaseUntil: t0.addingTimeInterval(90), excludingHosts: [], now: t0.addingTimeInterval(32))
+            try #require(taken.map(\.id) == [jobs[0].id])
+
+            // w1 finishes both late: one is w2's now, the other queued (no one's).
+            let done = old.map { job -> Job in
+                var job = job
+                job.state = .completed
+                job.received = 1000
+                job.finishedAt = t0.addingTimeInterval(33)
+                job.updatedAt = t0.addingTimeInterval(33)
+                return job
+            }
+            let before = try await store.lastEventSeq()
+            let refused = try await store.saveOwned(done, owner: "w1", publish: true)
+            #expect(refused.lost == Set(jobs.map(\.id)))
+            #expect(refused.events.isEmpty)
+            #expect(try await store.lastEventSeq() == before)
+            #expect(try await store.fetch(jobs[0].id) == taken[0], "the new owner's row is untouched")
+            #expect(try await store.fetch(jobs[1].id)?.state == .queued)
+            #expect(!(try await store.checkpoint(jobs[0].id, received: 999, size: nil, validators: Validators(), finalURL: nil,
+                                                 now: t0.addingTimeInterval(34), owner: "w1")))
+            #expect(try await store.fetch(jobs[0].id)?.received == 0)
+
+            #expect(try await store.checkpoint(jobs[0].id, received: 400, size: 1000, validators: Validators(), finalURL: nil,
+                                               now: t0.addingTimeInterval(34), owner: "w2"))
+            var finished = try #require(try await store.fetch(jobs[0].id))
+            finished.state = .completed
+            finished.received = 1000
+            finished.updatedAt = t0.addingTimeInterval(35)
+            let saved = try await store.saveOwned([finished], owner: "w2", publish: true)
+            #expect(saved.lost.isEmpty)
+            #expect(saved.events.map(\.state) == ["completed"])
+            let row = try #require(try await store.fetch(jobs[0].id))
+            #expect(row.state == .completed && row.received == 1000)
+            #expect(row.worker == nil && row.leaseUntil == nil, "a row that leaves running has no worker")
+        }
+    }
+
+    /// A clean stop gives the worker's running jobs back to the queue, and only its own.
+    @Test(arguments: Backend.allCases)
+    func releaseOnStop(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            _ = try await store.insert((1...3).map { new($0) }, now: t0)
+            let mine = try await store.claim(limit: 2, worker: "w1", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
+            let theirs = try await store.claim(limit: 1, worker: "w2", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
+            try #require(mine.count == 2 && theirs.count == 1)
+            let before = try await store.lastEventSeq()
+            let released = try await store.releaseJobs(worker: "w1", now: t0.addingTimeInterval(5))
+            #expect(released == mine.map(\.id).sorted())
+            #expect(try await store.fetch(released).allSatisfy { $0.state == .queued && $0.worker == nil && $0.leaseUntil == nil })
+            #expect(try await store.fetch(theirs.map(\.id)).map(\.state) == [.running])
+            #expect(try await store.events(after: before).map(\.jobID) == released.map(Optional.init))
+        }
+    }
+
+    /// Two daemons claiming at once, over and over, never get the same job, and together
+    /// claim every one.
+    @Test func concurrentClaimsNeverOverlap() async throws {
+        let fixture = try StoreFixture(.postgres)
+        let a = try await fixture.open()
+        let b = try await fixture.open()
+        let count = 300
+        let ids = try await a.insert((0..<count).map { new($0) }, now: t0).map(\.job.id)
+        let claimed = try await withThrowingTaskGroup(of: (String, [JobID]).self) { group in
+            for (worker, store) in [("w1", a), ("w2", b)] {
+                group.addTask {
+                    var mine: [JobID] = []
+                    while true {
+                        let jobs = try await store.claim(limit: 3, worker: worker, leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
+                        if jobs.isEmpty { return (worker, mine) }
+                        mine += jobs.map(\.id)
+                    }
+                }
+            }
+            var all: [String: [JobID]] = [:]
+            for try await (worker, mine) in group { all[worker] = mine }
+            return all
+        }
+        let first = Set(claimed["w1"] ?? [])
+        let second = Set(claimed["w2"] ?? [])
+        #expect(first.count == claimed["w1"]?.count && second.count == claimed["w2"]?.count, "no job twice to one worker")
+        #expect(first.isDisjoint(with: second), "no job to both workers")
+        #expect(first.union(second) == Set(ids), "every job claimed")
+        #expect(!first.isEmpty && !second.isEmpty, "both claimed while the other did")
+        let rows = try await a.list()
+        #expect(rows.allSatisfy { $0.state == .running && $0.attempts == 1 })
+        #expect(Set(rows.filter { $0.worker == "w1" }.map(\.id)) == first)
+        await fixture.finish()
+    }
+
+    /// A pause by one daemon reaches another's `changes()` (NOTIFY dld_jobs).
+    @Test func aPauseElsewhereIsSignalled() async throws {
+        let fixture = try StoreFixture(.postgres)
+        let a = try await fixture.open()
+        let job = try #require(try await a.insert([new(1)], now: t0).first?.job)
+        _ = try await a.claim(limit: 1, worker: "w2", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
+        // b opens after every earlier commit: what its stream yields comes from its listener
+        // connecting (once) and from what is committed after.
+        let b = try await fixture.open()
+        let signals = Counter()
+        let stream = b.changes()
+        let watcher = Task {
+            for await _ in stream { signals.add(1) }
+        }
+        try await within(.seconds(30)) {
+            while signals.value < 1 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        _ = try await a.apply(.pause, to: .ids([job.id]), now: t0)
+        try await within(.seconds(30)) {
+            while signals.value < 2 { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        #expect(try await b.fetch(job.id)?.state == .paused)
+        #expect(try await b.renewLeases(worker: "w2", until: t0.addingTimeInterval(60), now: t0).isEmpty, "b stops that transfer")
+        await fixture.finish()
+        await watcher.value
+    }
+
+    /// A daemon's event sink receives every committed event of the table, other daemons'
+    /// included, in `seq` order, each once.
+    @Test func theSinkFollowsTheWholeTable() async throws {
+        let fixture = try StoreFixture(.postgres)
+        let a = try await fixture.open()
+        let b = try await fixture.open()
+        let start = try await b.lastEventSeq()
+        let delivered = Collected()
+        b.setEventSink { delivered.add($0) }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for (n, store) in [a, b].enumerated() {
+                group.addTask {
+                    for round in 0..<20 {
+                        let jobs = try await store.insert((0..<3).map { self.new(n * 1000 + round * 10 + $0) }, now: t0).map(\.job)
+                        _ = try await store.apply(.pause, to: .ids(jobs.map(\.id)), now: t0)
+                        var resumed = jobs
+                        for index in resumed.indices { resumed[index].state = .queued }
+                        try await store.save(resumed)
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let last = try await a.lastEventSeq()
+        #expect(last - start == 2 * 20 * 9)
+        try await within(.seconds(30)) {
+            while delivered.events.last?.seq ?? 0 < last { try await Task.sleep(for: .milliseconds(20)) }
+        }
+        #expect(delivered.events.map(\.seq) == Array((start + 1)...last), "in order, no gap, no duplicate")
+        #expect(try await a.events(after: start) == delivered.events, "as committed")
+        await fixture.finish()
+    }
+}
+
+/// `body`, or a failure after `limit`: a guard against a hang, not a timing assertion.
+@discardableResult
+func within<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+    try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: limit)
+            return nil
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next(), let value = first else {
+            throw TimedOut()
+        }
+        return value
+    }
+}
+
+struct TimedOut: Error, CustomStringConvertible {
+    var description: String { "nothing came in time" }
+}
