@@ -417,6 +417,21 @@ def dlctl_big_list(work, n, base):
         daemon.terminate(timeout=60)
 
 
+def run_scale_steps(run, n):
+    """The timed steps of the scale part, in order, on one ScaleRun."""
+    run.step("start (empty table)", run.restart, needs_daemon=False)
+    run.step(f"enqueue {n} paused", run.enqueue_paused)
+    run.step(f"list all (pages of {LIST_PAGE})", run.list_all)
+    run.step(f"status ×{STATUS_CALLS}, {SLOW_TRANSFERS} transfers running", run.status_latency)
+    run.step("SIGTERM", run.sigterm)
+    run.step(f"start with {n} rows (spawn → `version`)", run.restart, needs_daemon=False)
+    run.step("queue pause", run.pause_queue)
+    run.step("resume all", run.bulk("resume"))
+    run.step("pause all", run.bulk("pause"))
+    run.step("cancel all", run.bulk("cancel"))
+    run.step("SIGTERM", run.sigterm)
+
+
 def part_scale(n):
     work = tempfile.mkdtemp(prefix="dld-bench-scale-")
     origin = None
@@ -426,17 +441,7 @@ def part_scale(n):
         print(f"scale: {n} jobs in one fresh dld (--max-active {SLOW_TRANSFERS}), enqueue calls of ≤ {ENQUEUE_CHUNK} jobs, "
               f"each step bounded by {STEP_TIMEOUT:.0f} s (BENCH_STEP_TIMEOUT)")
         run = ScaleRun(work, n, base)
-        run.step("start (empty table)", run.restart, needs_daemon=False)
-        run.step(f"enqueue {n} paused", run.enqueue_paused)
-        run.step(f"list all (pages of {LIST_PAGE})", run.list_all)
-        run.step(f"status ×{STATUS_CALLS}, {SLOW_TRANSFERS} transfers running", run.status_latency)
-        run.step("SIGTERM", run.sigterm)
-        run.step(f"start with {n} rows (spawn → `version`)", run.restart, needs_daemon=False)
-        run.step("queue pause", run.pause_queue)
-        run.step("resume all", run.bulk("resume"))
-        run.step("pause all", run.bulk("pause"))
-        run.step("cancel all", run.bulk("cancel"))
-        run.step("SIGTERM", run.sigterm)
+        run_scale_steps(run, n)
         peak = run.daemon.peak_mib()
         run.daemon.kill()
         big = dlctl_big_list(work, n, base)
@@ -473,17 +478,7 @@ def part_postgres(n):
             sub = os.path.join(work, label)
             os.makedirs(sub)
             run = ScaleRun(sub, n, base, database=database)
-            run.step("start (empty table)", run.restart, needs_daemon=False)
-            run.step(f"enqueue {n} paused", run.enqueue_paused)
-            run.step(f"list all (pages of {LIST_PAGE})", run.list_all)
-            run.step(f"status ×{STATUS_CALLS}, {SLOW_TRANSFERS} transfers running", run.status_latency)
-            run.step("SIGTERM", run.sigterm)
-            run.step(f"start with {n} rows (spawn → `version`)", run.restart, needs_daemon=False)
-            run.step("queue pause", run.pause_queue)
-            run.step("resume all", run.bulk("resume"))
-            run.step("pause all", run.bulk("pause"))
-            run.step("cancel all", run.bulk("cancel"))
-            run.step("SIGTERM", run.sigterm)
+            run_scale_steps(run, n)
             results[label] = (run.rows, run.daemon.peak_mib())
             run.daemon.kill()
         print(f"\n  {'step':48} {'SQLite':>40}   PostgreSQL")
