@@ -304,13 +304,9 @@ public struct Dispatcher: Sendable {
             results.reserveCapacity(outcomes.count * 64)
             for (index, outcome) in outcomes.enumerated() {
                 if index > 0 { results.append(UInt8(ascii: ",")) }
-                results.append(contentsOf: #"{"created":"#.utf8)
-                results.append(contentsOf: (outcome.created ? "true" : "false").utf8)
-                results.append(contentsOf: #","id":"#.utf8)
-                results.append(contentsOf: String(outcome.job.id).utf8)
-                results.append(contentsOf: #","path":"#.utf8)
-                JSONValue.write(string: outcome.job.path, into: &results)
-                results.append(UInt8(ascii: "}"))
+                JSONValue.writeObject(
+                    [("created", .bool(outcome.created)), ("id", .int(outcome.job.id)), ("path", .string(outcome.job.path))],
+                    into: &results)
             }
             results.append(UInt8(ascii: "]"))
             return [

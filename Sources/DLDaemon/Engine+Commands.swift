@@ -39,14 +39,15 @@ extension Engine {
                     // refuses them): the name the folder leaves free is asked of the store (an
                     // indexed look-up, never the whole table); a taken one makes it try the next.
                     var usedByJobs: Set<String> = []
-                    var resolved = try destination.resolve(
-                        url: spec.url, path: spec.path, dir: spec.dir, name: spec.name, overwrite: spec.overwrite,
-                        onExists: spec.onExists, taken: { seenPaths[$0] != nil || usedByJobs.contains($0) })
-                    while spec.onExists == .rename, try await storage({ try await store.isPathInUse(resolved.path) }) {
-                        usedByJobs.insert(resolved.path)
-                        resolved = try destination.resolve(
+                    func resolve() throws(DLError) -> Destination.Resolved {
+                        try destination.resolve(
                             url: spec.url, path: spec.path, dir: spec.dir, name: spec.name, overwrite: spec.overwrite,
                             onExists: spec.onExists, taken: { seenPaths[$0] != nil || usedByJobs.contains($0) })
+                    }
+                    var resolved = try resolve()
+                    while spec.onExists == .rename, try await storage({ try await store.isPathInUse(resolved.path) }) {
+                        usedByJobs.insert(resolved.path)
+                        resolved = try resolve()
                     }
                     let path = resolved.path
                     if let other = seenPaths[path] {
@@ -237,8 +238,7 @@ extension Engine {
     /// A page of jobs, each as JSON text (`JobJSON.raw`), with its id.
     public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws(DLError) -> [(id: JobID, json: JSONValue)] {
         try await storage { try await store.list(states: states, afterID: afterID, limit: limit) }.map { job in
-            let live = running[job.id]?.progress.snapshot
-            return (job.id, JobJSON.raw(job, live: live.map { LiveProgress(received: $0.received, size: $0.size, speed: $0.speed) }))
+            (job.id, JobJSON.raw(job, live: liveProgress(of: job.id)))
         }
     }
 
@@ -262,8 +262,13 @@ extension Engine {
     }
 
     func view(_ job: Job) -> JSONValue {
-        guard let live = running[job.id]?.progress.snapshot else { return JobJSON.encode(job) }
-        return JobJSON.encode(job, live: LiveProgress(received: live.received, size: live.size, speed: live.speed))
+        JobJSON.encode(job, live: liveProgress(of: job.id))
+    }
+
+    /// The counters of the job's running transfer, if it runs here.
+    private func liveProgress(of id: JobID) -> LiveProgress? {
+        guard let live = running[id]?.progress.snapshot else { return nil }
+        return LiveProgress(received: live.received, size: live.size, speed: live.speed)
     }
 
     /// A command that changed tens of thousands of rows read their ids and events through

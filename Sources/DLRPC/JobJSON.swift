@@ -31,14 +31,7 @@ public enum JobJSON {
     public static func raw(_ job: Job, live: LiveProgress? = nil) -> JSONValue {
         var out: [UInt8] = []
         out.reserveCapacity(512)
-        out.append(UInt8(ascii: "{"))
-        for (index, (key, value)) in zip(keys, values(job, live: live)).enumerated() {
-            if index > 0 { out.append(UInt8(ascii: ",")) }
-            JSONValue.write(string: key, into: &out)
-            out.append(UInt8(ascii: ":"))
-            value.write(into: &out)
-        }
-        out.append(UInt8(ascii: "}"))
+        JSONValue.writeObject(zip(keys, values(job, live: live)), into: &out)
         return .raw(RawJSON(out))
     }
 
