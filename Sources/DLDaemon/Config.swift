@@ -42,6 +42,12 @@ public struct DaemonConfig: Sendable, Equatable {
     public var database: String?
     /// Connections to PostgreSQL at most.
     public var databasePoolSize: Int = 8
+    /// This daemon's name among the workers of a shared queue; its worker id is
+    /// `<host name>/<worker_name>`. Two daemons with the same id are refused.
+    public var workerName: String = "dld"
+    /// Seconds a worker's claim on a running job holds without being renewed: a worker that
+    /// dies loses its jobs to the others after this long. Renewed every third of it.
+    public var lease: Double = 30
     /// The file that was read, if any.
     public var configFile: String?
 
@@ -109,7 +115,7 @@ public struct DaemonConfig: Sendable, Equatable {
         "socket", "state_dir", "download_dir", "max_active", "log_level", "max_attempts", "retry_base",
         "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections", "min_free",
         "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
-        "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size",
+        "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size", "worker_name", "lease",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -182,6 +188,17 @@ public struct DaemonConfig: Sendable, Equatable {
                 database = text
             }
         case "database_pool_size": databasePoolSize = try int(1...256)
+        case "worker_name":
+            let name = try string()
+            guard (1...64).contains(name.utf8.count),
+                name.unicodeScalars.allSatisfy({ $0.isASCII && (CharacterSet.alphanumerics.contains($0) || "-_.".unicodeScalars.contains($0)) })
+            else {
+                throw DaemonError("worker_name must be 1 to 64 characters of letters, digits, '-', '_' and '.'")
+            }
+            workerName = name
+        case "lease":
+            lease = try seconds()
+            guard (3...3600).contains(lease) else { throw DaemonError("lease must be from 3 to 3600 seconds") }
         case "on_complete", "on_error":
             guard case .array(let items) = value, !items.isEmpty else {
                 throw DaemonError("\(key) must be a non-empty array of strings: the command and its arguments")
@@ -208,6 +225,13 @@ public struct DaemonConfig: Sendable, Equatable {
     /// The download folder and $HOME unless configured.
     public var effectiveAllowedRoots: [String] {
         allowedRoots ?? [downloadDir, home]
+    }
+
+    /// `<host name>/<worker_name>`: stable across restarts, different on each machine.
+    public var workerID: String {
+        var buffer = [CChar](repeating: 0, count: 256)
+        let host = gethostname(&buffer, buffer.count) == 0 ? String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : ""
+        return (host.isEmpty ? "localhost" : host) + "/" + workerName
     }
 
     public var effectiveNetrc: String? {
@@ -254,6 +278,8 @@ public struct DaemonConfig: Sendable, Equatable {
         // The password stays out of what is printed (it is often pasted into bug reports).
         lines.append("database = \(quote(database.map(PostgresURL.redacted) ?? ""))")
         lines.append("database_pool_size = \(databasePoolSize)")
+        lines.append("worker_name = \(quote(workerName))")
+        lines.append("lease = \(number(lease))")
         return lines.joined(separator: "\n") + "\n"
     }
 }

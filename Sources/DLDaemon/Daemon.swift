@@ -46,6 +46,8 @@ public enum Daemon {
             queuePausedReason: queuePausedReason, groupParallel: config.groupParallel,
             pathPolicy: pathPolicy(config), maxQueued: config.maxQueued, netrcPath: config.effectiveNetrc)
         engineConfiguration.maxPerHost = config.maxPerHost
+        engineConfiguration.worker = config.workerID
+        engineConfiguration.lease = config.lease
         let engine = Engine(
             store: store, downloader: downloader,
             configuration: engineConfiguration,
@@ -92,7 +94,7 @@ public enum Daemon {
         let shown = PostgresURL.redacted(database)
         do {
             let url = try PostgresURL.parse(database, defaultUser: NSUserName())
-            let lock = try await PostgresDaemonLock.acquire(url, logger: logger)
+            let lock = try await PostgresDaemonLock.acquire(url, worker: config.workerID, logger: logger)
             do {
                 let store = try await PostgresJobStore.open(url, maxConnections: config.databasePoolSize, logger: logger)
                 logger.info("job table in PostgreSQL", metadata: ["database": "\(shown)"])

@@ -165,6 +165,8 @@ public struct Dispatcher: Sendable {
                 "uptime": .int(Int64(stats.uptime.rounded())),
                 "queue_paused": .bool(stats.queuePausedReason != nil),
                 "queue_paused_reason": stats.queuePausedReason.map { .string($0) } ?? .null,
+                "worker": .string(stats.worker),
+                "workers": .array(stats.workers.map { ["id": .string($0.id), "seen_at": JobJSON.timestamp($0.seenAt)] }),
             ]
         case "queue":
             let params = try Params(raw, allowed: ["paused"])

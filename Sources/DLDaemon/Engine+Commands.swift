@@ -250,6 +250,9 @@ extension Engine {
         public var accepting: Bool
         public var uptime: TimeInterval
         public var queuePausedReason: String?
+        /// This daemon's worker id, and the workers of its table seen within two leases.
+        public var worker: String
+        public var workers: [(id: String, seenAt: Date)]
     }
 
     public func stats() async throws(DLError) -> Stats {
@@ -258,7 +261,7 @@ extension Engine {
         return Stats(
             counts: counts, active: running.count, speed: speed, maxActive: configuration.maxActive,
             accepting: accepting, uptime: now().timeIntervalSince(startedAt),
-            queuePausedReason: configuration.queuePausedReason)
+            queuePausedReason: configuration.queuePausedReason, worker: configuration.worker, workers: try await liveWorkers())
     }
 
     func view(_ job: Job) -> JSONValue {

@@ -10,26 +10,21 @@ import Logging
 extension Engine {
     /// Looks at an active group after a change: fills its slot (up to `groupParallel` members
     /// and the host limit), gives the slot back when nothing of it can run, and publishes it
-    /// when every member is complete. One read a turn: the group, its counts by state (an
-    /// index range) and the queued members it can start; all members only to publish them.
+    /// when every member is complete. One read a turn: the group and its counts by state (an
+    /// index range); members are claimed as standalone jobs are; all members are read only
+    /// to publish them.
     func settle(_ groupID: GroupID) async throws(DLError) {
         let active = activeGroups.contains(groupID)
         let busy = running.values.filter { $0.job.groupID == groupID }.count
             + pending.launches.filter { $0.groupID == groupID }.count
         let want = active && configuration.queuePausedReason == nil ? configuration.groupParallel - busy : 0
-        let (found, counts, queued) = try await storage { try await store.groupTurn(groupID, queuedLimit: want) }
+        let (found, counts, _) = try await storage { try await store.groupTurn(groupID, queuedLimit: 0) }
         guard let group = found, group.closed == nil else {
             activeGroups.remove(groupID)
             return
         }
         if counts[.queued, default: 0] > 0 || counts[.running, default: 0] > 0 || busy > 0 {
-            var hosts = hostLoad()
-            for member in queued {
-                let host = URLRules.hostKey(member.url)
-                guard hosts[host, default: 0] < configuration.maxPerHost else { continue }
-                try launch(member)
-                hosts[host, default: 0] += 1
-            }
+            if want > 0, counts[.queued, default: 0] > 0 { try await claim(want, group: groupID) }
             return
         }
         activeGroups.remove(groupID)

@@ -29,6 +29,7 @@ extension Engine {
     private func takePublishBatch() -> [PublishItem] {
         let batch = toPublish
         toPublish = []
+        publishing = Set(batch.map(\.job.id))
         if batch.isEmpty { publisherRunning = false }
         return batch
     }
@@ -47,17 +48,19 @@ extension Engine {
             } catch {
                 logger.error("could not record finished files", metadata: ["error": "\(error)"])
             }
+            publishing = []
         }
     }
 
     /// Records synced files as completed in one transaction, then links them under their
     /// names and syncs each folder once, then lets the events out. Runs inside `serial`.
     func complete(_ batch: [PublishItem], syncFailures: [String: TransferFailure]) async throws(DLError) {
-        // A command may have paused, canceled or removed a job while its file was synced.
-        let current = try await storage { try await store.fetch(batch.map(\.job.id)) }
-        let stillRunning = Set(current.filter { $0.state == .running }.map(\.id))
+        // A command (or another worker) may have paused, canceled, removed or taken a job
+        // while its file was synced: its rows are written only while still this worker's
+        // running jobs (`save(_:owned:)`), and only those written are linked.
         var completed: [(job: Job, item: PublishItem)] = []
-        for item in batch where stillRunning.contains(item.job.id) {
+        pending.owned.formUnion(batch.map(\.job.id))
+        for item in batch {
             var job = item.job
             if let failure = syncFailures[item.partialPath] {
                 job.received = item.committed
@@ -79,12 +82,15 @@ extension Engine {
         }
         // Failures above are in `pending`; they commit with the completions.
         var saves = pending.saves
+        let owned = pending.owned
         pending.saves = []
+        pending.owned = []
         if saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
         saves += completed.map(\.job)
-        let events = try await storage { try await store.save(saves, publish: false) }
+        let (events, lost) = try await save(saves, owned: owned, publish: false)
+        pending.notices.removeAll { $0.jobID.map(lost.contains) ?? false }
         var linked: [String] = []
-        for (job, item) in completed {
+        for (job, item) in completed where !lost.contains(job.id) {
             do throws(TransferFailure) {
                 try PartialFile.link(item.partialPath, to: job.downloadPath, overwrite: job.overwrite)
                 linked.append(job.downloadPath)

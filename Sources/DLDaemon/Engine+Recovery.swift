@@ -20,9 +20,10 @@ extension Engine {
             var cursor: JobID = 0
             var requeued = 0
             while true {
-                let page = try await storage { try await store.reconcilePage(afterID: cursor, limit: Self.reconcilePage) }
+                var page = try await storage { try await store.reconcilePage(afterID: cursor, limit: Self.reconcilePage) }
                 guard let last = page.last?.id else { break }
                 cursor = last
+                if store.sharesQueue { page = page.filter(isOwnLeftover) }
                 requeued += page.filter { $0.state == .running }.count
                 let changed = page.compactMap(reconcile)
                 try await storage { try await store.save(changed) }
@@ -46,6 +47,15 @@ extension Engine {
             try await schedule()
             try await flush()
         }
+        startFleet()
+    }
+
+    /// On a shared table, start-up reconciles only the jobs this worker was running when it
+    /// stopped (or that a daemon which did not claim left running): the other rows belong to
+    /// other workers, whose files this machine may not even see; their jobs come back through
+    /// the leases.
+    func isOwnLeftover(_ job: Job) -> Bool {
+        job.state == .running && (job.worker == nil || job.worker == configuration.worker)
     }
 
     /// A completed job whose file is still `<name>.part`, complete: dld died between recording
@@ -170,6 +180,7 @@ extension Engine {
                 accepting = false
                 wakeTask?.cancel()
                 progressTask?.cancel()
+                stopFleet()
                 let ready = toPublish
                 toPublish = []
                 if !ready.isEmpty {
@@ -181,6 +192,7 @@ extension Engine {
                     stopped[index].updatedAt = now()
                 }
                 pending.saves += stopped
+                pending.owned.formUnion(stopped.map(\.id))
                 try await flush()
             }
         } catch {

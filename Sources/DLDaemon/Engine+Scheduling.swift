@@ -6,48 +6,59 @@ import Logging
 
 /// Slots, transfers and their outcomes.
 extension Engine {
-    /// Standalone jobs looked at per free slot, when a host is at its limit, to step over its
-    /// jobs; bounded so that a turn of the queue never reads more than `maxLookahead` rows,
-    /// however long the queue (jobs of other hosts further back wait for the window).
-    static let lookaheadPerSlot = 8
-    static let maxLookahead = 1000
-
     /// Starts queued work while slots are free. A slot holds a standalone job or a whole group;
     /// inside its slot a group runs up to `groupParallel` members; no host gets more than
-    /// `maxPerHost` transfers. Runs inside `serial`; the caller flushes (which also arms the
-    /// wake-up of waiting jobs, once their rows are committed).
+    /// `maxPerHost` transfers. Jobs are taken with `claim`, which marks them running under this
+    /// worker in one statement (on a shared table, no other worker gets them); their transfers
+    /// start after the turn's commit. Runs inside `serial`; the caller flushes (which also arms
+    /// the wake-up of waiting jobs, once their rows are committed).
     func schedule() async throws(DLError) {
         guard accepting else { return }
         for id in activeGroups.sorted() { try await settle(id) }
         guard configuration.queuePausedReason == nil else { return }
         let standalone = running.values.filter { $0.job.groupID == nil }.count
             + pending.launches.filter { $0.groupID == nil }.count
-        let used = standalone + activeGroups.count
-        let free = configuration.maxActive - used
-        if free > 0 {
-            // Past jobs of hosts at their limit only when one is: usually `free` rows suffice.
-            let saturated = hostLoad().values.contains { $0 >= configuration.maxPerHost }
-            let window = saturated ? min(Self.maxLookahead, free * Self.lookaheadPerSlot) : free
-            let (jobs, groups) = try await storage { try await store.nextQueued(limit: window, excludingGroups: activeGroups) }
-            let byID = Dictionary(jobs.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
-            let groupOf = Dictionary(groups.map { ($0.entry.id, $0.groupID) }, uniquingKeysWith: { first, _ in first })
-            let order = SchedulerPolicy.jobsToStart(
-                queued: jobs.map { QueueEntry(id: $0.id, priority: $0.priority) } + groups.map(\.entry),
-                active: 0, maxActive: jobs.count + groups.count)
-            var hosts = hostLoad()
-            var slots = free
-            for id in order where slots > 0 {
-                if let groupID = groupOf[id] {
-                    activeGroups.insert(groupID)
-                    slots -= 1
-                    try await settle(groupID)
-                    hosts = hostLoad()
-                } else if let job = byID[id], hosts[URLRules.hostKey(job.url), default: 0] < configuration.maxPerHost {
-                    try launch(job)
-                    hosts[URLRules.hostKey(job.url), default: 0] += 1
-                    slots -= 1
-                }
+        let free = configuration.maxActive - standalone - activeGroups.count
+        guard free > 0 else { return }
+        // Which of the next `free` entries are groups: each takes a slot of its own; the
+        // standalone jobs among them are claimed together.
+        let (jobs, groups) = try await storage { try await store.nextQueued(limit: free, excludingGroups: activeGroups) }
+        let groupOf = Dictionary(groups.map { ($0.entry.id, $0.groupID) }, uniquingKeysWith: { first, _ in first })
+        let order = SchedulerPolicy.jobsToStart(
+            queued: jobs.map { QueueEntry(id: $0.id, priority: $0.priority) } + groups.map(\.entry),
+            active: 0, maxActive: free)
+        var standaloneSlots = 0
+        for id in order {
+            if let groupID = groupOf[id] {
+                activeGroups.insert(groupID)
+                try await settle(groupID)
+            } else {
+                standaloneSlots += 1
             }
+        }
+        if standaloneSlots > 0 { try await claim(standaloneSlots, group: nil) }
+    }
+
+    /// Claims up to `wanted` queued jobs (standalone, or members of `group`) for this turn,
+    /// within the host limit: hosts at their limit are passed over, and while some host is
+    /// near it, a claim takes no more than that host has room for (it might take all from it).
+    func claim(_ wanted: Int, group: GroupID?) async throws(DLError) {
+        let limit = configuration.maxPerHost
+        var left = wanted
+        while left > 0 {
+            let load = hostLoad()
+            let full = Set(load.filter { $0.value >= limit }.keys)
+            let room = load.values.filter { $0 < limit }.map { limit - $0 }.min() ?? limit
+            let batch = min(left, room)
+            let at = now()
+            let claimed = try await storage {
+                try await store.claim(
+                    limit: batch, worker: configuration.worker, leaseUntil: at.addingTimeInterval(configuration.lease),
+                    excludingHosts: full, group: group, now: at)
+            }
+            pending.launches += claimed
+            left -= claimed.count
+            if claimed.count < batch { return }
         }
     }
 
@@ -57,12 +68,6 @@ extension Engine {
         for entry in running.values { load[URLRules.hostKey(entry.job.url), default: 0] += 1 }
         for job in pending.launches { load[URLRules.hostKey(job.url), default: 0] += 1 }
         return load
-    }
-
-    /// Records the job as running in this turn's commit; its transfer starts after the commit.
-    func launch(_ job: Job) throws(DLError) {
-        let started = try transition(job, .start)
-        pending.launches.append(started)
     }
 
     /// Starts the transfer of a job whose `running` row is committed.
@@ -85,11 +90,15 @@ extension Engine {
         }
         let store = self.store
         let downloader = self.downloader
+        let worker = configuration.worker
         let id = started.id
         let task = Task {
             await downloader.run(request, progress: progress) { checkpoint in
-                try await store.checkpoint(id, received: checkpoint.received, size: checkpoint.size,
-                                           validators: checkpoint.validators, finalURL: checkpoint.finalURL)
+                // Written only while the job is still this worker's: else the transfer ends.
+                guard try await store.checkpoint(
+                    id, received: checkpoint.received, size: checkpoint.size, validators: checkpoint.validators,
+                    finalURL: checkpoint.finalURL, now: Date(), owner: worker)
+                else { throw TransferFailure(.transient(.retry), "lease_lost", "job \(id) is no longer this worker's") }
             }
         }
         running[id] = Running(job: started, progress: progress, task: task, stop: nil)
@@ -135,6 +144,7 @@ extension Engine {
     /// was committed when the transfer began; the checkpoint carries everything since.
     func record(_ result: TransferResult, for started: Job) {
         var job = started
+        pending.owned.insert(started.id)
         switch result {
         case .downloaded(let checkpoint):
             apply(checkpoint, to: &job, startedAt: started.received)

@@ -48,6 +48,10 @@ public struct EngineConfiguration: Sendable {
     public var netrcPath: String?
     /// Transfers to one host (host and port) at once, across jobs and group members.
     public var maxPerHost = 6
+    /// This daemon's worker id: the jobs it claims carry it.
+    public var worker = "local/dld"
+    /// Seconds a claim holds without renewal (a shared table's workers renew every third).
+    public var lease: TimeInterval = 30
 
     public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
                 diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
@@ -95,7 +99,9 @@ public actor Engine {
     }
 
     enum StopIntent: Int, Comparable {
-        case shutdown = 0, pause, cancel, remove
+        /// `lost`: the job is no longer this worker's (another daemon paused, canceled or
+        /// requeued it): its transfer stops and nothing of it is written or published.
+        case shutdown = 0, pause, cancel, remove, lost
         static func < (a: StopIntent, b: StopIntent) -> Bool { a.rawValue < b.rawValue }
     }
 
@@ -128,10 +134,19 @@ public actor Engine {
     /// Rows to write in the next commit, and what to do once it is durable.
     struct Pending {
         var saves: [Job] = []
-        /// Jobs saved as `running` whose transfers start after the commit.
+        /// Rows among `saves` that leave `running` from this worker's transfers: written only
+        /// while the job is still this worker's (`saveOwned`).
+        var owned: Set<JobID> = []
+        /// Jobs claimed (committed as `running`) whose transfers start after the commit.
         var launches: [Job] = []
         var notices: [FinishedNotice] = []
     }
+    /// Jobs taken from `toPublish` whose files are being synced (their rows are still running).
+    var publishing: Set<JobID> = []
+    var leaseTask: Task<Void, Never>?
+    var changesTask: Task<Void, Never>?
+    /// When this worker last renewed its leases (shared table).
+    var renewedAt: Date?
 
     public init(
         store: any JobTable, downloader: Downloader, configuration: EngineConfiguration, logger: Logger,
@@ -190,10 +205,14 @@ public actor Engine {
             if waiters.isEmpty { busy = false } else { waiters.removeFirst().resume() }
         }
         // A turn that failed before its flush left changes that were never committed: they
-        // are dropped, not committed by the next turn.
+        // are dropped, not committed by the next turn. Its claims are committed: they start.
         if !pending.saves.isEmpty || !pending.launches.isEmpty {
-            logger.warning("dropped changes of a turn that failed", metadata: ["rows": "\(pending.saves.count)"])
+            if !pending.saves.isEmpty {
+                logger.warning("dropped changes of a turn that failed", metadata: ["rows": "\(pending.saves.count)"])
+            }
+            let claimed = pending.launches
             pending = Pending()
+            if accepting { for job in claimed { startTransfer(job) } }
         }
         return try await body()
     }
@@ -218,11 +237,35 @@ public actor Engine {
         let batch = pending
         pending = Pending()
         if batch.saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
-        try await storage { try await store.save(batch.saves) }
+        var lost: Set<JobID> = []
+        do throws(DLError) {
+            lost = try await save(batch.saves, owned: batch.owned, publish: true).lost
+        } catch {
+            // The claims are committed whatever became of the other rows.
+            for job in batch.launches { startTransfer(job) }
+            throw error
+        }
         // Rows that became `waiting` are committed now: the wake-up can see them.
         try await armWakeUp()
         for job in batch.launches { startTransfer(job) }
-        for notice in batch.notices { onFinished?(notice) }
+        for notice in batch.notices where notice.jobID.map({ !lost.contains($0) }) ?? true { onFinished?(notice) }
+    }
+
+    /// Writes rows in one transaction; the `owned` ones (outcomes of this worker's transfers)
+    /// only while their jobs are still this worker's, as `saveOwned` does. Returns the events
+    /// and the owned rows that were not written: another daemon paused, canceled or took them.
+    func save(_ rows: [Job], owned: Set<JobID>, publish: Bool) async throws(DLError) -> (events: [StoredEvent], lost: Set<JobID>) {
+        guard !owned.isEmpty else {
+            return (try await storage { try await store.save(rows, publish: publish) }, [])
+        }
+        let mine = rows.filter { owned.contains($0.id) }
+        let others = rows.filter { !owned.contains($0.id) }
+        let (events, lost) = try await storage { try await store.saveOwned(mine, owner: configuration.worker, publish: publish) }
+        if !lost.isEmpty {
+            logger.notice("jobs taken over while their transfers ended here: not recorded", metadata: ["jobs": "\(lost.sorted())"])
+        }
+        let more = others.isEmpty ? [] : try await storage { try await store.save(others, publish: publish) }
+        return (events + more, lost)
     }
 
     func requireAccepting() throws(DLError) {

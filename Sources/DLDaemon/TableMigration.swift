@@ -49,7 +49,8 @@ public enum TableMigration {
         let daemonLock: PostgresDaemonLock
         let target: PostgresJobStore
         do {
-            daemonLock = try await PostgresDaemonLock.acquire(url, logger: logger)
+            // Under a worker id of its own: the import refuses a table that is not empty.
+            daemonLock = try await PostgresDaemonLock.acquire(url, worker: "dld migrate", logger: logger)
         } catch {
             throw DaemonError("cannot use \(shown): \(error)")
         }

@@ -40,7 +40,7 @@ public enum JobJSON {
     static let keys = [
         "attempts", "checksum", "created_at", "digest", "error", "final_url", "finished_at", "group", "headers", "id",
         "insecure", "key", "meta", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "received",
-        "sha256", "size", "speed", "state", "updated_at", "url", "wait_reason",
+        "sha256", "size", "speed", "state", "updated_at", "url", "wait_reason", "worker",
     ]
 
     private static func values(_ job: Job, live: LiveProgress?) -> [JSONValue] {
@@ -83,6 +83,7 @@ public enum JobJSON {
             timestamp(job.updatedAt),
             .string(URLRules.redacted(job.url)),
             job.waitReason.map { .string($0.rawValue) } ?? .null,
+            job.state == .running ? job.worker.map { .string($0) } ?? .null : .null,
         ]
     }
 

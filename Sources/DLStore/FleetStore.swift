@@ -7,18 +7,27 @@ import Synchronization
 /// claims ever race here; these still do what the PostgreSQL store does, on the one writer,
 /// so that the engine has one way to run jobs and the store tests hold on both backends.
 extension JobStore {
-    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, now: Date) async throws -> [Job] {
+    public var sharesQueue: Bool { false }
+
+    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws -> [Job] {
         guard limit > 0 else { return [] }
         let (jobs, range) = try await pool.write { db -> ([Job], (Int64, Int64)) in
             let before = try Self.lastSeq(db)
+            // A group's members share its priority: they are taken by id, from the group's index.
             let ids = try JobID.fetchAll(
                 db,
-                sql: """
+                sql: group == nil
+                    ? """
                     SELECT id FROM jobs INDEXED BY jobs_by_state
                     WHERE state = 'queued' AND group_id IS NULL AND host NOT IN (SELECT value FROM json_each(?))
                     ORDER BY priority DESC, id LIMIT ?
+                    """
+                    : """
+                    SELECT id FROM jobs INDEXED BY jobs_by_group_state
+                    WHERE group_id = ? AND state = 'queued' AND host NOT IN (SELECT value FROM json_each(?))
+                    ORDER BY id LIMIT ?
                     """,
-                arguments: [Self.jsonTexts(excludingHosts.sorted()), limit])
+                arguments: group.map { [$0, Self.jsonTexts(excludingHosts.sorted()), limit] } ?? [Self.jsonTexts(excludingHosts.sorted()), limit])
             guard !ids.isEmpty else { return ([], (before, before)) }
             // What `StateMachine.apply(.start)` sets, plus the worker and its lease.
             try db.execute(

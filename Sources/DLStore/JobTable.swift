@@ -108,7 +108,12 @@ public protocol JobTable: Sendable {
     /// does (`attempts + 1`), with `worker` and `leaseUntil`; one `job.state` event each; one
     /// transaction. Two workers claiming at once never get the same job. Returns the rows as
     /// committed, in claim order.
-    func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, now: Date) async throws -> [Job]
+    /// With `group`, the same among that group's members (each of which runs on one worker,
+    /// though a group's members may run on several).
+    func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws -> [Job]
+    /// Whether other daemons share this table (PostgreSQL): then rows running under another
+    /// worker are left to it at start-up, and changes by others are watched (`changes()`).
+    var sharesQueue: Bool { get }
     /// Extends the lease of every `running` job of `worker` and records its heartbeat
     /// (`workers.seen_at`). Returns the ids it still owns: a running transfer whose id is not
     /// in the set was paused, canceled, requeued or taken by someone else, and must stop.
@@ -175,6 +180,10 @@ extension JobTable {
     }
 
     @discardableResult
+    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, now: Date) async throws -> [Job] {
+        try await claim(limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, group: nil, now: now)
+    }
+
     public func save(_ jobs: [Job]) async throws -> [StoredEvent] {
         try await save(jobs, publish: true)
     }

@@ -2,10 +2,11 @@ import Foundation
 import Logging
 import PostgresNIO
 
-/// One daemon per database, until the engine shares a queue with others (issue 12's claims and
-/// leases): two daemons on one table would both start the same queued jobs. The lock is a
-/// session-level advisory lock on a connection of its own, held for the daemon's life; the
-/// server lets go of it when that connection ends, also when the daemon is killed.
+/// One daemon per worker id: several daemons share a table, each under its own id (its leases
+/// and claims carry it), and a second daemon started with an id in use would renew and
+/// release the first one's jobs as its own. The lock is a session-level advisory lock on the
+/// id's hash, on a connection of its own, held for the daemon's life; the server lets go of it
+/// when that connection ends, also when the daemon is killed.
 public final class PostgresDaemonLock: Sendable {
     private let connection: PostgresConnection
     private let logger: Logger
@@ -15,7 +16,7 @@ public final class PostgresDaemonLock: Sendable {
         self.logger = logger
     }
 
-    public static func acquire(_ url: PostgresURL, logger: Logger) async throws -> PostgresDaemonLock {
+    public static func acquire(_ url: PostgresURL, worker: String, logger: Logger) async throws -> PostgresDaemonLock {
         let connection: PostgresConnection
         do {
             connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 1, logger: logger)
@@ -24,7 +25,9 @@ public final class PostgresDaemonLock: Sendable {
         }
         let taken: Bool
         do {
-            taken = try await connection.rows("SELECT pg_try_advisory_lock(\(LockKey.daemon))", logger: logger).first?.decode(Bool.self) ?? false
+            taken = try await connection.rows(
+                "SELECT pg_try_advisory_lock(\(LockKey.workerSpace), hashtext(\(worker)))", logger: logger
+            ).first?.decode(Bool.self) ?? false
         } catch {
             try? await connection.close().get()
             throw PostgresStoreError(describing: error)
@@ -32,7 +35,7 @@ public final class PostgresDaemonLock: Sendable {
         guard taken else {
             try? await connection.close().get()
             throw PostgresStoreError(
-                "another dld uses the database \(url.database ?? url.user) on \(url.host ?? url.socketFolder ?? "localhost"); this version runs one daemon per database (several daemons sharing one queue are not ready yet)")
+                "another dld runs as worker \(worker) on the database \(url.database ?? url.user) on \(url.host ?? url.socketFolder ?? "localhost"); give each daemon of a shared queue its own worker_name")
         }
         return PostgresDaemonLock(connection: connection, logger: logger)
     }

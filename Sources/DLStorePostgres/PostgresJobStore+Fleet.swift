@@ -15,7 +15,9 @@ extension PostgresJobStore {
     /// the same job, and neither waits for the other. The SELECT is a MATERIALIZED CTE, run
     /// once: as a plain `id IN (SELECT … LIMIT n)` the planner may run it again for each row
     /// of a join, and then its LIMIT no longer bounds the claim (seen here: 4 rows for 3).
-    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, now: Date) async throws -> [Job] {
+    public var sharesQueue: Bool { true }
+
+    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws -> [Job] {
         guard limit > 0 else { return [] }
         return try await eventTransaction(publish: true, events: { $0.events }) { connection -> (jobs: [Job], events: [StoredEvent]) in
             let at = now.timeIntervalSince1970
@@ -24,7 +26,7 @@ extension PostgresJobStore {
                 """
                 WITH picked AS MATERIALIZED (
                     SELECT id FROM jobs
-                    WHERE state = 'queued' AND group_id IS NULL AND host <> ALL(\(hosts))
+                    WHERE state = 'queued' AND \(unescaped: group.map { "group_id = \($0)" } ?? "group_id IS NULL") AND host <> ALL(\(hosts))
                     ORDER BY priority DESC, id LIMIT \(Int64(limit))
                     FOR UPDATE SKIP LOCKED)
                 UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = \(at),
@@ -37,7 +39,7 @@ extension PostgresJobStore {
             jobs.sort { ($0.priority, -$0.id) > ($1.priority, -$1.id) }
             let events = try await Self.record(
                 jobs.sorted { $0.id < $1.id }.map {
-                    StoredEvent(seq: 0, at: now, kind: .jobState, jobID: $0.id, groupID: nil, state: $0.state.rawValue)
+                    StoredEvent(seq: 0, at: now, kind: .jobState, jobID: $0.id, groupID: $0.groupID, state: $0.state.rawValue)
                 },
                 on: connection, logger: logger)
             return (jobs, events)

@@ -146,6 +146,7 @@ enum LockKey {
     static let events: Int64 = 0x646C_6400_0002
     /// Held by inserts, which check keys and paths and then write: see `PostgresJobStore.insert`.
     static let inserts: Int64 = 0x646C_6400_0003
-    /// Held (at session level) by the one daemon that uses the database: `PostgresDaemonLock`.
-    static let daemon: Int64 = 0x646C_6400_0004
+    /// The key space (first of two int4 keys) of the locks held at session level by each
+    /// daemon on its worker id's hash: `PostgresDaemonLock`.
+    static let workerSpace: Int32 = 0x646C_6400 >> 8
 }
