@@ -15,11 +15,12 @@ extension Engine {
         guard store.sharesQueue, leaseTask == nil else { return }
         renewedAt = now()
         let period = Duration.milliseconds(Int64(configuration.lease * 1000 / 3))
+        // The first turn at once: the worker shows among the live ones from the start.
         leaseTask = Task { [weak self] in
             while !Task.isCancelled {
-                try? await Task.sleep(for: period)
-                guard !Task.isCancelled, let self else { return }
+                guard let self else { return }
                 await self.leaseTurn()
+                try? await Task.sleep(for: period)
             }
         }
         let changes = store.changes()

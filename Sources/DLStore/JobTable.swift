@@ -179,11 +179,12 @@ extension JobTable {
         try await events(after: seq, limit: Int(EventLog.kept))
     }
 
-    @discardableResult
+    /// Standalone jobs (see `claim(limit:worker:leaseUntil:excludingHosts:group:now:)`).
     public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, now: Date) async throws -> [Job] {
         try await claim(limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, group: nil, now: now)
     }
 
+    @discardableResult
     public func save(_ jobs: [Job]) async throws -> [StoredEvent] {
         try await save(jobs, publish: true)
     }

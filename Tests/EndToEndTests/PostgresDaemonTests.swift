@@ -5,8 +5,8 @@ import Foundation
 import Testing
 
 /// The real `dld` with its job table in a real PostgreSQL (started by the test run itself,
-/// see PostgresServer): the same queue as with SQLite, one daemon per database, and
-/// `dld migrate` moving a SQLite table over.
+/// see PostgresServer): the same queue as with SQLite, one daemon per worker id, and
+/// `dld migrate` moving a SQLite table over. FleetTests has several workers on one queue.
 @Suite(.serialized) struct PostgresDaemonTests {
     /// A database of its own, and its connection string with a password in it (trust
     /// authentication ignores it; it is there to be kept out of what dld prints).
@@ -35,11 +35,12 @@ import Testing
             let rows = try server.psql(database: name, "SELECT id || ':' || state FROM jobs ORDER BY id")
             #expect(rows.split(separator: "\n").map(String.init) == ["\(id):completed", "\(paused):paused"])
 
-            // A second daemon on the same database is refused, with a reason.
+            // A second daemon on the same database under the same worker id is refused, with
+            // a reason (it would take the first one's jobs as its own).
             let second = try DaemonHarness(config: config)
             let refused = try runProgram(BuiltProducts.path("dld"), second.arguments, environment: second.environment)
             #expect(refused.status == 1)
-            #expect(refused.stderr.contains("another dld uses the database"), "\(refused.stderr)")
+            #expect(refused.stderr.contains("another dld runs as worker") && refused.stderr.contains("/dld on the database"), "\(refused.stderr)")
 
             // The password never shows: not in the printed config, not in the log.
             let printed = try runProgram(BuiltProducts.path("dld"), second.arguments + ["--print-config"], environment: second.environment)

@@ -1,0 +1,173 @@
+import DLCore
+import DLRPC
+import DLTestSupport
+import Foundation
+import Testing
+
+/// Several real `dld` workers on one job table in a real PostgreSQL (started by the test run,
+/// see PostgresServer), downloading into one shared folder from the test origin: each job runs
+/// on one worker at a time, a worker that is killed loses its jobs to the others once its
+/// lease ends, and a command sent to any worker reaches the transfer wherever it runs.
+@Suite(.serialized) struct FleetTests {
+    /// The workers' common config: the database, a short lease so that a dead worker's jobs
+    /// come back within seconds, and the shared folder as an allowed root.
+    private func workers(_ names: [String], database url: String, shared: String, maxActive: Int = 3) throws -> [DaemonHarness] {
+        try names.map { name in
+            let config = """
+                database = "\(url)"
+                worker_name = "\(name)"
+                lease = 3
+                max_active = \(maxActive)
+                allowed_roots = ["\(shared)"]
+
+                """
+            return try DaemonHarness(extraArguments: ["--log-level", "info"], config: config)
+        }
+    }
+
+    private func database() throws -> (server: PostgresServer, name: String, url: String) {
+        let server = try PostgresServer.shared()
+        let name = try server.createDatabase()
+        return (server, name, "postgresql://\(server.user)@/\(name)?host=\(server.socketFolder)&port=\(server.port)")
+    }
+
+    private func sharedFolder() throws -> String {
+        let path = NSTemporaryDirectory() + "dld-fleet-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        return path
+    }
+
+    /// Three workers, 2000 small jobs enqueued through one of them; one worker SIGKILLed while
+    /// it runs jobs. Every job completes exactly once, byte-exact: one `completed` event per
+    /// job, no URL fetched whole more than twice, and a second whole fetch only for the jobs the
+    /// killed worker was running (their bytes were not committed, so they start from 0).
+    @Test func threeWorkersShareOneQueue() async throws {
+        let (server, name, url) = try database()
+        defer { server.dropDatabase(name) }
+        let shared = try sharedFolder()
+        defer { try? FileManager.default.removeItem(atPath: shared) }
+        try await withOrigin { origin in
+            let fleet = try workers(["w1", "w2", "w3"], database: url, shared: shared)
+            for worker in fleet { try worker.start() }
+            defer { for worker in fleet { worker.stop() } }
+            let count = 2000
+            let size = 4096
+            for part in 0..<4 {
+                let jobs = JSONValue.array((0..<count / 4).map { n in
+                    let index = part * count / 4 + n
+                    return ["url": .string("\(origin.baseURL)/bytes/\(size)?file=\(index)"), "dir": .string(shared), "name": .string("f\(index).bin")]
+                })
+                let reply = try fleet[0].call("enqueue", ["jobs": jobs])
+                #expect(reply["count"]?.int64Value == Int64(count / 4))
+            }
+            // Every worker is alive and seen by the others.
+            let stats = try fleet[1].call("stats")
+            let seen = Set((stats["workers"]?.arrayValue ?? []).compactMap { $0["id"]?.stringValue })
+            #expect(seen.count == 3 && seen.allSatisfy { $0.hasSuffix("/w1") || $0.hasSuffix("/w2") || $0.hasSuffix("/w3") }, "\(seen)")
+
+            // Kill w3 once it runs jobs and some are done: what it ran is taken over later.
+            let victim = fleet[2]
+            let victimID = try #require(try victim.call("stats")["worker"]?.stringValue)
+            let runningOnVictim = "SELECT url FROM jobs WHERE state = 'running' AND worker = '\(victimID)'"
+            let deadline = Date().addingTimeInterval(120)
+            while Date() < deadline {
+                let rows = try server.psql(database: name, runningOnVictim)
+                let done = try server.psql(database: name, "SELECT count(*) FROM jobs WHERE state = 'completed'")
+                if !rows.isEmpty, Int(done.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0 >= 100 {
+                    victim.crash()
+                    break
+                }
+                usleep(2000)
+            }
+            #expect(!victim.isRunning, "w3 never ran jobs")
+            // Its rows stay as they were until its lease runs out (seconds from now).
+            let orphaned = Set(try server.psql(database: name, runningOnVictim).split(separator: "\n").map {
+                String($0.dropFirst(origin.baseURL.count))
+            })
+            #expect(!orphaned.isEmpty)
+
+            // Everything completes on the two that are left.
+            let allDone = Date().addingTimeInterval(300)
+            var counts = ""
+            while Date() < allDone {
+                counts = try server.psql(database: name, "SELECT state || ':' || count(*) FROM jobs GROUP BY state ORDER BY state")
+                if counts.trimmingCharacters(in: .whitespacesAndNewlines) == "completed:\(count)" { break }
+                usleep(100_000)
+            }
+            #expect(counts.trimmingCharacters(in: .whitespacesAndNewlines) == "completed:\(count)", "\(counts)")
+
+            // Once each: one `completed` event per job, in the one numbered stream.
+            let events = try server.psql(
+                database: name, "SELECT count(*) || ':' || count(DISTINCT job_id) FROM events WHERE kind = 'job.state' AND state = 'completed'")
+            #expect(events.trimmingCharacters(in: .whitespacesAndNewlines) == "\(count):\(count)")
+            let expected = TestOrigin.bytes(count: size)
+            for index in 0..<count {
+                let data = try Data(contentsOf: URL(fileURLWithPath: shared + "/f\(index).bin"))
+                if Array(data) != expected {
+                    Issue.record("f\(index).bin is not the origin's bytes (\(data.count) bytes)")
+                    break
+                }
+            }
+            // The origin's view: whole fetches per file.
+            var whole: [String: Int] = [:]
+            for request in origin.requests where request.header("range") == nil {
+                whole[request.uri, default: 0] += 1
+            }
+            #expect(whole.count == count)
+            let twice = whole.filter { $0.value > 1 }
+            #expect(twice.values.allSatisfy { $0 == 2 }, "\(twice)")
+            #expect(Set(twice.keys).isSubset(of: orphaned), "fetched whole twice: \(twice.keys.sorted()); the victim ran \(orphaned.sorted())")
+            // The survivors took the victim's jobs once its lease ran out.
+            #expect(fleet[0].log.contains("leases ran out") || fleet[1].log.contains("leases ran out"))
+        }
+    }
+
+    /// A pause sent to one worker stops the transfer that another runs, and a resume sent to
+    /// the first continues the file from its committed offset, on whichever worker claims it.
+    @Test func pauseReachesTheWorkerThatRunsTheJob() async throws {
+        let (server, name, url) = try database()
+        defer { server.dropDatabase(name) }
+        let shared = try sharedFolder()
+        defer { try? FileManager.default.removeItem(atPath: shared) }
+        try await withOrigin { origin in
+            let fleet = try workers(["a", "b"], database: url, shared: shared, maxActive: 1)
+            for worker in fleet { try worker.start() }
+            defer { for worker in fleet { worker.stop() } }
+            let size = 8 << 20
+            let id = try fleet[0].enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?rate=1000000"), "dir": .string(shared), "name": "slow.bin",
+            ])
+            let running = try fleet[0].waitForJob(id) { $0["state"] == "running" && $0["worker"]?.stringValue != nil }
+            let runner = try #require(running["worker"]?.stringValue)
+            let (runs, other) = runner.hasSuffix("/a") ? (fleet[0], fleet[1]) : (fleet[1], fleet[0])
+            // `other` sees the committed offset (the runner's checkpoints), not live counters.
+            _ = try other.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 0 }
+            #expect(try runs.call("stats")["worker"]?.stringValue == runner)
+
+            _ = try other.call("pause", ["id": .int(id)])
+            #expect(try runs.job(id)["state"] == "paused")
+            // The transfer on the other worker stops: the origin stops sending.
+            let deadline = Date().addingTimeInterval(30)
+            var stopped = false
+            while Date() < deadline {
+                let before = origin.bytesServed
+                usleep(500_000)
+                if origin.bytesServed == before {
+                    stopped = true
+                    break
+                }
+            }
+            #expect(stopped, "the origin still sends after the pause")
+            #expect(runs.log.contains("transfers stop here"), "\(runs.log)")
+            let kept = try other.job(id)["received"]?.int64Value ?? 0
+
+            _ = try other.call("resume", ["id": .int(id)])
+            let done = try other.waitForState(id, ["completed", "failed"], timeout: 120)
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            try expectOriginBytes(at: shared + "/slow.bin", count: size)
+            // The second request asked for the rest only.
+            let ranges = origin.requests.compactMap { $0.header("range") }
+            #expect(kept > 0 && ranges.contains("bytes=\(kept)-"), "kept \(kept), ranges \(ranges)")
+        }
+    }
+}
