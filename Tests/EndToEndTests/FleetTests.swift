@@ -11,12 +11,12 @@ import Testing
 @Suite(.serialized) struct FleetTests {
     /// The workers' common config: the database, a short lease so that a dead worker's jobs
     /// come back within seconds, and the shared folder as an allowed root.
-    private func workers(_ names: [String], database url: String, shared: String, maxActive: Int = 3) throws -> [DaemonHarness] {
+    private func workers(_ names: [String], database url: String, shared: String, maxActive: Int = 3, lease: Int = 3) throws -> [DaemonHarness] {
         try names.map { name in
             let config = """
                 database = "\(url)"
                 worker_name = "\(name)"
-                lease = 3
+                lease = \(lease)
                 max_active = \(maxActive)
                 allowed_roots = ["\(shared)"]
 
@@ -124,13 +124,14 @@ import Testing
 
     /// A pause sent to one worker stops the transfer that another runs, and a resume sent to
     /// the first continues the file from its committed offset, on whichever worker claims it.
+    /// The lease is long (renewed every 30 s), so only the change signal can stop it in time.
     @Test func pauseReachesTheWorkerThatRunsTheJob() async throws {
         let (server, name, url) = try database()
         defer { server.dropDatabase(name) }
         let shared = try sharedFolder()
         defer { try? FileManager.default.removeItem(atPath: shared) }
         try await withOrigin { origin in
-            let fleet = try workers(["a", "b"], database: url, shared: shared, maxActive: 1)
+            let fleet = try workers(["a", "b"], database: url, shared: shared, maxActive: 1, lease: 90)
             for worker in fleet { try worker.start() }
             defer { for worker in fleet { worker.stop() } }
             let size = 8 << 20
@@ -146,8 +147,9 @@ import Testing
 
             _ = try other.call("pause", ["id": .int(id)])
             #expect(try runs.job(id)["state"] == "paused")
-            // The transfer on the other worker stops: the origin stops sending.
-            let deadline = Date().addingTimeInterval(30)
+            // The transfer on the other worker stops: the origin stops sending (long before the
+            // next lease renewal could notice).
+            let deadline = Date().addingTimeInterval(15)
             var stopped = false
             while Date() < deadline {
                 let before = origin.bytesServed
