@@ -348,7 +348,7 @@ struct Remove: ParsableCommand {
 }
 
 struct Stats: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Counts by state, active transfers, total speed.")
+    static let configuration = CommandConfiguration(abstract: "Counts by state, active transfers, total speed; the live workers of a shared queue.")
     @OptionGroup var common: Common
 
     func run() throws {
@@ -361,7 +361,16 @@ struct Stats: ParsableCommand {
                 speed   \(Format.speed(result["speed"]?.doubleValue ?? 0))
                 """ + (result["accepting"]?.boolValue == false ? "\nshutting down" : "")
                 + (result["queue_paused_reason"]?.stringValue.map { "\nqueue   paused: \($0)" } ?? "")
+                + workers(result)
         }
+    }
+
+    /// The live workers, when the table is shared with other daemons.
+    private func workers(_ result: JSONValue) -> String {
+        let ids = (result["workers"]?.arrayValue ?? []).compactMap { $0["id"]?.stringValue }
+        guard ids.count > 1 || ids.first.map({ $0 != result["worker"]?.stringValue }) == true else { return "" }
+        let this = result["worker"]?.stringValue
+        return "\nworkers " + ids.map { $0 == this ? "\($0) (this one)" : $0 }.joined(separator: ", ")
     }
 }
 

@@ -118,6 +118,7 @@ enum Format {
         if let sha256 = job["sha256"]?.stringValue { lines.append(("sha256", sha256)) }
         if let checksum = job["checksum"]?.stringValue { lines.append(("checksum", checksum + (job["digest"]?.stringValue == checksum.split(separator: ":").last.map(String.init) ? " (verified)" : ""))) }
         if let group = job["group"]?.int64Value { lines.append(("group", String(group))) }
+        if let worker = job["worker"]?.stringValue { lines.append(("worker", worker)) }
         if job["insecure"] == true { lines.append(("tls", "NOT verified (insecure)")) }
         if let key = job["key"]?.stringValue { lines.append(("key", key)) }
         if let meta = job["meta"], !meta.isNull { lines.append(("meta", meta.serializedString())) }

@@ -64,6 +64,8 @@ import Testing
             let stats = try fleet[1].call("stats")
             let seen = Set((stats["workers"]?.arrayValue ?? []).compactMap { $0["id"]?.stringValue })
             #expect(seen.count == 3 && seen.allSatisfy { $0.hasSuffix("/w1") || $0.hasSuffix("/w2") || $0.hasSuffix("/w3") }, "\(seen)")
+            let shown = try fleet[1].dlctl(["stats"]).stdout
+            #expect(shown.contains("workers ") && shown.contains("/w2 (this one)") && shown.contains("/w3"), "\(shown)")
 
             // Kill w3 once it runs jobs and some are done: what it ran is taken over later.
             let victim = fleet[2]
