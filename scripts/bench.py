@@ -27,13 +27,14 @@ import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import BIN, Client, peak_rss_kib, start_nginx  # noqa: E402
+import bench_fleet  # noqa: E402
 import bench_many  # noqa: E402
 
 SIZE = int(os.environ.get("BENCH_SIZE_MIB", "1024")) << 20
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 CRASH_RATE = int(os.environ.get("BENCH_CRASH_RATE", "100000000"))
 KILL_EVERY = float(os.environ.get("BENCH_KILL_EVERY", "2"))
-PARTS = ("throughput", "crash", "small", "scale", "postgres")
+PARTS = ("throughput", "crash", "small", "scale", "postgres", "fleet")
 
 
 def wait_for_socket(path, proc, timeout=20):
@@ -213,8 +214,10 @@ def main():
             bench_many.part_small(args.files)
         elif part == "scale":
             bench_many.part_scale(args.jobs)
-        else:
+        elif part == "postgres":
             bench_many.part_postgres(args.jobs)
+        else:
+            bench_fleet.part_fleet()
         print(f"  ({part}: {time.monotonic() - started:.0f} s in all)")
 
 

@@ -264,16 +264,35 @@ http {{ access_log off; sendfile on; server {{ listen 127.0.0.1:{port}; root {do
     raise RuntimeError(f"nginx did not start (see {work}/nginx.err)")
 
 
+def postgres_bindir():
+    """The folder of PostgreSQL's programs (initdb, postgres, psql), or None."""
+    import glob
+    initdb = shutil.which("initdb")
+    if initdb:
+        return os.path.dirname(os.path.realpath(initdb))
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return os.path.dirname(found[-1]) if found else None
+
+
+def psql(url, sql, database=None):
+    """Runs `sql` with psql on the server of a `start_postgres` connection string; returns its
+    unaligned, tuples-only output."""
+    folder = url.split("host=")[1].split("&")[0]
+    db = database or url.split("@/")[1].split("?")[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    done = subprocess.run([os.path.join(postgres_bindir(), "psql"), "-h", folder, "-U", "dld", "-d", db, "-X", "-q", "-A", "-t",
+                           "-v", "ON_ERROR_STOP=1", "-c", sql], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"psql: {done.stderr.strip()}")
+    return done.stdout
+
+
 def start_postgres(work):
     """A throwaway PostgreSQL on a Unix socket in `work` (as the tests start one), or None when
     PostgreSQL is not installed. Returns (process, connection string). Run as root, the server
     runs as the `postgres` user (it refuses root)."""
-    import glob, pwd
-    initdb = shutil.which("initdb")
-    bindir = os.path.dirname(os.path.realpath(initdb)) if initdb else None
-    if not bindir:
-        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-        bindir = os.path.dirname(found[-1]) if found else None
+    import pwd
+    bindir = postgres_bindir()
     if not bindir:
         return None
     folder = os.path.join(work, "pg")
