@@ -12,11 +12,9 @@ several machines would reach.
 """
 
 import os
-import shutil
-import tempfile
 import time
 
-from benchlib import Daemon, psql, start_dld_origin, start_postgres, stop
+from benchlib import Daemon, psql, with_postgres_and_origin
 
 THROTTLED_JOBS = int(os.environ.get("BENCH_FLEET_THROTTLED", "2000"))
 THROTTLED_SIZE = 8192
@@ -111,81 +109,72 @@ def run_fleet(work, url, database, count, urls, size, slots):
 
 
 def part_fleet():
-    work = tempfile.mkdtemp(prefix="dld-bench-fleet-")
-    origin = pg = None
-    try:
-        started = start_postgres(work)
-        if not started:
-            print("fleet: PostgreSQL is not installed (apt-get install postgresql); part skipped")
-            return
-        pg, url = started
-        origin, base = start_dld_origin()
-        print(f"fleet: {THROTTLED_JOBS} files of {THROTTLED_SIZE // 1024} KiB from dld-origin throttled to "
-              f"{THROTTLED_RATE // 1024} KiB/s per connection, done by 1, 2 and 3 workers "
-              f"(max_active {WORKER_SLOTS} each) sharing one table in PostgreSQL, each run on a fresh database")
-        urls = [f"{base}/bytes/{THROTTLED_SIZE}?rate={THROTTLED_RATE}&file={i}" for i in range(THROTTLED_JOBS)]
-        rows = []
-        for count in (1, 2, 3):
-            sub = os.path.join(work, f"throttled-{count}")
-            os.makedirs(sub)
-            seconds, error = run_fleet(sub, url, f"fleet{count}", count, urls, THROTTLED_SIZE, WORKER_SLOTS)
-            result = f"{seconds:.2f} s, {THROTTLED_JOBS / seconds:.0f} files/s" if seconds else "—"
-            print(f"  … {count} worker(s)   {result}" + (f"  ERROR {error}" if error else ""), flush=True)
-            rows.append((count, seconds, error))
-        one = rows[0][1]
-        print(f"\n  {'workers':8} {'seconds':>8} {'files/s':>8} {'× 1 worker':>11}")
-        for count, seconds, error in rows:
-            if seconds:
-                print(f"  {count:<8} {seconds:8.2f} {THROTTLED_JOBS / seconds:8.0f} {one / seconds if one else 0:11.2f}"
-                      + (f"  ({error})" if error else ""))
-            else:
-                print(f"  {count:<8} {'—':>8}  ({error})")
+    with_postgres_and_origin("fleet", "dld-bench-fleet-", fleet_runs)
 
-        print(f"\n  claims at scale: {FLEET_JOBS} jobs of 1 byte in one table, 3 workers (max_active {WORKER_SLOTS} each)")
-        sub = os.path.join(work, "scale")
+
+def fleet_runs(work, url, base):
+    print(f"fleet: {THROTTLED_JOBS} files of {THROTTLED_SIZE // 1024} KiB from dld-origin throttled to "
+          f"{THROTTLED_RATE // 1024} KiB/s per connection, done by 1, 2 and 3 workers "
+          f"(max_active {WORKER_SLOTS} each) sharing one table in PostgreSQL, each run on a fresh database")
+    urls = [f"{base}/bytes/{THROTTLED_SIZE}?rate={THROTTLED_RATE}&file={i}" for i in range(THROTTLED_JOBS)]
+    rows = []
+    for count in (1, 2, 3):
+        sub = os.path.join(work, f"throttled-{count}")
         os.makedirs(sub)
-        database = "fleetscale"
-        psql(url, f"CREATE DATABASE {database}", database="postgres")
-        db_url = url.replace("@/bench?", f"@/{database}?")
-        shared = os.path.join(sub, "shared")
-        os.makedirs(shared)
-        workers = start_workers(sub, db_url, shared, 3, WORKER_SLOTS)
-        try:
-            started_at = time.monotonic()
-            enqueue(workers[0], [f"{base}/bytes/1?file={i}" for i in range(FLEET_JOBS)], shared)
-            print(f"  … enqueue {FLEET_JOBS} paused          {time.monotonic() - started_at:.2f} s")
-            # The plan of one claim on the full queue, with the queue paused (the claim's
-            # update is rolled back, so the jobs stay as they are).
-            client = workers[0].client(timeout=120)
-            client.call("queue", {"paused": True})
-            for daemon in workers[1:]:
-                c = daemon.client(timeout=120)
-                c.call("queue", {"paused": True})
-                c.close()
-            client.call("resume", {"all": True})
-            plan = psql(db_url, f"BEGIN; EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {CLAIM_SQL}; ROLLBACK;")
-            print("  the claim on " + f"{FLEET_JOBS} queued jobs (EXPLAIN ANALYZE, rolled back):")
-            for line in plan.strip().splitlines():
-                print("      " + line)
-            started_at = time.monotonic()
-            for daemon in workers:
-                c = daemon.client(timeout=120)
-                c.call("queue", {"paused": False})
-                c.close()
-            client.close()
-            seconds = wait_all_completed(workers[0], FLEET_JOBS)
-            if seconds is None:
-                print(f"  … claim and complete all              not done within {RUN_TIMEOUT:.0f} s")
-            else:
-                error = check_files(shared, FLEET_JOBS, 1)
-                print(f"  … claim and complete all              {seconds:.1f} s, {FLEET_JOBS / seconds:.0f} jobs/s"
-                      + (f"  ERROR {error}" if error else ", every file there"))
-            peaks = ", ".join(f"{d.peak_mib():.1f}" for d in workers)
-            print(f"  workers' peak RSS: {peaks} MiB")
-        finally:
-            for daemon in workers:
-                daemon.terminate(timeout=60)
+        seconds, error = run_fleet(sub, url, f"fleet{count}", count, urls, THROTTLED_SIZE, WORKER_SLOTS)
+        result = f"{seconds:.2f} s, {THROTTLED_JOBS / seconds:.0f} files/s" if seconds else "—"
+        print(f"  … {count} worker(s)   {result}" + (f"  ERROR {error}" if error else ""), flush=True)
+        rows.append((count, seconds, error))
+    one = rows[0][1]
+    print(f"\n  {'workers':8} {'seconds':>8} {'files/s':>8} {'× 1 worker':>11}")
+    for count, seconds, error in rows:
+        if seconds:
+            print(f"  {count:<8} {seconds:8.2f} {THROTTLED_JOBS / seconds:8.0f} {one / seconds if one else 0:11.2f}"
+                  + (f"  ({error})" if error else ""))
+        else:
+            print(f"  {count:<8} {'—':>8}  ({error})")
+
+    print(f"\n  claims at scale: {FLEET_JOBS} jobs of 1 byte in one table, 3 workers (max_active {WORKER_SLOTS} each)")
+    sub = os.path.join(work, "scale")
+    os.makedirs(sub)
+    database = "fleetscale"
+    psql(url, f"CREATE DATABASE {database}", database="postgres")
+    db_url = url.replace("@/bench?", f"@/{database}?")
+    shared = os.path.join(sub, "shared")
+    os.makedirs(shared)
+    workers = start_workers(sub, db_url, shared, 3, WORKER_SLOTS)
+    try:
+        started_at = time.monotonic()
+        enqueue(workers[0], [f"{base}/bytes/1?file={i}" for i in range(FLEET_JOBS)], shared)
+        print(f"  … enqueue {FLEET_JOBS} paused          {time.monotonic() - started_at:.2f} s")
+        # The plan of one claim on the full queue, with the queue paused (the claim's
+        # update is rolled back, so the jobs stay as they are).
+        client = workers[0].client(timeout=120)
+        client.call("queue", {"paused": True})
+        for daemon in workers[1:]:
+            c = daemon.client(timeout=120)
+            c.call("queue", {"paused": True})
+            c.close()
+        client.call("resume", {"all": True})
+        plan = psql(db_url, f"BEGIN; EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {CLAIM_SQL}; ROLLBACK;")
+        print("  the claim on " + f"{FLEET_JOBS} queued jobs (EXPLAIN ANALYZE, rolled back):")
+        for line in plan.strip().splitlines():
+            print("      " + line)
+        started_at = time.monotonic()
+        for daemon in workers:
+            c = daemon.client(timeout=120)
+            c.call("queue", {"paused": False})
+            c.close()
+        client.close()
+        seconds = wait_all_completed(workers[0], FLEET_JOBS)
+        if seconds is None:
+            print(f"  … claim and complete all              not done within {RUN_TIMEOUT:.0f} s")
+        else:
+            error = check_files(shared, FLEET_JOBS, 1)
+            print(f"  … claim and complete all              {seconds:.1f} s, {FLEET_JOBS / seconds:.0f} jobs/s"
+                  + (f"  ERROR {error}" if error else ", every file there"))
+        peaks = ", ".join(f"{d.peak_mib():.1f}" for d in workers)
+        print(f"  workers' peak RSS: {peaks} MiB")
     finally:
-        stop(origin)
-        stop(pg)
-        shutil.rmtree(work, ignore_errors=True)
+        for daemon in workers:
+            daemon.terminate(timeout=60)

@@ -13,8 +13,8 @@ Imported by scripts/bench.py (the one entry point, `make bench`).
 """
 import hashlib, os, shutil, statistics, subprocess, tempfile, time, urllib.request
 
-from benchlib import (BIN, STEP_TIMEOUT, ConnectionClosed, Daemon, RpcError, exit_text, start_dld_origin,
-                      start_nginx, start_postgres, stop)
+from benchlib import (BIN, STEP_TIMEOUT, ConnectionClosed, Daemon, RpcError, exit_text, start_dld_origin, with_postgres_and_origin,
+                      start_nginx, stop)
 
 SMALL_SIZE = 16 << 10
 
@@ -462,32 +462,23 @@ def part_scale(n):
 def part_postgres(n):
     """The scale steps on the same build with the job table in SQLite and in PostgreSQL (one
     daemon each, on the same two cores as the server), side by side."""
-    work = tempfile.mkdtemp(prefix="dld-bench-pg-")
-    origin = pg = None
-    try:
-        started = start_postgres(work)
-        if not started:
-            print("postgres: PostgreSQL is not installed (apt-get install postgresql); part skipped")
-            return
-        pg, url = started
-        origin, base = start_dld_origin()
-        print(f"postgres: {n} jobs, the scale steps with the job table in SQLite, then in PostgreSQL "
-              f"(a server on a Unix socket on this machine)")
-        results = {}
-        for label, database in (("SQLite", None), ("PostgreSQL", url)):
-            sub = os.path.join(work, label)
-            os.makedirs(sub)
-            run = ScaleRun(sub, n, base, database=database)
-            run_scale_steps(run, n)
-            results[label] = (run.rows, run.daemon.peak_mib())
-            run.daemon.kill()
-        print(f"\n  {'step':48} {'SQLite':>40}   PostgreSQL")
-        for (step, a, _), (_, b, _) in zip(results["SQLite"][0], results["PostgreSQL"][0]):
-            short = lambda r: r.split(" (")[0][:40]
-            print(f"  {step:48} {short(a):>40}   {short(b)}")
-        print(f"  {'dld peak RSS':48} {results['SQLite'][1]:>36.1f} MiB   {results['PostgreSQL'][1]:.1f} MiB")
-    finally:
-        stop(origin)
-        stop(pg)
-        shutil.rmtree(work, ignore_errors=True)
+    with_postgres_and_origin("postgres", "dld-bench-pg-", lambda work, url, base: postgres_steps(work, url, base, n))
+
+
+def postgres_steps(work, url, base, n):
+    print(f"postgres: {n} jobs, the scale steps with the job table in SQLite, then in PostgreSQL "
+          f"(a server on a Unix socket on this machine)")
+    results = {}
+    for label, database in (("SQLite", None), ("PostgreSQL", url)):
+        sub = os.path.join(work, label)
+        os.makedirs(sub)
+        run = ScaleRun(sub, n, base, database=database)
+        run_scale_steps(run, n)
+        results[label] = (run.rows, run.daemon.peak_mib())
+        run.daemon.kill()
+    print(f"\n  {'step':48} {'SQLite':>40}   PostgreSQL")
+    for (step, a, _), (_, b, _) in zip(results["SQLite"][0], results["PostgreSQL"][0]):
+        short = lambda r: r.split(" (")[0][:40]
+        print(f"  {step:48} {short(a):>40}   {short(b)}")
+    print(f"  {'dld peak RSS':48} {results['SQLite'][1]:>36.1f} MiB   {results['PostgreSQL'][1]:.1f} MiB")
 

@@ -3,7 +3,7 @@
 Python 3.11 standard library only. Everything talks to the real release binaries in
 .build/release over loopback and Unix sockets; every wait here has a deadline.
 """
-import json, os, shutil, signal, socket, subprocess, threading, time
+import json, os, shutil, signal, socket, subprocess, tempfile, threading, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, ".build", "release")
@@ -285,6 +285,26 @@ def psql(url, sql, database=None):
     if done.returncode != 0:
         raise RuntimeError(f"psql: {done.stderr.strip()}")
     return done.stdout
+
+
+def with_postgres_and_origin(part, prefix, body):
+    """Runs body(work, url, origin_base) with a throwaway PostgreSQL and dld-origin, both
+    stopped and the work folder removed afterwards; without PostgreSQL the part is skipped
+    with a note."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    origin = pg = None
+    try:
+        started = start_postgres(work)
+        if not started:
+            print(f"{part}: PostgreSQL is not installed (apt-get install postgresql); part skipped")
+            return
+        pg, url = started
+        origin, base = start_dld_origin()
+        body(work, url, base)
+    finally:
+        stop(origin)
+        stop(pg)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def start_postgres(work):
