@@ -91,14 +91,24 @@ extension Engine {
         let store = self.store
         let downloader = self.downloader
         let worker = configuration.worker
+        let shared = store.sharesQueue
+        let logger = self.logger
         let id = started.id
         let task = Task {
             await downloader.run(request, progress: progress) { checkpoint in
+                let written: Bool
+                do {
+                    written = try await store.checkpoint(
+                        id, received: checkpoint.received, size: checkpoint.size, validators: checkpoint.validators,
+                        finalURL: checkpoint.finalURL, now: Date(), owner: worker)
+                } catch where shared {
+                    // A shared table that cannot be reached: the transfer goes on (its lease
+                    // holds for a while, see `fence`) and the next checkpoint commits.
+                    logger.warning("checkpoint not written; the transfer goes on", metadata: ["job": "\(id)", "error": "\(error)"])
+                    return
+                }
                 // Written only while the job is still this worker's: else the transfer ends.
-                guard try await store.checkpoint(
-                    id, received: checkpoint.received, size: checkpoint.size, validators: checkpoint.validators,
-                    finalURL: checkpoint.finalURL, now: Date(), owner: worker)
-                else { throw TransferFailure(.transient(.retry), "lease_lost", "job \(id) is no longer this worker's") }
+                guard written else { throw TransferFailure(.transient(.retry), "lease_lost", "job \(id) is no longer this worker's") }
             }
         }
         running[id] = Running(job: started, progress: progress, task: task, stop: nil)
