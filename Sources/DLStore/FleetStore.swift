@@ -13,21 +13,32 @@ extension JobStore {
         guard limit > 0 else { return [] }
         let (jobs, range) = try await pool.write { db -> ([Job], (Int64, Int64)) in
             let before = try Self.lastSeq(db)
-            // A group's members share its priority: they are taken by id, from the group's index.
-            let ids = try JobID.fetchAll(
-                db,
-                sql: group == nil
-                    ? """
-                    SELECT id FROM jobs INDEXED BY jobs_by_state
-                    WHERE state = 'queued' AND group_id IS NULL AND host NOT IN (SELECT value FROM json_each(?))
-                    ORDER BY priority DESC, id LIMIT ?
-                    """
-                    : """
-                    SELECT id FROM jobs INDEXED BY jobs_by_group_state
-                    WHERE group_id = ? AND state = 'queued' AND host NOT IN (SELECT value FROM json_each(?))
-                    ORDER BY id LIMIT ?
-                    """,
-                arguments: group.map { [$0, Self.jsonTexts(excludingHosts.sorted()), limit] } ?? [Self.jsonTexts(excludingHosts.sorted()), limit])
+            let hosts = Self.jsonTexts(excludingHosts.sorted())
+            let ids: [JobID]
+            if let group {
+                // A group's members share its priority: they are taken by id, from the group's index.
+                ids = try JobID.fetchAll(
+                    db,
+                    sql: """
+                        SELECT id FROM jobs INDEXED BY jobs_by_group_state
+                        WHERE group_id = ? AND state = 'queued' AND host NOT IN (SELECT value FROM json_each(?))
+                        ORDER BY id LIMIT ?
+                        """,
+                    arguments: [group, hosts, limit])
+            } else {
+                // With hosts excluded, only the first `claimWindow` queued jobs are looked at.
+                let window = excludingHosts.isEmpty ? limit : Self.claimWindow
+                ids = try JobID.fetchAll(
+                    db,
+                    sql: """
+                        SELECT id FROM (
+                            SELECT id, host, priority FROM jobs INDEXED BY jobs_by_state
+                            WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?)
+                        WHERE host NOT IN (SELECT value FROM json_each(?))
+                        ORDER BY priority DESC, id LIMIT ?
+                        """,
+                    arguments: [window, hosts, limit])
+            }
             guard !ids.isEmpty else { return ([], (before, before)) }
             // What `StateMachine.apply(.start)` sets, plus the worker and its lease.
             try db.execute(

@@ -108,6 +108,9 @@ public protocol JobTable: Sendable {
     /// does (`attempts + 1`), with `worker` and `leaseUntil`; one `job.state` event each; one
     /// transaction. Two workers claiming at once never get the same job. Returns the rows as
     /// committed, in claim order.
+    /// While hosts are excluded, a standalone claim looks only at the first `claimWindow` queued
+    /// jobs, so that a long queue of an excluded host costs no more than that (jobs further back
+    /// wait for the window).
     /// With `group`, the same among that group's members (each of which runs on one worker,
     /// though a group's members may run on several).
     func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws -> [Job]
@@ -178,6 +181,9 @@ extension JobTable {
     public func events(after seq: Int64) async throws -> [StoredEvent] {
         try await events(after: seq, limit: Int(EventLog.kept))
     }
+
+    /// Queued standalone jobs a claim that excludes hosts looks at, at most.
+    public static var claimWindow: Int { 1000 }
 
     /// Standalone jobs (see `claim(limit:worker:leaseUntil:excludingHosts:group:now:)`).
     public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, now: Date) async throws -> [Job] {

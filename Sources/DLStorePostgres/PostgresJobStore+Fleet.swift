@@ -7,6 +7,8 @@ import PostgresNIO
 /// The fleet primitives of `JobTable`: several daemons claim from one queue, each job on one
 /// worker at a time, held by a lease that its worker renews.
 extension PostgresJobStore {
+    public var sharesQueue: Bool { true }
+
     /// One statement: the SELECT walks `jobs_queued` (the scheduler's partial index) in
     /// order and locks the rows it takes; `SKIP LOCKED` passes over rows another daemon is
     /// claiming at this moment instead of waiting for them, and a row that another claim
@@ -15,18 +17,22 @@ extension PostgresJobStore {
     /// the same job, and neither waits for the other. The SELECT is a MATERIALIZED CTE, run
     /// once: as a plain `id IN (SELECT … LIMIT n)` the planner may run it again for each row
     /// of a join, and then its LIMIT no longer bounds the claim (seen here: 4 rows for 3).
-    public var sharesQueue: Bool { true }
-
+    /// While hosts are excluded, the rows looked at are the first `claimWindow` queued ones.
     public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws -> [Job] {
         guard limit > 0 else { return [] }
         return try await eventTransaction(publish: true, events: { $0.events }) { connection -> (jobs: [Job], events: [StoredEvent]) in
             let at = now.timeIntervalSince1970
             let hosts = excludingHosts.sorted().map(storedText)
+            let window = group != nil || hosts.isEmpty ? "" : """
+                AND id IN (SELECT id FROM jobs WHERE state = 'queued' AND group_id IS NULL
+                           ORDER BY priority DESC, id LIMIT \(Self.claimWindow))
+                """
             var jobs = try await connection.rows(
                 """
                 WITH picked AS MATERIALIZED (
                     SELECT id FROM jobs
                     WHERE state = 'queued' AND \(unescaped: group.map { "group_id = \($0)" } ?? "group_id IS NULL") AND host <> ALL(\(hosts))
+                        \(unescaped: window)
                     ORDER BY priority DESC, id LIMIT \(Int64(limit))
                     FOR UPDATE SKIP LOCKED)
                 UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = \(at),

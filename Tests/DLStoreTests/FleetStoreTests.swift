@@ -51,6 +51,22 @@ import Testing
         }
     }
 
+    /// While a host is excluded, a claim looks only at the first `claimWindow` queued jobs: a
+    /// job of another host beyond them waits, one within them is taken.
+    @Test(arguments: Backend.allCases)
+    func claimWithExcludedHostsLooksAtABoundedWindow(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            let window = JobStore.claimWindow
+            _ = try await store.insert((1...window).map { new($0, host: "busy.org") } + [new(window + 1)], now: t0)
+            let lease = t0.addingTimeInterval(30)
+            #expect(try await store.claim(limit: 5, worker: "w", leaseUntil: lease, excludingHosts: ["busy.org"], now: t0).isEmpty)
+            let one = try await store.claim(limit: 1, worker: "w", leaseUntil: lease, excludingHosts: [], now: t0)
+            #expect(one.map(\.id) == [1])
+            let other = try await store.claim(limit: 5, worker: "w", leaseUntil: lease, excludingHosts: ["busy.org"], now: t0)
+            #expect(other.map(\.id) == [JobID(window + 1)], "one busy job left the window")
+        }
+    }
+
     /// Renewal extends only this worker's running jobs, says which they are (not one paused by
     /// another daemon, nor another worker's), and records the heartbeat.
     @Test(arguments: Backend.allCases)
