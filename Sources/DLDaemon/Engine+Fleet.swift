@@ -59,6 +59,7 @@ extension Engine {
                 let expired = try await storage { try await store.requeueExpired(now: at) }
                 if !expired.isEmpty {
                     logger.notice("queued again the jobs of workers whose leases ran out", metadata: ["jobs": "\(expired.count)"])
+                    try await finishPublishes(since: at.addingTimeInterval(-3 * configuration.lease))
                 }
                 try await schedule()
                 try await flush()
@@ -77,6 +78,21 @@ extension Engine {
         logger.error("the job table is unreachable and the leases are running out: stopping this worker's transfers", metadata: ["jobs": "\(running.count)"])
         await stopLost(Array(running.keys))
     }
+
+    /// A worker whose lease ran out may have died between recording files as completed and
+    /// linking them: the files of jobs completed since `since` (its last moments, and more)
+    /// that are still `.part` where this worker sees them are linked here. A folder this
+    /// machine does not share is left to that worker's next start.
+    private func finishPublishes(since: Date) async throws(DLError) {
+        let recent = try await storage { try await store.completed(since: since, limit: Self.finishPublishLimit) }
+        let linked = recent.filter { access($0.downloadPath, F_OK) != 0 && finishPublish($0) }.count
+        if linked > 0 {
+            logger.notice("linked files that a worker recorded as completed before it stopped", metadata: ["files": "\(linked)"])
+        }
+    }
+
+    /// Recent completions looked at after a lease ran out, at most.
+    static let finishPublishLimit = 5000
 
     /// Looks at the rows of what runs here after other daemons changed the table.
     func changesTurn() async {

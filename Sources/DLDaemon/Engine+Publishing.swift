@@ -99,6 +99,14 @@ extension Engine {
                     pending.notices.append(FinishedNotice(jobID: job.id, group: nil, path: job.path, url: job.url, state: "completed", error: nil))
                 }
             } catch {
+                // Another worker that saw this file recorded but not linked linked it first.
+                if Self.linkedElsewhere(partial: item.partialPath, final: job.downloadPath) {
+                    linked.append(job.downloadPath)
+                    if job.groupID == nil {
+                        pending.notices.append(FinishedNotice(jobID: job.id, group: nil, path: job.path, url: job.url, state: "completed", error: nil))
+                    }
+                    continue
+                }
                 // The name was taken in the moment since it was chosen: the bytes stay in the
                 // partial file, and the job says why (its next commit).
                 var back = job

@@ -23,7 +23,14 @@ extension Engine {
                 var page = try await storage { try await store.reconcilePage(afterID: cursor, limit: Self.reconcilePage) }
                 guard let last = page.last?.id else { break }
                 cursor = last
-                if store.sharesQueue { page = page.filter(isOwnLeftover) }
+                if store.sharesQueue {
+                    // Another worker's rows are its own, except a completed file that is
+                    // still `.part`: its worker died between the commit and the link.
+                    for job in page where job.state == .completed && access(job.downloadPath, F_OK) != 0 {
+                        _ = finishPublish(job)
+                    }
+                    page = page.filter(isOwnLeftover)
+                }
                 requeued += page.filter { $0.state == .running }.count
                 let changed = page.compactMap(reconcile)
                 try await storage { try await store.save(changed) }
@@ -58,8 +65,9 @@ extension Engine {
         job.state == .running && (job.worker == nil || job.worker == configuration.worker)
     }
 
-    /// A completed job whose file is still `<name>.part`, complete: dld died between recording
-    /// it and linking it. Links it now; returns whether it did.
+    /// A completed job whose file is still `<name>.part`, complete: a daemon died between
+    /// recording it and linking it (this one, or on a shared table any worker). Links it now;
+    /// returns whether it did. A file that another worker links at the same moment counts.
     func finishPublish(_ job: Job) -> Bool {
         var info = stat()
         guard lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Int64(info.st_size) == job.received else {
@@ -68,12 +76,20 @@ extension Engine {
         do throws(TransferFailure) {
             try PartialFile.link(job.partialPath, to: job.downloadPath, overwrite: job.overwrite)
             PartialFile.syncDirectory(of: job.downloadPath)
-            logger.notice("published a file recorded as completed before dld stopped", metadata: ["job": "\(job.id)", "path": "\(job.downloadPath)"])
+            logger.notice("published a file recorded as completed by a daemon that stopped before linking it", metadata: ["job": "\(job.id)", "path": "\(job.downloadPath)"])
             return true
         } catch {
+            if Self.linkedElsewhere(partial: job.partialPath, final: job.downloadPath) { return true }
             logger.warning("could not publish a completed file", metadata: ["job": "\(job.id)", "error": "\(error.error.message)"])
             return false
         }
+    }
+
+    /// After a link failed: the partial file is gone and the final name is there, so another
+    /// worker of a shared table linked the file first (see `finishPublish`).
+    static func linkedElsewhere(partial: String, final: String) -> Bool {
+        var info = stat()
+        return lstat(partial, &info) != 0 && errno == ENOENT && access(final, F_OK) == 0
     }
 
     /// Start-up reconciliation of one row with the disk. Returns the row if it changed.

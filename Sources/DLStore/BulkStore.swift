@@ -309,6 +309,17 @@ extension JobStore {
 
     /// A page of rows that start-up reconciliation looks at: every row that may have a file on
     /// disk (finished, or started at least once), by ascending id.
+    public func completed(since: Date, limit: Int) async throws -> [Job] {
+        try await pool.read { db in
+            try Self.jobs(
+                db.cachedStatement(sql: """
+                    SELECT \(Self.jobColumns) FROM jobs WHERE state = 'completed' AND finished_at >= ?
+                    ORDER BY finished_at DESC LIMIT ?
+                    """),
+                arguments: [since.timeIntervalSince1970, limit])
+        }
+    }
+
     public func reconcilePage(afterID: JobID, limit: Int) async throws -> [Job] {
         try await pool.read { db in
             try Self.jobs(

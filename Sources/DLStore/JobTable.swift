@@ -93,6 +93,9 @@ public protocol JobTable: Sendable {
     func nextWakeUp() async throws -> Date?
     /// A page of the rows start-up reconciliation looks at (finished, or started at least once).
     func reconcilePage(afterID: JobID, limit: Int) async throws -> [Job]
+    /// Up to `limit` jobs completed at or after `since`, newest first: a worker that died may
+    /// have recorded them without linking their files (see `Engine.finishPublish`).
+    func completed(since: Date, limit: Int) async throws -> [Job]
 
     // MARK: Fleet: workers, claims and leases
     //

@@ -374,6 +374,14 @@ public final class PostgresJobStore: JobTable {
             .decode(Double?.self).map(Date.init(timeIntervalSince1970:))
     }
 
+    public func completed(since: Date, limit: Int) async throws -> [Job] {
+        try await jobs(
+            """
+            SELECT \(unescaped: Columns.job) FROM jobs WHERE state = 'completed' AND finished_at >= \(since.timeIntervalSince1970)
+            ORDER BY finished_at DESC LIMIT \(Int64(limit))
+            """)
+    }
+
     public func reconcilePage(afterID: JobID, limit: Int) async throws -> [Job] {
         try await jobs(
             """

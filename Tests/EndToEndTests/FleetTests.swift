@@ -104,9 +104,13 @@ import Testing
             #expect(events.trimmingCharacters(in: .whitespacesAndNewlines) == "\(count):\(count)")
             let expected = TestOrigin.bytes(count: size)
             for index in 0..<count {
-                // A completed job has its file at once, whichever worker completed it, also
-                // when the victim died between its commit and its link.
-                guard let data = try? Data(contentsOf: URL(fileURLWithPath: shared + "/f\(index).bin")) else {
+                // A completed job has its file, whichever worker completed it, also when the
+                // victim died between its commit and its link (the survivors link it when its
+                // lease runs out). A live worker links right after its commit: a moment's wait.
+                let file = shared + "/f\(index).bin"
+                let linkedBy = Date().addingTimeInterval(10)
+                while !FileManager.default.fileExists(atPath: file), Date() < linkedBy { usleep(20_000) }
+                guard let data = try? Data(contentsOf: URL(fileURLWithPath: file)) else {
                     Issue.record("f\(index).bin is missing, but its job is completed")
                     break
                 }
@@ -177,6 +181,48 @@ import Testing
             // The second request asked for the rest only.
             let ranges = origin.requests.compactMap { $0.header("range") }
             #expect(kept > 0 && ranges.contains("bytes=\(kept)-"), "kept \(kept), ranges \(ranges)")
+        }
+    }
+
+    /// A worker that dies between recording files as completed and linking them leaves them
+    /// as `.part`: another worker links them, at its start, or when the dead worker's lease
+    /// runs out (a worker that never comes back), without downloading them again.
+    @Test func filesADeadWorkerDidNotLinkAreLinked() async throws {
+        let (server, name, url) = try database()
+        defer { server.dropDatabase(name) }
+        let shared = try sharedFolder()
+        defer { try? FileManager.default.removeItem(atPath: shared) }
+        try await withOrigin { origin in
+            let fleet = try workers(["one", "two"], database: url, shared: shared)
+            let (first, second) = (fleet[0], fleet[1])
+            try first.start()
+            let x = try first.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "dir": .string(shared), "name": "x.bin"])
+            try first.waitForState(x, ["completed"])
+            #expect(first.stop() == 0)
+            // As if it had died after the commit, before the link.
+            #expect(rename(shared + "/x.bin", shared + "/x.bin.part") == 0)
+
+            try second.start()
+            defer { second.stop() }
+            try expectOriginBytes(at: shared + "/x.bin", count: 1000)
+            #expect(!FileManager.default.fileExists(atPath: shared + "/x.bin.part"))
+            #expect(second.log.contains("published a file recorded as completed by a daemon that stopped"), "\(second.log)")
+
+            // While it runs: a completed file left as `.part`, and a job running under a worker
+            // whose lease has run out.
+            let y = try second.enqueue(["url": .string("\(origin.baseURL)/bytes/2000"), "dir": .string(shared), "name": "y.bin"])
+            try second.waitForState(y, ["completed"])
+            #expect(rename(shared + "/y.bin", shared + "/y.bin.part") == 0)
+            let z = try second.enqueue(["url": .string("\(origin.baseURL)/bytes/3000"), "dir": .string(shared), "name": "z.bin", "paused": true])
+            _ = try server.psql(database: name, "UPDATE jobs SET state = 'running', worker = 'gone/dead', lease_until = 1 WHERE id = \(z)")
+            let deadline = Date().addingTimeInterval(30)
+            while !FileManager.default.fileExists(atPath: shared + "/y.bin"), Date() < deadline { usleep(50_000) }
+            try expectOriginBytes(at: shared + "/y.bin", count: 2000)
+            #expect(second.log.contains("linked files that a worker recorded as completed"), "\(second.log)")
+            #expect(try second.waitForState(z, ["completed", "failed"])["state"] == "completed")
+            // Neither was fetched again.
+            let fetched = origin.requests.filter { $0.uri.hasPrefix("/bytes/1000") || $0.uri.hasPrefix("/bytes/2000") }
+            #expect(fetched.count == 2, "\(fetched.map(\.uri))")
         }
     }
 }
