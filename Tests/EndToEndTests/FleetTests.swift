@@ -218,6 +218,8 @@ import Testing
             let deadline = Date().addingTimeInterval(30)
             while !FileManager.default.fileExists(atPath: shared + "/y.bin"), Date() < deadline { usleep(50_000) }
             try expectOriginBytes(at: shared + "/y.bin", count: 2000)
+            // Logged once the turn has linked them all.
+            while !second.log.contains("linked files that a worker recorded as completed"), Date() < deadline { usleep(50_000) }
             #expect(second.log.contains("linked files that a worker recorded as completed"), "\(second.log)")
             #expect(try second.waitForState(z, ["completed", "failed"])["state"] == "completed")
             // Neither was fetched again.
