@@ -211,13 +211,13 @@ extension JobStore {
     /// One `job.state` event per job, as the rows are now, in id order.
     static func recordStates(of ids: [JobID], at now: Date, in db: Database) throws {
         guard !ids.isEmpty else { return }
-        try db.execute(
+        try db.cachedStatement(
             sql: """
                 INSERT INTO events (at, kind, job_id, group_id, state, wait_reason, error_code, error_message)
                 SELECT ?, 'job.state', id, group_id, state, wait_reason, error_code, error_message
                 FROM jobs WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id
-                """,
-            arguments: [now.timeIntervalSince1970, RowSelection.jsonArray(ids)])
+                """
+        ).execute(arguments: [now.timeIntervalSince1970, RowSelection.jsonArray(ids)])
         try pruneEvents(through: try lastSeq(db), in: db)
     }
 
@@ -235,7 +235,7 @@ extension JobStore {
     }
 
     static func lastSeq(_ db: Database) throws -> Int64 {
-        try Int64.fetchOne(db, sql: "SELECT seq FROM events ORDER BY seq DESC LIMIT 1") ?? 0
+        try Int64.fetchOne(db.cachedStatement(sql: "SELECT seq FROM events ORDER BY seq DESC LIMIT 1")) ?? 0
     }
 
     // MARK: Scheduling reads: indexed, bounded by what can start

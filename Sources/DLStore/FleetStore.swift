@@ -18,34 +18,33 @@ extension JobStore {
             if let group {
                 // A group's members share its priority: they are taken by id, from the group's index.
                 ids = try JobID.fetchAll(
-                    db,
-                    sql: """
+                    db.cachedStatement(sql: """
                         SELECT id FROM jobs INDEXED BY jobs_by_group_state
                         WHERE group_id = ? AND state = 'queued' AND host NOT IN (SELECT value FROM json_each(?))
                         ORDER BY id LIMIT ?
-                        """,
+                        """),
                     arguments: [group, hosts, limit])
             } else {
                 // With hosts excluded, only the first `claimWindow` queued jobs are looked at.
                 let window = excludingHosts.isEmpty ? limit : Self.claimWindow
                 ids = try JobID.fetchAll(
-                    db,
-                    sql: """
+                    db.cachedStatement(sql: """
                         SELECT id FROM (
                             SELECT id, host, priority FROM jobs INDEXED BY jobs_by_state
                             WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?)
                         WHERE host NOT IN (SELECT value FROM json_each(?))
                         ORDER BY priority DESC, id LIMIT ?
-                        """,
+                        """),
                     arguments: [window, hosts, limit])
             }
             guard !ids.isEmpty else { return ([], (before, before)) }
             // What `StateMachine.apply(.start)` sets, plus the worker and its lease.
-            try db.execute(
+            try db.cachedStatement(
                 sql: """
                     UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = ?, worker = ?, lease_until = ?
                     WHERE id IN (SELECT value FROM json_each(?))
-                    """,
+                    """
+            ).execute(
                 arguments: [now.timeIntervalSince1970, worker, leaseUntil.timeIntervalSince1970, RowSelection.jsonArray(ids)])
             try Self.recordStates(of: ids.sorted(), at: now, in: db)
             let statement = try db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?")

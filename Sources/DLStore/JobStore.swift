@@ -297,7 +297,7 @@ public final class JobStore: JobTable {
     }
 
     static func events(after seq: Int64, through last: Int64, limit: Int, in db: Database) throws -> [StoredEvent] {
-        try Row.fetchAll(db, sql: "SELECT * FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?", arguments: [seq, last, limit]).map { row in
+        try Row.fetchAll(db.cachedStatement(sql: "SELECT * FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"), arguments: [seq, last, limit]).map { row in
             let code: String? = row["error_code"]
             let message: String? = row["error_message"]
             let reason: String? = row["wait_reason"]
