@@ -25,16 +25,17 @@ import Testing
         }
     }
 
-    private func database() throws -> (server: PostgresServer, name: String, url: String) {
+    /// A fresh database on the shared PostgreSQL server (its name and URL), a shared download
+    /// folder and the test origin, for `body`; the database and folder are removed after it.
+    private func withFleet(_ body: (PostgresServer, String, String, String, TestOrigin) async throws -> Void) async throws {
         let server = try PostgresServer.shared()
         let name = try server.createDatabase()
-        return (server, name, "postgresql://\(server.user)@/\(name)?host=\(server.socketFolder)&port=\(server.port)")
-    }
-
-    private func sharedFolder() throws -> String {
-        let path = NSTemporaryDirectory() + "dld-fleet-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-        return path
+        defer { server.dropDatabase(name) }
+        let url = "postgresql://\(server.user)@/\(name)?host=\(server.socketFolder)&port=\(server.port)"
+        let shared = NSTemporaryDirectory() + "dld-fleet-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: shared) }
+        try await withOrigin { origin in try await body(server, name, url, shared, origin) }
     }
 
     /// Three workers, 2000 small jobs enqueued through one of them; one worker SIGKILLed while
@@ -42,11 +43,7 @@ import Testing
     /// job, no URL fetched whole more than twice, and a second whole fetch only for the jobs the
     /// killed worker was running (their bytes were not committed, so they start from 0).
     @Test func threeWorkersShareOneQueue() async throws {
-        let (server, name, url) = try database()
-        defer { server.dropDatabase(name) }
-        let shared = try sharedFolder()
-        defer { try? FileManager.default.removeItem(atPath: shared) }
-        try await withOrigin { origin in
+        try await withFleet { server, name, url, shared, origin in
             let fleet = try workers(["w1", "w2", "w3"], database: url, shared: shared)
             for worker in fleet { try worker.start() }
             defer { for worker in fleet { worker.stop() } }
@@ -137,11 +134,7 @@ import Testing
     /// the first continues the file from its committed offset, on whichever worker claims it.
     /// The lease is long (renewed every 30 s), so only the change signal can stop it in time.
     @Test func pauseReachesTheWorkerThatRunsTheJob() async throws {
-        let (server, name, url) = try database()
-        defer { server.dropDatabase(name) }
-        let shared = try sharedFolder()
-        defer { try? FileManager.default.removeItem(atPath: shared) }
-        try await withOrigin { origin in
+        try await withFleet { server, name, url, shared, origin in
             let fleet = try workers(["a", "b"], database: url, shared: shared, maxActive: 1, lease: 90)
             for worker in fleet { try worker.start() }
             defer { for worker in fleet { worker.stop() } }
@@ -188,11 +181,7 @@ import Testing
     /// as `.part`: another worker links them, at its start, or when the dead worker's lease
     /// runs out (a worker that never comes back), without downloading them again.
     @Test func filesADeadWorkerDidNotLinkAreLinked() async throws {
-        let (server, name, url) = try database()
-        defer { server.dropDatabase(name) }
-        let shared = try sharedFolder()
-        defer { try? FileManager.default.removeItem(atPath: shared) }
-        try await withOrigin { origin in
+        try await withFleet { server, name, url, shared, origin in
             let fleet = try workers(["one", "two"], database: url, shared: shared)
             let (first, second) = (fleet[0], fleet[1])
             try first.start()
