@@ -307,8 +307,6 @@ extension JobStore {
         }
     }
 
-    /// A page of rows that start-up reconciliation looks at: every row that may have a file on
-    /// disk (finished, or started at least once), by ascending id.
     public func completed(since: Date, limit: Int) async throws -> [Job] {
         try await pool.read { db in
             try Self.jobs(
@@ -320,6 +318,8 @@ extension JobStore {
         }
     }
 
+    /// A page of rows that start-up reconciliation looks at: every row that may have a file on
+    /// disk (finished, or started at least once), by ascending id.
     public func reconcilePage(afterID: JobID, limit: Int) async throws -> [Job] {
         try await pool.read { db in
             try Self.jobs(

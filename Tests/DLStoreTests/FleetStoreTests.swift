@@ -51,6 +51,25 @@ import Testing
         }
     }
 
+    /// The jobs completed since a moment, newest first, at most the limit: what a worker looks
+    /// at for files that a dead worker recorded but did not link.
+    @Test(arguments: Backend.allCases)
+    func completedSinceIsNewestFirstAndBounded(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            _ = try await store.insert((1...4).map { new($0) }, now: t0)
+            let running = try await store.claim(limit: 4, worker: "w", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
+            try #require(running.count == 4)
+            // Jobs 1, 2 and 3 complete at t0 + 10, 20 and 30; job 4 stays running.
+            let done = try running.prefix(3).enumerated().map { n, job in
+                try StateMachine.apply(.complete, to: job, now: t0.addingTimeInterval(Double(n + 1) * 10))
+            }
+            _ = try await store.saveOwned(done, owner: "w", publish: true)
+            let recent = try await store.completed(since: t0.addingTimeInterval(20), limit: 10)
+            #expect(recent.map(\.id) == [running[2].id, running[1].id])
+            #expect(try await store.completed(since: t0, limit: 1).map(\.id) == [running[2].id])
+        }
+    }
+
     /// While a host is excluded, a claim looks only at the first `claimWindow` queued jobs: a
     /// job of another host beyond them waits, one within them is taken.
     @Test(arguments: Backend.allCases)
