@@ -18,7 +18,7 @@ extension Engine {
         let busy = running.values.filter { $0.job.groupID == groupID }.count
             + pending.launches.filter { $0.groupID == groupID }.count
         let want = active && configuration.queuePausedReason == nil ? configuration.groupParallel - busy : 0
-        let (found, counts, _) = try await storage { try await store.groupTurn(groupID, queuedLimit: 0) }
+        let (found, counts) = try await storage { try await store.groupTurn(groupID) }
         guard let group = found, group.closed == nil else {
             activeGroups.remove(groupID)
             return

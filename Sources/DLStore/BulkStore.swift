@@ -267,22 +267,18 @@ extension JobStore {
         }
     }
 
-    /// What a turn of the queue needs of a group, in one read: the group, its members' counts
-    /// by state, and up to `queuedLimit` of its queued members in order.
-    public func groupTurn(_ id: GroupID, queuedLimit: Int) async throws -> (group: JobGroup?, counts: [JobState: Int], queued: [Job]) {
+    /// What a turn of the queue needs of a group, in one read: the group and its members'
+    /// counts by state (its queued members are claimed, see `claim`).
+    public func groupTurn(_ id: GroupID) async throws -> (group: JobGroup?, counts: [JobState: Int]) {
         try await pool.read { db in
             guard let group = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM groups WHERE id = ?"), arguments: [id]).map(Self.group(from:)) else {
-                return (nil, [:], [])
+                return (nil, [:])
             }
             var counts: [JobState: Int] = [:]
             for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT state, COUNT(*) AS n FROM jobs WHERE group_id = ? GROUP BY state"), arguments: [id]) {
                 if let state = JobState(rawValue: row["state"]) { counts[state, default: 0] += row["n"] as Int }
             }
-            guard queuedLimit > 0, counts[.queued, default: 0] > 0 else { return (group, counts, []) }
-            let queued = try Self.jobs(
-                db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_by_group_state WHERE group_id = ? AND state = 'queued' ORDER BY id LIMIT ?"),
-                arguments: [id, queuedLimit])
-            return (group, counts, queued)
+            return (group, counts)
         }
     }
 

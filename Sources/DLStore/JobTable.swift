@@ -161,8 +161,8 @@ public protocol JobTable: Sendable {
     func members(of id: GroupID) async throws -> [Job]
     func memberCounts(of id: GroupID) async throws -> [JobState: Int]
     func firstFailedMember(of id: GroupID) async throws -> Job?
-    /// A group, its members' counts by state, and up to `queuedLimit` queued members in order.
-    func groupTurn(_ id: GroupID, queuedLimit: Int) async throws -> (group: JobGroup?, counts: [JobState: Int], queued: [Job])
+    /// A group and its members' counts by state, from one snapshot (its members are claimed).
+    func groupTurn(_ id: GroupID) async throws -> (group: JobGroup?, counts: [JobState: Int])
     /// Every group folder, with how the group was closed (nil while open).
     func groupFolders() async throws -> [(id: GroupID, dir: String, closed: GroupState?)]
     /// Ids of groups that are neither published nor canceled.

@@ -294,21 +294,16 @@ extension PostgresJobStore {
         try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE group_id = \(id) AND state = 'failed' ORDER BY id LIMIT 1").first
     }
 
-    public func groupTurn(_ id: GroupID, queuedLimit: Int) async throws -> (group: JobGroup?, counts: [JobState: Int], queued: [Job]) {
+    public func groupTurn(_ id: GroupID) async throws -> (group: JobGroup?, counts: [JobState: Int]) {
         try await snapshot { connection in
             guard let group = try await connection.rows("SELECT \(unescaped: Columns.group) FROM groups WHERE id = \(id)", logger: logger)
                 .first.map(Columns.group)
             else {
-                return (nil, [:], [])
+                return (nil, [:])
             }
             let counts = try Columns.counts(
                 try await connection.rows("SELECT state, COUNT(*) FROM jobs WHERE group_id = \(id) GROUP BY state", logger: logger))
-            guard queuedLimit > 0, counts[.queued, default: 0] > 0 else { return (group, counts, []) }
-            let queued = try await connection.rows(
-                "SELECT \(unescaped: Columns.job) FROM jobs WHERE group_id = \(id) AND state = 'queued' ORDER BY id LIMIT \(Int64(queuedLimit))",
-                logger: logger
-            ).map(Columns.job)
-            return (group, counts, queued)
+            return (group, counts)
         }
     }
 
