@@ -11,48 +11,82 @@ extension JobStore {
 
     public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws -> [Job] {
         guard limit > 0 else { return [] }
-        let (jobs, range) = try await pool.write { db -> ([Job], (Int64, Int64)) in
-            let before = try Self.lastSeq(db)
-            let hosts = Self.jsonTexts(excludingHosts.sorted())
-            let ids: [JobID]
-            if let group {
-                // A group's members share its priority: they are taken by id, from the group's index.
-                ids = try JobID.fetchAll(
-                    db.cachedStatement(sql: """
-                        SELECT id FROM jobs INDEXED BY jobs_by_group_state
-                        WHERE group_id = ? AND state = 'queued' AND host NOT IN (SELECT value FROM json_each(?))
-                        ORDER BY id LIMIT ?
-                        """),
-                    arguments: [group, hosts, limit])
-            } else {
-                // With hosts excluded, only the first `claimWindow` queued jobs are looked at.
-                let window = excludingHosts.isEmpty ? limit : Self.claimWindow
-                ids = try JobID.fetchAll(
-                    db.cachedStatement(sql: """
-                        SELECT id FROM (
-                            SELECT id, host, priority FROM jobs INDEXED BY jobs_by_state
-                            WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?)
-                        WHERE host NOT IN (SELECT value FROM json_each(?))
-                        ORDER BY priority DESC, id LIMIT ?
-                        """),
-                    arguments: [window, hosts, limit])
+        // Power loss may undo a claim: its jobs are then queued again, as start-up leaves a
+        // crashed daemon's running jobs, and their transfers start over from the committed
+        // offset. So a claim, on the path of every slot that refills, does not wait for the disk.
+        let (jobs, range) = try await pool.writeWithoutTransaction { db in
+            try Self.withoutWaitingForTheDisk(db) {
+                try Self.inTransaction(db) {
+                    try Self.claimRows(
+                        limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, group: group, now: now, in: db)
+                }
             }
-            guard !ids.isEmpty else { return ([], (before, before)) }
-            // What `StateMachine.apply(.start)` sets, plus the worker and its lease.
-            try db.cachedStatement(
-                sql: """
-                    UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = ?, worker = ?, lease_until = ?
-                    WHERE id IN (SELECT value FROM json_each(?))
-                    """
-            ).execute(
-                arguments: [now.timeIntervalSince1970, worker, leaseUntil.timeIntervalSince1970, RowSelection.jsonArray(ids)])
-            try Self.recordStates(of: ids.sorted(), at: now, in: db)
-            let statement = try db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?")
-            let jobs = try ids.compactMap { try Self.jobs(statement, arguments: [$0]).first }
-            return (jobs, (before, try Self.lastSeq(db)))
         }
         publishEvents(after: range.0, through: range.1)
         return jobs
+    }
+
+    private static func claimRows(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date, in db: Database) throws -> ([Job], (Int64, Int64)) {
+        let before = try Self.lastSeq(db)
+        let hosts = Self.jsonTexts(excludingHosts.sorted())
+        let ids: [JobID]
+        if let group {
+            // A group's members share its priority: they are taken by id, from the group's index.
+            ids = try JobID.fetchAll(
+                db.cachedStatement(sql: """
+                    SELECT id FROM jobs INDEXED BY jobs_by_group_state
+                    WHERE group_id = ? AND state = 'queued' AND host NOT IN (SELECT value FROM json_each(?))
+                    ORDER BY id LIMIT ?
+                    """),
+                arguments: [group, hosts, limit])
+        } else {
+            // With hosts excluded, only the first `claimWindow` queued jobs are looked at.
+            let window = excludingHosts.isEmpty ? limit : Self.claimWindow
+            ids = try JobID.fetchAll(
+                db.cachedStatement(sql: """
+                    SELECT id FROM (
+                        SELECT id, host, priority FROM jobs INDEXED BY jobs_by_state
+                        WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?)
+                    WHERE host NOT IN (SELECT value FROM json_each(?))
+                    ORDER BY priority DESC, id LIMIT ?
+                    """),
+                arguments: [window, hosts, limit])
+        }
+        guard !ids.isEmpty else { return ([], (before, before)) }
+        // What `StateMachine.apply(.start)` sets, plus the worker and its lease.
+        try db.cachedStatement(
+            sql: """
+                UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = ?, worker = ?, lease_until = ?
+                WHERE id IN (SELECT value FROM json_each(?))
+                """
+        ).execute(
+            arguments: [now.timeIntervalSince1970, worker, leaseUntil.timeIntervalSince1970, RowSelection.jsonArray(ids)])
+        try Self.recordStates(of: ids.sorted(), at: now, in: db)
+        let statement = try db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?")
+        let jobs = try ids.compactMap { try Self.jobs(statement, arguments: [$0]).first }
+        return (jobs, (before, try Self.lastSeq(db)))
+    }
+
+    /// Runs `body` with `synchronous=NORMAL`: its commit is not waited for on disk, and the
+    /// writer is back to FULL afterwards, whatever `body` did. Only for a change that power
+    /// loss may undo harmlessly; the next FULL commit makes it durable too (the WAL is synced
+    /// in order).
+    static func withoutWaitingForTheDisk<T>(_ db: Database, _ body: () throws -> T) throws -> T {
+        try db.execute(sql: "PRAGMA synchronous = NORMAL")
+        let result = Result { try body() }
+        try db.execute(sql: "PRAGMA synchronous = FULL")
+        return try result.get()
+    }
+
+    /// `body` in one transaction, returning its value.
+    static func inTransaction<T>(_ db: Database, _ body: () throws -> T) throws -> T {
+        var result: T?
+        try db.inTransaction {
+            result = try body()
+            return .commit
+        }
+        guard let result else { throw DatabaseError(resultCode: .SQLITE_INTERNAL, message: "a transaction returned nothing") }
+        return result
     }
 
     public func renewLeases(worker: String, until: Date, now: Date) async throws -> Set<JobID> {

@@ -37,6 +37,19 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
         #expect(try store.writerSynchronousMode() == 2)
     }
 
+    /// A claim commits without waiting for the disk (power loss may only requeue its jobs), and
+    /// leaves the writer FULL for every other change, whether it took jobs or found none.
+    @Test func claimLeavesTheWriterFullSync() async throws {
+        let folder = try TempFolder()
+        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        _ = try await store.insert([NewJob(url: "https://e.com/1", path: "/tmp/1")], now: t0)
+        let lease = t0.addingTimeInterval(30)
+        #expect(try await store.claim(limit: 5, worker: "w", leaseUntil: lease, excludingHosts: [], now: t0).count == 1)
+        #expect(try store.writerSynchronousMode() == 2)
+        #expect(try await store.claim(limit: 5, worker: "w", leaseUntil: lease, excludingHosts: [], now: t0).isEmpty)
+        #expect(try store.writerSynchronousMode() == 2)
+    }
+
     /// Every field written comes back the same, also after the table is opened again.
     @Test(arguments: Backend.allCases)
     func roundTrip(_ backend: Backend) async throws {
