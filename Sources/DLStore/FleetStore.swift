@@ -14,15 +14,19 @@ extension JobStore {
         // Power loss may undo a claim: its jobs are then queued again, as start-up leaves a
         // crashed daemon's running jobs, and their transfers start over from the committed
         // offset. So a claim, on the path of every slot that refills, does not wait for the disk.
-        let (jobs, range) = try await pool.writeWithoutTransaction { db in
+        // A claim takes a few jobs (at most the free slots): their events are read in its own
+        // transaction, not by a reader after it.
+        let (jobs, events) = try await pool.writeWithoutTransaction { db in
             try Self.withoutWaitingForTheDisk(db) {
-                try Self.inTransaction(db) {
-                    try Self.claimRows(
+                try Self.inTransaction(db) { () throws -> ([Job], [StoredEvent]) in
+                    let (jobs, range) = try Self.claimRows(
                         limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, group: group, now: now, in: db)
+                    guard range.1 > range.0, sink.wanted else { return (jobs, []) }
+                    return (jobs, try Self.events(after: range.0, through: range.1, limit: Int(range.1 - range.0), in: db))
                 }
             }
         }
-        publishEvents(after: range.0, through: range.1)
+        publishEvents(events)
         return jobs
     }
 

@@ -247,7 +247,7 @@ public final class JobStore: JobTable {
     /// Events kept for replay; older ones are pruned as new ones are written.
     public static let eventsKept: Int64 = EventLog.kept
 
-    private let sink = EventSink()
+    let sink = EventSink()
 
     public func setEventSink(wanted: @escaping @Sendable () -> Bool, _ deliver: @escaping @Sendable ([StoredEvent]) -> Void) {
         sink.set(wanted: wanted, deliver)
