@@ -22,6 +22,8 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var size: Int64?
     public var onExists: ExistingFilePolicy = .error
     public var insecure = false
+    /// The job's own TLS files (`ca_file`, `ca_dir`, `client_cert`, `client_key`), checked.
+    public var tls: JobTLS?
     /// `URLRules.hostKey(url)` when the caller has checked the URL already.
     public var host: String?
 
