@@ -106,7 +106,14 @@ let package = Package(
             name: "DLStoreTests",
             dependencies: ["DLStore", "DLStorePostgres", "DLCore", "DLTestSupport", .product(name: "Logging", package: "swift-log")]
         ),
-        .testTarget(name: "DLTransferTests", dependencies: ["DLTransfer", "DLCore"]),
+        .testTarget(
+            name: "DLTransferTests",
+            dependencies: [
+                "DLTransfer", "DLCore", "DLTestSupport",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ]
+        ),
         .testTarget(
             name: "DLRPCTests",
             dependencies: ["DLRPC", "DLDaemon", "DLCore", "DLStore", "DLTransfer", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOCore", package: "swift-nio"),

@@ -1,6 +1,7 @@
 import DLCore
 import DLRPC
 import DLStore
+import DLStorePostgres
 import DLTransfer
 import Foundation
 import Logging
@@ -219,6 +220,12 @@ public actor Engine {
         return try await body()
     }
 
+    /// A store's error in words for a person: SQLite's message with a hint, or the PostgreSQL
+    /// store's own wording.
+    static func storageText(_ error: any Error) -> String {
+        (error as? PostgresStoreError)?.description ?? StorageErrorText.plain(error)
+    }
+
     @discardableResult
     func storage<T>(_ body: () async throws -> T) async throws(DLError) -> T {
         do {
@@ -229,7 +236,7 @@ public actor Engine {
             throw DLError(.destinationExists, "job \(other) already downloads to \(path)")
         } catch {
             logger.error("job table error", metadata: ["error": "\(error)"])
-            throw DLError(.storageError, "the job table could not be written: \(error)")
+            throw DLError(.storageError, "the job table could not be written: \(Self.storageText(error))")
         }
     }
 

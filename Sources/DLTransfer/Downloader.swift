@@ -191,7 +191,7 @@ public final class Downloader: Sendable {
         }
         defer { file.close() }
         guard let digests = Digests(request.checksum) else {
-            return .failed(TransferFailure(.permanent, "digest_error", "OpenSSL's libcrypto could not start a digest for \(request.path); check dld's OpenSSL installation (libssl)"), state.checkpoint)
+            return .failed(Self.digestFailure(request.path), state.checkpoint)
         }
         do {
             try await attempt(request, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
@@ -399,6 +399,10 @@ public final class Downloader: Sendable {
         }
         state.size = state.received
         progress.update(received: state.received, size: state.size)
+    }
+
+    static func digestFailure(_ path: String) -> TransferFailure {
+        TransferFailure(.permanent, "digest_error", "OpenSSL's libcrypto could not start a digest for \(path); check dld's OpenSSL installation (libssl)")
     }
 
     private func hostName(_ state: AttemptState) -> String { state.target?.host ?? "the server" }
