@@ -56,6 +56,10 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+                // Trust roots, client certificates, and the reasons of a failed handshake.
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -102,7 +106,14 @@ let package = Package(
             name: "DLStoreTests",
             dependencies: ["DLStore", "DLStorePostgres", "DLCore", "DLTestSupport", .product(name: "Logging", package: "swift-log")]
         ),
-        .testTarget(name: "DLTransferTests", dependencies: ["DLTransfer", "DLCore"]),
+        .testTarget(
+            name: "DLTransferTests",
+            dependencies: [
+                "DLTransfer", "DLCore", "DLTestSupport",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ]
+        ),
         .testTarget(
             name: "DLRPCTests",
             dependencies: ["DLRPC", "DLDaemon", "DLCore", "DLStore", "DLTransfer", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOCore", package: "swift-nio"),

@@ -32,6 +32,21 @@ public enum HTTPFailurePolicy {
         }
     }
 
+    /// The message of an `http_status` failure: the host, the status, and what it means for
+    /// the user.
+    public static func message(host: String, status: Int, reason: String) -> String {
+        let answered = "\(host) answered \(status)" + (reason.isEmpty ? "" : " \(reason)")
+        switch status {
+        case 401:
+            return answered + ": it wants credentials; give them in the URL (user:password@), in ~/.netrc or as an Authorization header"
+        case 403: return answered + ": it refuses access to this file"
+        case 404, 410: return answered + ": the file is not there; check the URL"
+        case 407: return answered + ": a proxy wants credentials, which dld cannot give"
+        case 408, 429, 500...599: return answered + "; dld tries again later"
+        default: return answered
+        }
+    }
+
     /// `Retry-After` as seconds from `now`: either delta-seconds or an HTTP-date.
     public static func retryAfter(_ value: String?, now: Date) -> TimeInterval? {
         guard let value = value?.trimmingCharacters(in: .whitespaces), !value.isEmpty else { return nil }

@@ -93,12 +93,39 @@ public struct JobOptions: Sendable, Equatable, Codable {
     public var renameIfTaken = false
     /// TLS certificates are not verified (shown in status, logged as a warning).
     public var insecure = false
+    /// The job's own TLS settings; nil: the daemon's. Optional, so that options stored by an
+    /// older dld (without them) still decode.
+    public var tls: JobTLS?
 
-    public init(automaticName: Bool = false, renameIfTaken: Bool = false, insecure: Bool = false) {
+    public init(automaticName: Bool = false, renameIfTaken: Bool = false, insecure: Bool = false, tls: JobTLS? = nil) {
         self.automaticName = automaticName
         self.renameIfTaken = renameIfTaken
         self.insecure = insecure
+        self.tls = tls
     }
+}
+
+/// TLS settings a job brings with it (`ca_file`, `ca_dir`, `client_cert`, `client_key` at
+/// enqueue): absolute paths, checked when the job is enqueued and read when a transfer starts.
+public struct JobTLS: Sendable, Hashable, Codable {
+    /// PEM certificates trusted in addition to the daemon's trust store.
+    public var caFile: String?
+    /// A folder of PEM certificates, trusted in addition to the daemon's trust store.
+    public var caDir: String?
+    /// A PEM client certificate (chain) and its unencrypted PEM private key, sent to servers
+    /// that ask for one; both or neither.
+    public var clientCert: String?
+    public var clientKey: String?
+
+    public init(caFile: String? = nil, caDir: String? = nil, clientCert: String? = nil, clientKey: String? = nil) {
+        self.caFile = caFile
+        self.caDir = caDir
+        self.clientCert = clientCert
+        self.clientKey = clientKey
+    }
+
+    /// Nothing set: the daemon's settings apply unchanged.
+    public var isEmpty: Bool { caFile == nil && caDir == nil && clientCert == nil && clientKey == nil }
 }
 
 /// A row of the job table, as a value.

@@ -1,6 +1,7 @@
 import DLCore
 import DLRPC
 import DLStorePostgres
+import DLTransfer
 import Foundation
 import Logging
 
@@ -48,6 +49,13 @@ public struct DaemonConfig: Sendable, Equatable {
     /// Seconds a worker's claim on a running job holds without being renewed: a worker that
     /// dies loses its jobs to the others after this long. Renewed every third of it.
     public var lease: Double = 30
+    /// TLS trust added to the system store (or to `SSL_CERT_FILE`/`SSL_CERT_DIR`): a PEM
+    /// bundle and a folder of PEM certificates.
+    public var caFile: String?
+    public var caDir: String?
+    /// A client certificate (PEM chain) and its unencrypted PEM key, for servers that ask.
+    public var clientCert: String?
+    public var clientKey: String?
     /// The file that was read, if any.
     public var configFile: String?
 
@@ -108,7 +116,15 @@ public struct DaemonConfig: Sendable, Equatable {
                 throw DaemonError("\(path): line \(entry.line): \(error.description)")
             }
         }
+        if (clientCert == nil) != (clientKey == nil) {
+            throw DaemonError("\(path): client_cert and client_key go together; give both or neither")
+        }
         configFile = path
+    }
+
+    /// The TLS settings of the config file, for the downloader.
+    public var tls: TLSSettings {
+        TLSSettings(caFiles: caFile.map { [$0] } ?? [], caDirs: caDir.map { [$0] } ?? [], clientCert: clientCert, clientKey: clientKey)
     }
 
     public static let keys = [
@@ -116,6 +132,7 @@ public struct DaemonConfig: Sendable, Equatable {
         "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections", "min_free",
         "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
         "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size", "worker_name", "lease",
+        "ca_file", "ca_dir", "client_cert", "client_key",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -188,6 +205,22 @@ public struct DaemonConfig: Sendable, Equatable {
                 database = text
             }
         case "database_pool_size": databasePoolSize = try int(1...256)
+        case "ca_file":
+            let file = try path()
+            if let problem = TLSFileCheck.certificates(file, what: "CA file") { throw DaemonError("ca_file: \(problem)") }
+            caFile = file
+        case "ca_dir":
+            let dir = try path()
+            if let problem = TLSFileCheck.folder(dir, what: "CA folder") { throw DaemonError("ca_dir: \(problem)") }
+            caDir = dir
+        case "client_cert":
+            let file = try path()
+            if let problem = TLSFileCheck.certificates(file, what: "client certificate") { throw DaemonError("client_cert: \(problem)") }
+            clientCert = file
+        case "client_key":
+            let file = try path()
+            if let problem = TLSFileCheck.privateKey(file, what: "client key") { throw DaemonError("client_key: \(problem)") }
+            clientKey = file
         case "worker_name":
             let name = try string()
             guard (1...64).contains(name.utf8.count),
@@ -280,6 +313,10 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("database_pool_size = \(databasePoolSize)")
         lines.append("worker_name = \(quote(workerName))")
         lines.append("lease = \(number(lease))")
+        if let caFile { lines.append("ca_file = \(quote(caFile))") }
+        if let caDir { lines.append("ca_dir = \(quote(caDir))") }
+        if let clientCert { lines.append("client_cert = \(quote(clientCert))") }
+        if let clientKey { lines.append("client_key = \(quote(clientKey))") }
         return lines.joined(separator: "\n") + "\n"
     }
 }

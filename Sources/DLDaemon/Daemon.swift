@@ -30,6 +30,14 @@ public enum Daemon {
         downloaderConfig.connectTimeout = .seconds(Int64(config.connectTimeout))
         downloaderConfig.readTimeout = .seconds(Int64(config.readTimeout))
         downloaderConfig.connectionsPerHost = max(8, config.maxPerHost)
+        downloaderConfig.tls = config.tls
+        let (systemTrust, ignored) = SystemTrust.fromEnvironment(ProcessInfo.processInfo.environment)
+        downloaderConfig.systemTrust = systemTrust
+        for entry in ignored {
+            logger.warning("\(entry) does not exist or is not the right kind of file; it is not used")
+        }
+        if let file = systemTrust.certFile { logger.info("trusted certificates from SSL_CERT_FILE", metadata: ["path": "\(file)"]) }
+        if !systemTrust.certDirs.isEmpty { logger.info("trusted certificates from SSL_CERT_DIR", metadata: ["path": "\(systemTrust.certDirs.joined(separator: ":"))"]) }
         let downloader = Downloader(configuration: downloaderConfig, logger: logger)
         let bootGuard = BootGuard(stateDir: config.stateDir)
         let failedStarts = bootGuard.starting()

@@ -1,6 +1,7 @@
 import DLCore
 import DLRPC
 import DLStore
+import DLTransfer
 import Foundation
 
 /// Turns request lines into response lines: JSON-RPC framing rules, then one method each.
@@ -221,7 +222,7 @@ public struct Dispatcher: Sendable {
 
     static let jobKeys: Set<String> = [
         "url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused", "checksum", "size",
-        "on_exists", "insecure",
+        "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key",
     ]
 
     /// RFC 9110 token characters, the only ones allowed in a header name.
@@ -355,8 +356,30 @@ public struct Dispatcher: Sendable {
             spec.onExists = policy
         }
         spec.insecure = try params.bool("insecure") ?? false
+        spec.tls = try jobTLS(params)
         spec.paused = try params.bool("paused") ?? false
         return spec
+    }
+
+    /// `ca_file`, `ca_dir`, `client_cert`, `client_key`: absolute paths to files dld can read
+    /// and that hold what they should, checked now so that a typo fails the `enqueue` and not
+    /// the job hours later. They are read again when a transfer starts.
+    private func jobTLS(_ params: Params) throws(DLError) -> JobTLS? {
+        let tls = JobTLS(
+            caFile: try params.string("ca_file"), caDir: try params.string("ca_dir"),
+            clientCert: try params.string("client_cert"), clientKey: try params.string("client_key"))
+        if tls.isEmpty { return nil }
+        if (tls.clientCert == nil) != (tls.clientKey == nil) {
+            throw .invalidParams("give \"client_cert\" and \"client_key\" together")
+        }
+        let problems = [
+            tls.caFile.flatMap { TLSFileCheck.certificates($0, what: "ca_file") },
+            tls.caDir.flatMap { TLSFileCheck.folder($0, what: "ca_dir") },
+            tls.clientCert.flatMap { TLSFileCheck.certificates($0, what: "client_cert") },
+            tls.clientKey.flatMap { TLSFileCheck.privateKey($0, what: "client_key") },
+        ]
+        if let problem = problems.compactMap({ $0 }).first { throw .invalidParams(problem) }
+        return tls
     }
 
     /// `headers`: an object of name → value. Names must be HTTP tokens and values one line, so

@@ -51,7 +51,8 @@ extension Engine {
                     owned = try await store.renewLeases(worker: configuration.worker, until: at.addingTimeInterval(configuration.lease), now: at)
                 } catch {
                     await fence(at)
-                    throw DLError(.storageError, "could not renew the leases: \(error)")
+                    logger.warning("lease renewal failed", metadata: ["error": "\(error)"])
+                    throw DLError(.storageError, "could not renew this worker's leases in the shared job table: \(Self.storageText(error))")
                 }
                 renewedAt = at
                 await stopLost(running.keys.filter { !owned.contains($0) })

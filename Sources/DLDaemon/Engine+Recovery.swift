@@ -125,7 +125,7 @@ extension Engine {
                 break
             }
             if access(job.downloadPath, F_OK) != 0, job.error?.code != "file_missing" {
-                fixed.error = JobError(code: "file_missing", message: "\(job.downloadPath) was deleted or moved after it completed")
+                fixed.error = JobError(code: "file_missing", message: "\(job.downloadPath) was deleted or moved after it completed; remove the record with dlctl rm \(job.id)")
                 logger.notice("completed file is missing", metadata: ["job": "\(job.id)", "path": "\(job.downloadPath)"])
             }
             removeLeftover(of: job)

@@ -1,6 +1,7 @@
 import DLCore
 import DLRPC
 import DLStore
+import DLStorePostgres
 import DLTransfer
 import Foundation
 import Logging
@@ -22,6 +23,8 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var size: Int64?
     public var onExists: ExistingFilePolicy = .error
     public var insecure = false
+    /// The job's own TLS files (`ca_file`, `ca_dir`, `client_cert`, `client_key`), checked.
+    public var tls: JobTLS?
     /// `URLRules.hostKey(url)` when the caller has checked the URL already.
     public var host: String?
 
@@ -217,6 +220,12 @@ public actor Engine {
         return try await body()
     }
 
+    /// A store's error in words for a person: SQLite's message with a hint, or the PostgreSQL
+    /// store's own wording.
+    static func storageText(_ error: any Error) -> String {
+        (error as? PostgresStoreError)?.description ?? StorageErrorText.plain(error)
+    }
+
     @discardableResult
     func storage<T>(_ body: () async throws -> T) async throws(DLError) -> T {
         do {
@@ -227,7 +236,7 @@ public actor Engine {
             throw DLError(.destinationExists, "job \(other) already downloads to \(path)")
         } catch {
             logger.error("job table error", metadata: ["error": "\(error)"])
-            throw DLError(.storageError, "the job table could not be written: \(error)")
+            throw DLError(.storageError, "the job table could not be written: \(Self.storageText(error))")
         }
     }
 

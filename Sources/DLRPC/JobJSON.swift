@@ -40,7 +40,7 @@ public enum JobJSON {
     static let keys = [
         "attempts", "checksum", "created_at", "digest", "error", "final_url", "finished_at", "group", "headers", "id",
         "insecure", "key", "meta", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "received",
-        "sha256", "size", "speed", "state", "updated_at", "url", "wait_reason", "worker",
+        "sha256", "size", "speed", "state", "tls", "updated_at", "url", "wait_reason", "worker",
     ]
 
     private static func values(_ job: Job, live: LiveProgress?) -> [JSONValue] {
@@ -80,11 +80,18 @@ public enum JobJSON {
             size.map { .int($0) } ?? .null,
             live.map { .int(Int64($0.speed.rounded())) } ?? .int(0),
             .string(job.state.rawValue),
+            job.options.tls.map(tls) ?? .null,
             timestamp(job.updatedAt),
             .string(URLRules.redacted(job.url)),
             job.waitReason.map { .string($0.rawValue) } ?? .null,
             job.state == .running ? job.worker.map { .string($0) } ?? .null : .null,
         ]
+    }
+
+    /// A job's own TLS files; the ones it did not give are null.
+    private static func tls(_ tls: JobTLS) -> JSONValue {
+        func path(_ value: String?) -> JSONValue { value.map { .string($0) } ?? .null }
+        return ["ca_file": path(tls.caFile), "ca_dir": path(tls.caDir), "client_cert": path(tls.clientCert), "client_key": path(tls.clientKey)]
     }
 
     /// The protocol's view of a group (docs/protocol.md, "The group object").

@@ -92,6 +92,8 @@ public final class DaemonHarness: @unchecked Sendable {
     public let defaultSocket: Bool
     /// The umask dld starts with (through /bin/sh), to test modes under a loose one.
     public var umask: String?
+    /// Variables added to dld's environment (`SSL_CERT_FILE`, say).
+    public var extraEnvironment: [String: String] = [:]
 
     /// - Parameter config: the text of a config file to start dld with (docs/configuration.md).
     public init(extraArguments: [String] = [], config: String? = nil, privateHome: Bool = false, defaultSocket: Bool = false) throws {
@@ -136,6 +138,7 @@ public final class DaemonHarness: @unchecked Sendable {
         env["DLD_SOCKET"] = socket
         if let home { env["HOME"] = home }
         if defaultSocket { env["XDG_RUNTIME_DIR"] = root + "/xdg" }
+        env.merge(extraEnvironment) { _, new in new }
         return env
     }
 

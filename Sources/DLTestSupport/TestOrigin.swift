@@ -11,11 +11,13 @@
 //   /status/<CODE>                that status and a short text body; query retry_after.
 //   /redirect/<K>?to=<url>        302 chain of K more hops, then Location: <url>.
 //   /loop                         302 Location: /loop, forever.
+//   /close                        no answer: the connection is closed after the request.
 //   /fail_first/<M>/bytes/<N>     503 + Retry-After: 1 for the first M requests to that path.
 //   /_stats                       {"bytes_served": N}: body bytes served so far (not counting itself).
 //   anything else                 404.
 //
-// With `tls`, the same routes are served over https with the given (self-signed) certificate.
+// With `tls`, the same routes are served over https with the given certificate (self-signed, or
+// from a `TestCA`), optionally asking clients for a certificate of their own.
 //
 // Bodies are streamed from a precomputed table as zero-copy ByteBuffer slices, respecting
 // channel writability, so memory stays flat whatever the size.
@@ -70,6 +72,15 @@ public enum TestOriginError: Error, Sendable, CustomStringConvertible {
 public struct TLSFiles: Sendable {
     public let certificatePath: String
     public let keyPath: String
+    /// When set, the origin asks every client for a certificate issued by this CA (PEM) and
+    /// refuses the handshake without one.
+    public var clientCAPath: String?
+
+    public init(certificatePath: String, keyPath: String, clientCAPath: String? = nil) {
+        self.certificatePath = certificatePath
+        self.keyPath = keyPath
+        self.clientCAPath = clientCAPath
+    }
 
     /// A self-signed certificate for 127.0.0.1 and localhost, made by `openssl req -x509` in
     /// `folder`. No client trusts it: only a job with `insecure` can fetch from it.
@@ -125,7 +136,12 @@ public final class TestOrigin: Sendable {
         if let tls {
             let chain = try NIOSSLCertificate.fromPEMFile(tls.certificatePath).map { NIOSSLCertificateSource.certificate($0) }
             let key = try NIOSSLPrivateKey(file: tls.keyPath, format: .pem)
-            sslContext = try NIOSSLContext(configuration: .makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(key)))
+            var configuration = TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(key))
+            if let clientCA = tls.clientCAPath {
+                configuration.certificateVerification = .noHostnameVerification
+                configuration.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(clientCA))
+            }
+            sslContext = try NIOSSLContext(configuration: configuration)
         } else {
             sslContext = nil
         }
@@ -500,6 +516,10 @@ final class OriginHandler: ChannelInboundHandler {
 
         case "loop" where parts.count == 1:
             redirect(context: context, request: request, to: "/loop")
+
+        case "close" where parts.count == 1:
+            // No answer at all: the connection closes after the request.
+            context.close(promise: nil)
 
         case "_stats" where parts.count == 1:
             // For benchmarks that run the origin as a separate process.

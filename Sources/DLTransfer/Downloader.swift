@@ -2,8 +2,10 @@ import AsyncHTTPClient
 import DLCore
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
+import NIOSSL
 
 /// What one transfer attempt is asked to do.
 public struct TransferRequest: Sendable {
@@ -95,43 +97,63 @@ public struct DownloaderConfiguration: Sendable {
     /// to a host reuses a kept-alive connection instead of opening one.
     public var connectionsPerHost = 8
     public var userAgent = "dld/\(DLDVersion.current)"
+    /// The daemon's TLS settings (`ca_file`, `ca_dir`, `client_cert`, `client_key` of the config
+    /// file); a job's own are merged on top.
+    public var tls = TLSSettings()
+    /// `SSL_CERT_FILE` and `SSL_CERT_DIR` of dld's environment, or the system store.
+    public var systemTrust = SystemTrust()
 
     public init() {}
 }
 
-/// Downloads one job's URL into its partial file, then publishes it. One shared HTTP client:
-/// HTTP/1.1 only, decompression off (bytes on disk are the bytes served), redirects followed by
-/// our own code so that a downgrade to http and non-HTTP schemes are refused.
+/// Downloads one job's URL into its partial file, then publishes it. HTTP/1.1 only,
+/// decompression off (bytes on disk are the bytes served), redirects followed by our own code
+/// so that a downgrade to http and non-HTTP schemes are refused.
+///
+/// One HTTP client per distinct TLS setting (the daemon's; `insecure`; a job's own CA or
+/// client certificate), made when first needed and kept until `shutdown`: jobs with the same
+/// settings share its kept-alive connections. The settings people name are few (one per CA or
+/// client certificate), so the clients are too.
 public final class Downloader: Sendable {
     public let configuration: DownloaderConfiguration
-    private let client: HTTPClient
-    /// For jobs that asked for `insecure`: certificates are not verified.
-    private let insecureClient: HTTPClient
+    private let clients = NIOLockedValueBox(Clients())
     private let logger: Logger
+
+    private struct Clients {
+        var byTLS: [TLSSettings: HTTPClient] = [:]
+        /// After `shutdown` no client is made: one made then would never be shut down.
+        var isShutDown = false
+    }
 
     public init(configuration: DownloaderConfiguration = DownloaderConfiguration(), logger: Logger) {
         self.configuration = configuration
         self.logger = logger
-        var config = HTTPClient.Configuration()
-        config.redirectConfiguration = .disallow
-        config.decompression = .disabled
-        config.httpVersion = .http1Only
-        // A refused connection is a failed attempt for our own backoff, not a silent loop
-        // inside the client until the deadline.
-        config.connectionPool.retryConnectionEstablishment = false
-        config.timeout = .init(connect: configuration.connectTimeout, read: configuration.readTimeout)
-        config.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = configuration.connectionsPerHost
-        config.http1_1ConnectionDebugInitializer = Self.largeReads
-        client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: config)
-        var insecure = HTTPClient.Configuration(certificateVerification: .none)
-        insecure.redirectConfiguration = .disallow
-        insecure.decompression = .disabled
-        insecure.httpVersion = .http1Only
-        insecure.connectionPool.retryConnectionEstablishment = false
-        insecure.timeout = config.timeout
-        insecure.connectionPool = config.connectionPool
-        insecure.http1_1ConnectionDebugInitializer = Self.largeReads
-        insecureClient = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: insecure)
+    }
+
+    /// The client for these TLS settings, made on first use.
+    private func client(for tls: TLSSettings) throws -> HTTPClient {
+        try clients.withLockedValue { clients in
+            if let client = clients.byTLS[tls] { return client }
+            guard !clients.isShutDown else { throw HTTPClientError.alreadyShutdown }
+            var config = HTTPClient.Configuration(tlsConfiguration: try tls.configuration(system: configuration.systemTrust))
+            config.redirectConfiguration = .disallow
+            config.decompression = .disabled
+            config.httpVersion = .http1Only
+            // A refused connection is a failed attempt for our own backoff, not a silent loop
+            // inside the client until the deadline.
+            config.connectionPool.retryConnectionEstablishment = false
+            config.timeout = .init(connect: configuration.connectTimeout, read: configuration.readTimeout)
+            config.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = configuration.connectionsPerHost
+            config.http1_1ConnectionDebugInitializer = Self.largeReads
+            let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: config)
+            clients.byTLS[tls] = client
+            return client
+        }
+    }
+
+    /// The TLS settings of one request: the daemon's, with the job's on top.
+    func tlsSettings(_ request: TransferRequest) -> TLSSettings {
+        configuration.tls.merged(insecure: request.options.insecure, job: request.options.tls)
     }
 
     /// Reads of up to 1 MiB instead of NIO's 64 KiB: a fast body arrives in fewer chunks, so
@@ -144,8 +166,11 @@ public final class Downloader: Sendable {
     }
 
     public func shutdown() async {
-        try? await client.shutdown()
-        try? await insecureClient.shutdown()
+        let all = clients.withLockedValue { clients in
+            clients.isShutDown = true
+            return Array(clients.byTLS.values)
+        }
+        for client in all { try? await client.shutdown() }
     }
 
     /// Runs one attempt. `checkpoint` records synced progress (a committed transaction);
@@ -156,7 +181,8 @@ public final class Downloader: Sendable {
         checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async -> TransferResult {
         var state = AttemptState(
-            received: request.offset, size: request.size, validators: request.validators, finalURL: nil)
+            received: request.offset, size: request.size, validators: request.validators, finalURL: nil,
+            target: Target(url: request.url))
         let file: PartialFile
         do {
             file = try PartialFile(path: request.partialPath)
@@ -165,7 +191,7 @@ public final class Downloader: Sendable {
         }
         defer { file.close() }
         guard let digests = Digests(request.checksum) else {
-            return .failed(TransferFailure(.permanent, "digest_error", "OpenSSL could not start a digest"), state.checkpoint)
+            return .failed(Self.digestFailure(request.path), state.checkpoint)
         }
         do {
             try await attempt(request, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
@@ -174,9 +200,11 @@ public final class Downloader: Sendable {
             done.digest = digests.requested?.finalize() ?? (request.checksum != nil ? done.sha256 : nil)
             var mismatch: TransferFailure? = nil
             if let expected = request.checksum, let actual = done.digest, actual != expected.hex {
-                mismatch = TransferFailure(.permanent, "checksum_mismatch", "\(expected.algorithm.rawValue) is \(actual), expected \(expected.hex)")
+                mismatch = TransferFailure(.permanent, "checksum_mismatch",
+                    "the file from \(hostName(state)) does not match the checksum: its \(expected.algorithm.rawValue) is \(actual), expected \(expected.hex); it is kept at \(request.partialPath) (resume downloads it again)")
             } else if let size = request.expectedSize, size != state.received {
-                mismatch = TransferFailure(.permanent, "size_mismatch", "the file is \(state.received) bytes, expected \(size)")
+                mismatch = TransferFailure(.permanent, "size_mismatch",
+                    "the file from \(hostName(state)) is \(state.received) bytes, expected \(size) (size); it is kept at \(request.partialPath) (resume downloads it again)")
             }
             if let mismatch {
                 // The bytes stay in the partial file, never under the final name; they are
@@ -204,8 +232,28 @@ public final class Downloader: Sendable {
                 unlink(request.partialPath)
             }
             if let failure = error as? TransferFailure { return .failed(failure, state.checkpoint) }
-            return .failed(Self.classify(error), state.checkpoint)
+            return .failed(await explain(error, request: request, target: state.target), state.checkpoint)
         }
+    }
+
+    /// The job error for an error of the network or the HTTP client. The library's own
+    /// description, which a developer may need, goes to the log at debug level only.
+    private func explain(_ error: any Error, request: TransferRequest, target: Target?) async -> TransferFailure {
+        logger.debug("transfer error", metadata: ["job": "\(request.jobID)", "error": "\(String(reflecting: error))"])
+        let target = target ?? Target(host: "the server", port: 0, isHTTPS: false)
+        let tls = tlsSettings(request)
+        if Self.isCertificateVerifyFailure(error) {
+            // Which of the certificate's faults it is: the handshake error does not say.
+            var finding: CertificateProbe.Finding? = nil
+            if let config = try? tls.configuration(system: configuration.systemTrust) {
+                finding = await CertificateProbe.diagnose(
+                    host: target.host, port: target.port, tls: config, group: HTTPClient.defaultEventLoopGroup,
+                    timeout: configuration.connectTimeout)
+            }
+            return Self.untrusted(target.host, finding: finding)
+        }
+        if let failure = Self.tlsFailure(error, target: target, clientCertificate: tls.clientCert != nil) { return failure }
+        return Self.classify(error, target: target, timeouts: configuration)
     }
 
     private struct AttemptState {
@@ -214,6 +262,8 @@ public final class Downloader: Sendable {
         var validators: Validators
         var finalURL: String?
         var proposedName: String?
+        /// The server of the request in flight (after redirects), named by error messages.
+        var target: Target?
         var checkpoint: TransferCheckpoint {
             TransferCheckpoint(received: received, size: size, validators: validators, finalURL: finalURL.map(URLRules.redacted),
                                proposedName: proposedName)
@@ -267,7 +317,7 @@ public final class Downloader: Sendable {
             state.size = nil
             state.validators = Validators()
             response = try await fetch(request, state: &state, rangeFrom: 0)
-            try expect200(response)
+            try expect200(response, host: hostName(state))
             take(response.headers, into: &state)
         case 200:
             if state.received > 0 {
@@ -287,13 +337,13 @@ public final class Downloader: Sendable {
             state.received = 0
             state.validators = Validators()
             response = try await fetch(request, state: &state, rangeFrom: 0)
-            try expect200(response)
+            try expect200(response, host: hostName(state))
             take(response.headers, into: &state)
         default:
-            throw statusFailure(status, response.status.reasonPhrase, headers)
+            throw statusFailure(status, response.status.reasonPhrase, headers, host: hostName(state))
         }
         if let expected = request.expectedSize, let announced = state.size, expected != announced {
-            throw TransferFailure(.permanent, "size_mismatch", "the server announces \(announced) bytes, expected \(expected)")
+            throw TransferFailure(.permanent, "size_mismatch", "\(hostName(state)) announces \(announced) bytes, expected \(expected) (size)")
         }
         progress.update(received: state.received, size: state.size)
         try reserveSpace(request, file: file, state: state)
@@ -317,7 +367,7 @@ public final class Downloader: Sendable {
                 offset += Int64(chunk.readableBytes)
                 if let size = state.size, offset > size {
                     state.received = size
-                    throw TransferFailure(.transient(.retry), "length_mismatch", "the server sent more than the \(size) bytes it announced")
+                    throw TransferFailure(.transient(.retry), "length_mismatch", "\(hostName(state)) sent more than the \(size) bytes it announced")
                 }
                 state.received = offset
                 progress.update(received: offset, size: state.size)
@@ -337,19 +387,25 @@ public final class Downloader: Sendable {
             if error is TransferFailure || error is CancellationError || Task.isCancelled { throw error }
             // The client reports a body cut short in several ways; what matters to the user is
             // that the server stopped before the announced length.
-            let classified = Self.classify(error)
-            if let size = state.size, state.received < size, classified.error.code != "timeout" {
-                throw TransferFailure(.transient(.network), "truncated", "the connection ended after \(state.received) of \(size) bytes (\(classified.error.message))")
+            let classified = await explain(error, request: request, target: state.target)
+            if let size = state.size, state.received < size, classified.error.code != "timeout", classified.kind != .permanent {
+                throw TransferFailure(.transient(.network), "truncated", "the connection to \(hostName(state)) ended after \(state.received) of \(size) bytes (\(classified.error.message))")
             }
             throw classified
         }
         try await inFlight?.value
         if let size = state.size, state.received != size {
-            throw TransferFailure(.transient(.network), "truncated", "the connection ended after \(state.received) of \(size) bytes")
+            throw TransferFailure(.transient(.network), "truncated", "the connection to \(hostName(state)) ended after \(state.received) of \(size) bytes")
         }
         state.size = state.received
         progress.update(received: state.received, size: state.size)
     }
+
+    static func digestFailure(_ path: String) -> TransferFailure {
+        TransferFailure(.permanent, "digest_error", "OpenSSL's libcrypto could not start a digest for \(path); check dld's OpenSSL installation (libssl)")
+    }
+
+    private func hostName(_ state: AttemptState) -> String { state.target?.host ?? "the server" }
 
     /// Sends the request for `from` onwards, following redirects ourselves.
     private func fetch(_ request: TransferRequest, state: inout AttemptState, rangeFrom offset: Int64) async throws -> HTTPClientResponse {
@@ -370,8 +426,17 @@ public final class Downloader: Sendable {
             basic = Data("\(credentials.login):\(credentials.password)".utf8).base64EncodedString()
         }
         let hasOwnAuthorization = request.headers.contains { $0.name.lowercased() == "authorization" }
-        let client = request.options.insecure ? insecureClient : self.client
+        let tls = tlsSettings(request)
+        // A job's own TLS file that went away since it was enqueued: say which, before the
+        // TLS library fails with no name.
+        for file in tls.files {
+            if let problem = TLSFileCheck.problem(file.path, what: file.what, folder: file.what == "CA folder") {
+                throw TransferFailure(.permanent, "tls_config", problem)
+            }
+        }
+        let client = try client(for: tls)
         while true {
+            state.target = Target(url: current) ?? state.target
             var http = HTTPClientRequest(url: current)
             http.method = .GET
             http.headers.add(name: "User-Agent", value: configuration.userAgent)
@@ -401,10 +466,10 @@ public final class Downloader: Sendable {
             _ = try? await response.body.collect(upTo: 64 << 10)
             hops += 1
             guard hops <= configuration.maxRedirects else {
-                throw TransferFailure(.permanent, "too_many_redirects", "more than \(configuration.maxRedirects) redirects from \(URLRules.redacted(request.url))")
+                throw TransferFailure(.permanent, "too_many_redirects", "more than \(configuration.maxRedirects) redirects from \(URLRules.redacted(request.url)); the server sends dld in circles")
             }
             guard let base = URL(string: current) else {
-                throw TransferFailure(.permanent, "invalid_url", "invalid URL: \(current.prefix(200))")
+                throw TransferFailure(.permanent, "invalid_url", "the URL \(URLRules.redacted(current).prefix(200)) cannot be requested; check it")
             }
             current = try RedirectPolicy.target(from: base, location: location).get().absoluteString
         }
@@ -433,9 +498,9 @@ public final class Downloader: Sendable {
         }
     }
 
-    private func expect200(_ response: HTTPClientResponse) throws {
+    private func expect200(_ response: HTTPClientResponse, host: String) throws {
         let status = Int(response.status.code)
-        guard status == 200 else { throw statusFailure(status, response.status.reasonPhrase, response.headers) }
+        guard status == 200 else { throw statusFailure(status, response.status.reasonPhrase, response.headers, host: host) }
     }
 
     private func take(_ headers: HTTPHeaders, into state: inout AttemptState) {
@@ -451,27 +516,11 @@ public final class Downloader: Sendable {
         state.validators = validators
     }
 
-    private func statusFailure(_ status: Int, _ reason: String, _ headers: HTTPHeaders) -> TransferFailure {
+    private func statusFailure(_ status: Int, _ reason: String, _ headers: HTTPHeaders, host: String) -> TransferFailure {
         TransferFailure(
-            HTTPFailurePolicy.kind(forStatus: status), "http_status", "the server answered \(status) \(reason)",
+            HTTPFailurePolicy.kind(forStatus: status), "http_status",
+            HTTPFailurePolicy.message(host: host, status: status, reason: reason),
             retryAfter: HTTPFailurePolicy.retryAfter(headers.first(name: "retry-after"), now: Date()))
-    }
-
-    /// Errors that are not ours: from the HTTP client or the network.
-    static func classify(_ error: any Error) -> TransferFailure {
-        if let clientError = error as? HTTPClientError {
-            if clientError == .connectTimeout || clientError == .readTimeout || clientError == .deadlineExceeded {
-                return TransferFailure(.transient(.network), "timeout", "timed out: \(clientError.shortDescription)")
-            }
-            if clientError == .remoteConnectionClosed {
-                return TransferFailure(.transient(.network), "connection_closed", "the server closed the connection")
-            }
-            if clientError == .invalidURL || clientError == .emptyHost || clientError == .emptyScheme {
-                return TransferFailure(.permanent, "invalid_url", "invalid URL: \(clientError.shortDescription)")
-            }
-            return TransferFailure(.transient(.network), "network_error", clientError.shortDescription)
-        }
-        return TransferFailure(.transient(.network), "network_error", String(describing: error).prefix(300).description)
     }
 }
 

@@ -154,7 +154,7 @@ public final class PartialFile {
     static func failure(_ operation: String, _ path: String, _ code: Int32) -> TransferFailure {
         let reason = String(cString: strerror(code))
         if code == ENOSPC || code == EDQUOT {
-            return TransferFailure(.transient(.diskSpace), "disk_full", "cannot \(operation) \(path): \(reason)")
+            return TransferFailure(.transient(.diskSpace), "disk_full", "cannot \(operation) \(path): \(reason); free some space, dld looks again by itself")
         }
         return TransferFailure(.permanent, "file_error", "cannot \(operation) \(path): \(reason)")
     }

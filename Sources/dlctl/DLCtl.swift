@@ -97,6 +97,9 @@ struct Enqueue: ParsableCommand {
     @Option(name: [.customShort("H"), .customLong("header")], help: "A request header, \"Name: value\" (repeatable).") var headers: [String] = []
     @Flag(help: "Replace an existing file at the destination.") var overwrite = false
     @Flag(help: "Add the job paused.") var paused = false
+    @Option(name: .customLong("ca-file"), help: "Also trust the certificates in this PEM file (an internal CA, a self-signed server).") var caFile: String?
+    @Option(name: .customLong("client-cert"), help: "A PEM client certificate for servers that ask for one (with --client-key).") var clientCert: String?
+    @Option(name: .customLong("client-key"), help: "The unencrypted PEM private key of --client-cert.") var clientKey: String?
     @OptionGroup var common: Common
 
     func validate() throws {
@@ -137,6 +140,10 @@ struct Enqueue: ParsableCommand {
     func run() throws {
         let entries = try entries()
         if let group {
+            if caFile != nil || clientCert != nil || clientKey != nil {
+                printError("--ca-file, --client-cert and --client-key are for single jobs, not groups; set ca_file or client_cert in dld's config file")
+                throw ExitCode(64)
+            }
             try runGroup(group, entries)
             return
         }
@@ -167,6 +174,9 @@ struct Enqueue: ParsableCommand {
         }
         if overwrite { base["overwrite"] = true }
         if paused { base["paused"] = true }
+        if let caFile { base["ca_file"] = .string(absolute(caFile)) }
+        if let clientCert { base["client_cert"] = .string(absolute(clientCert)) }
+        if let clientKey { base["client_key"] = .string(absolute(clientKey)) }
         if let checksum { base["checksum"] = .string(checksum) }
         if let size { base["size"] = .int(size) }
         var ids: [Int64] = []

@@ -22,6 +22,16 @@ enum Format {
         return state
     }
 
+    /// The state with the reason a person needs: the error code of a failed or waiting job
+    /// (`failed(tls_untrusted)`, `waiting(dns_error)`), else the wait reason.
+    static func stateWithCode(_ job: JSONValue) -> String {
+        let state = job["state"]?.stringValue ?? "?"
+        if state == "failed" || state == "waiting", let code = job["error"]?["code"]?.stringValue {
+            return "\(state)(\(code))"
+        }
+        return self.state(job)
+    }
+
     static func progress(_ job: JSONValue) -> String {
         guard let fraction = job["progress"]?.doubleValue else { return "-" }
         return String(format: "%.1f%%", fraction * 100)
@@ -86,7 +96,7 @@ enum Format {
         var rows = [["ID", "STATE", "PROGRESS", "SIZE", "SPEED", "NAME"]]
         for job in jobs {
             rows.append([
-                job["id"]?.int64Value.map(String.init) ?? "?", state(job), progress(job), size(job),
+                job["id"]?.int64Value.map(String.init) ?? "?", stateWithCode(job), progress(job), size(job),
                 speed(job["speed"]?.doubleValue ?? 0), job["name"]?.stringValue ?? "",
             ])
         }
@@ -120,6 +130,11 @@ enum Format {
         if let group = job["group"]?.int64Value { lines.append(("group", String(group))) }
         if let worker = job["worker"]?.stringValue { lines.append(("worker", worker)) }
         if job["insecure"] == true { lines.append(("tls", "NOT verified (insecure)")) }
+        if let tls = job["tls"], !tls.isNull {
+            for (key, label) in [("ca_file", "tls ca"), ("ca_dir", "tls ca dir"), ("client_cert", "tls cert"), ("client_key", "tls key")] {
+                if let path = tls[key]?.stringValue { lines.append((label, path)) }
+            }
+        }
         if let key = job["key"]?.stringValue { lines.append(("key", key)) }
         if let meta = job["meta"], !meta.isNull { lines.append(("meta", meta.serializedString())) }
         return lines.map { "\($0.0.padding(toLength: 10, withPad: " ", startingAt: 0)) \($0.1)" }.joined(separator: "\n")
