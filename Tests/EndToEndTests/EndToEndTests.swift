@@ -218,7 +218,7 @@ func expectOriginBytes(at path: String, count: Int, sourceLocation: SourceLocati
         let response = try JSONValue.parse(Data(try client.readLine()))
         #expect(response["error"]?["data"]?["code"] == "line_too_long")
         #expect(throws: RPCClientError.self) { _ = try client.readLine() }
-        #expect(try daemon.call("version")["protocol"] == 2)
+        #expect(try daemon.call("version")["protocol"] == 3)
     }
 
     /// dlctl: enqueue prints the id, status shows a table and JSON, stats counts.
@@ -306,7 +306,7 @@ func expectOriginBytes(at path: String, count: Int, sourceLocation: SourceLocati
             environment: daemon.environment)
         #expect(third.status != 0)
         #expect(third.stderr.contains("already running"))
-        #expect(try daemon.call("version")["protocol"] == 2)
+        #expect(try daemon.call("version")["protocol"] == 3)
     }
 
     /// `shutdown` answers, then the daemon exits 0; SIGTERM does the same.

@@ -64,7 +64,7 @@ func mode(_ path: String) -> mode_t? {
         let deadline = Date().addingTimeInterval(30)
         while !daemon.log.contains("uid=65534") && Date() < deadline { usleep(20_000) }
         #expect(daemon.log.contains("uid=65534"), "\(daemon.log.suffix(2000))")
-        #expect(try daemon.call("version")["protocol"] == 2)
+        #expect(try daemon.call("version")["protocol"] == 3)
     }
 
     /// Every limit: connections, idle time, jobs per enqueue, queued jobs, URL length, headers.
