@@ -228,7 +228,9 @@ public struct Dispatcher: Sendable {
     /// RFC 9110 token characters, the only ones allowed in a header name.
     static let tokenCharacters = CharacterSet(charactersIn: "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
-    static let groupKeys: Set<String> = ["group", "jobs", "priority", "headers", "overwrite", "paused"]
+    static let groupKeys: Set<String> = [
+        "group", "jobs", "priority", "headers", "overwrite", "paused", "insecure", "ca_file", "ca_dir", "client_cert", "client_key",
+    ]
     static let memberKeys: Set<String> = ["url", "name", "path", "checksum", "size", "meta"]
 
     private func enqueueGroup(_ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
@@ -265,7 +267,8 @@ public struct Dispatcher: Sendable {
         let (created, jobs) = try await engine.enqueueGroup(
             name: name, dir: dir, priority: Int(try params.int("priority", in: -1000...1000) ?? 0),
             headers: try headers(params), overwrite: try params.bool("overwrite") ?? false,
-            paused: try params.bool("paused") ?? false, members: members)
+            paused: try params.bool("paused") ?? false,
+            options: JobOptions(insecure: try params.bool("insecure") ?? false, tls: try jobTLS(params)), members: members)
         let summary = GroupSummary.summarize(created, members: jobs, active: false)
         return [
             "group": JobJSON.encodeGroup(created, summary), "count": .int(Int64(jobs.count)),

@@ -144,7 +144,8 @@ extension Engine {
 
     /// Creates a group and its members in one transaction.
     public func enqueueGroup(
-        name: String, dir: String, priority: Int, headers: [HeaderField], overwrite: Bool, paused: Bool, members: [MemberSpec]
+        name: String, dir: String, priority: Int, headers: [HeaderField], overwrite: Bool, paused: Bool,
+        options: JobOptions = JobOptions(), members: [MemberSpec]
     ) async throws(DLError) -> (JobGroup, [Job]) {
         try await serial { () async throws(DLError) in
             try requireAccepting()
@@ -178,9 +179,12 @@ extension Engine {
                     if !overwrite && FileManager.default.fileExists(atPath: path) {
                         throw DLError(.destinationExists, "\(path) exists already; pass overwrite to replace it")
                     }
-                    news.append(NewJob(
+                    var new = NewJob(
                         url: member.url, path: path, priority: priority, meta: member.meta, headers: headers,
-                        overwrite: overwrite, state: paused ? .paused : .queued, checksum: member.checksum, expectedSize: member.size))
+                        overwrite: overwrite, state: paused ? .paused : .queued, checksum: member.checksum, expectedSize: member.size)
+                    // The group's TLS settings and `insecure` are every member's.
+                    new.options = options
+                    news.append(new)
                 } catch {
                     throw DLError(error.code, "jobs[\(index)]: \(error.message)")
                 }

@@ -140,10 +140,6 @@ struct Enqueue: ParsableCommand {
     func run() throws {
         let entries = try entries()
         if let group {
-            if caFile != nil || clientCert != nil || clientKey != nil {
-                printError("--ca-file, --client-cert and --client-key are for single jobs, not groups; set ca_file or client_cert in dld's config file")
-                throw ExitCode(64)
-            }
             try runGroup(group, entries)
             return
         }
@@ -174,9 +170,7 @@ struct Enqueue: ParsableCommand {
         }
         if overwrite { base["overwrite"] = true }
         if paused { base["paused"] = true }
-        if let caFile { base["ca_file"] = .string(absolute(caFile)) }
-        if let clientCert { base["client_cert"] = .string(absolute(clientCert)) }
-        if let clientKey { base["client_key"] = .string(absolute(clientKey)) }
+        addTLS(to: &base)
         if let checksum { base["checksum"] = .string(checksum) }
         if let size { base["size"] = .int(size) }
         var ids: [Int64] = []
@@ -244,12 +238,20 @@ struct Enqueue: ParsableCommand {
         if let priority { params["priority"] = .int(Int64(priority)) }
         if overwrite { params["overwrite"] = true }
         if paused { params["paused"] = true }
+        addTLS(to: &params)
         let result = try common.call("enqueue", params)
         let groupID = result["group"]?["id"]?.int64Value
         common.emit(result) {
             "group \(groupID.map(String.init) ?? "?") (\(members.count) files) → \(result["group"]?["dir"]?.stringValue ?? "")"
         }
         if wait, let groupID { try waitFor(common: common, ids: [], group: String(groupID), timeout: nil, showProgress: true) }
+    }
+
+    /// The TLS files given on the command line, as absolute paths (for a job or a group).
+    private func addTLS(to params: inout [String: JSONValue]) {
+        if let caFile { params["ca_file"] = .string(absolute(caFile)) }
+        if let clientCert { params["client_cert"] = .string(absolute(clientCert)) }
+        if let clientKey { params["client_key"] = .string(absolute(clientKey)) }
     }
 
     private func describe(_ outcome: JSONValue) -> String {

@@ -58,6 +58,30 @@ func settled(_ daemon: DaemonHarness, _ id: Int64) throws -> JSONValue {
         }
     }
 
+    /// A group (a chapter from a home server, say) takes the TLS files as a single job does,
+    /// for every member: without them the group fails with its member's `tls_untrusted`; with
+    /// `dlctl enqueue --group --ca-file` every file is published.
+    @Test func groupTakesTheTLSFilesForEveryMember() async throws {
+        let daemon = try DaemonHarness(config: slowRetries)
+        let tls = try TLSFiles.selfSigned(in: daemon.root)
+        try await withTLSOrigin(tls) { origin in
+            try daemon.start()
+            defer { daemon.stop() }
+            let urls = ["\(origin.baseURL)/bytes/3000", "\(origin.baseURL)/bytes/4000"]
+            let refused = try daemon.dlctl(["enqueue", "--group", "plain", "-d", daemon.root + "/dl/plain"] + urls + ["--wait"])
+            #expect(refused.status == 1, "\(refused.stdout) \(refused.stderr)")
+            let plain = try daemon.call("status", ["group": "plain"])
+            #expect(plain["group"]?["state"] == "failed", "\(plain.serializedString())")
+            #expect(plain.serializedString().contains("tls_untrusted"), "\(plain.serializedString())")
+
+            let dir = daemon.root + "/dl/trusted"
+            let trusted = try daemon.dlctl(["enqueue", "--group", "trusted", "-d", dir, "--ca-file", tls.certificatePath] + urls + ["--wait"])
+            #expect(trusted.status == 0, "\(trusted.stdout) \(trusted.stderr)")
+            try expectOriginBytes(at: dir + "/3000", count: 3000)
+            try expectOriginBytes(at: dir + "/4000", count: 4000)
+        }
+    }
+
     /// The trust of the whole daemon: `ca_file` in the config file, and `SSL_CERT_FILE` in its
     /// environment, as OpenSSL-based tools read it.
     @Test func configAndEnvironmentTrust() async throws {
