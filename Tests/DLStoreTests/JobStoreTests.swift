@@ -87,6 +87,20 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
         }
     }
 
+    /// A job's own TLS files (and `insecure`) are kept by both backends, in the options column.
+    @Test(arguments: Backend.allCases)
+    func tlsOptionsRoundTrip(_ backend: Backend) async throws {
+        try await withStore(backend) { store, fixture in
+            var new = NewJob(url: "https://nas.home/a.bin", path: "/tmp/x/a.bin")
+            let tls = JobTLS(caFile: "/etc/nas.pem", caDir: "/etc/nas-cas", clientCert: "/home/me/c.pem", clientKey: "/home/me/k.pem")
+            new.options = JobOptions(insecure: true, tls: tls)
+            let inserted = try await store.insert([new, NewJob(url: "https://e.com/b", path: "/tmp/x/b")], now: t0)
+            #expect(inserted[0].job.options.tls == tls)
+            #expect(try await fixture.open().fetch(inserted[0].job.id)?.options == JobOptions(insecure: true, tls: tls))
+            #expect(try await store.fetch(inserted[1].job.id)?.options.tls == nil)
+        }
+    }
+
     /// A key that exists returns the existing job, in the same batch too; nothing is duplicated.
     @Test(arguments: Backend.allCases)
     func keyUniqueness(_ backend: Backend) async throws {
