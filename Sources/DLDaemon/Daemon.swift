@@ -94,7 +94,7 @@ public enum Daemon {
             do {
                 store = try JobStore(path: databasePath)
             } catch {
-                throw DaemonError("cannot open the job table \(databasePath): \(error)")
+                throw DaemonError("cannot open the job table \(databasePath): \(StorageErrorText.plain(error))")
             }
             for suffix in ["", "-wal", "-shm"] { chmod(databasePath + suffix, 0o600) }
             return (store, nil)

@@ -38,7 +38,7 @@ public enum TableMigration {
         do {
             source = try JobStore(path: path)
         } catch {
-            throw DaemonError("cannot open the job table \(path): \(error)")
+            throw DaemonError("cannot open the job table \(path): \(StorageErrorText.plain(error))")
         }
         let url: PostgresURL
         do {

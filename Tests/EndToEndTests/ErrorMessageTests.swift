@@ -137,4 +137,18 @@ func closedPort() throws -> Int {
         #expect(documented.count > 20)
         #expect(documented.subtracting(seen.keys).subtracting(elsewhere).isEmpty, "not triggered: \(documented.subtracting(seen.keys).subtracting(elsewhere).sorted())")
     }
+
+    /// A job table that is not a database stops dld at start with SQLite's short reason and the
+    /// file named, not the statement GRDB was running.
+    @Test func aDamagedJobTableIsNamedInWords() throws {
+        let daemon = try DaemonHarness()
+        try FileManager.default.createDirectory(atPath: daemon.stateDir, withIntermediateDirectories: true)
+        let table = daemon.stateDir + "/jobs.sqlite"
+        try Data(repeating: 0x41, count: 4096).write(to: URL(fileURLWithPath: table))
+        let run = try runProgram(BuiltProducts.path("dld"), daemon.arguments, environment: daemon.environment)
+        #expect(run.status != 0)
+        let message = run.stderr.split(separator: "\n").last.map(String.init) ?? ""
+        #expect(MessageRules.problems(message, mustName: [table, "damaged"]).isEmpty, "\(run.stderr)")
+        #expect(!message.contains("SELECT") && !message.contains("while executing"), "\(message)")
+    }
 }
