@@ -142,6 +142,8 @@ extension Engine {
         if let stopping {
             first = await stopTransfers(in: rows, intent: stopping)
         }
+        // Its events may be many: they are not held back behind a batch of files being linked.
+        await linksSettled()
         let outcome = try await storage { try await store.apply(command, to: rows, first: first, now: now()) }
         for path in outcome.files { removePartial(at: path) }
         Self.trimAfterBulk(outcome.count)
@@ -190,6 +192,9 @@ extension Engine {
                 // Their offsets are recorded so that the delete below knows they have files.
                 try await storage { try await store.save(stopped) }
             }
+            // A file just recorded completed is linked before its row can go (else it would
+            // appear after the delete, for no job).
+            await linksSettled()
             let outcome = try await storage { try await store.delete(rows, deleteFiles: deleteFile, now: now()) }
             Self.trimAfterBulk(outcome.count)
             for path in outcome.files where unlink(path) != 0 && errno != ENOENT {

@@ -50,6 +50,8 @@ extension Engine {
     /// the folder never shows files of a group that is not completed; start-up finishes a move
     /// that a crash interrupted (`finishGroupMoves`).
     func publish(_ group: JobGroup, members: [Job]) async throws(DLError) {
+        // Its last members may be recorded completed and not yet linked into the staging folder.
+        await linksSettled()
         var group = group
         let fm = FileManager.default
         let alreadyMoved = !fm.fileExists(atPath: group.staging) && members.allSatisfy { fm.fileExists(atPath: $0.path) }
@@ -74,7 +76,14 @@ extension Engine {
         group.error = nil
         group.updatedAt = now()
         group.finishedAt = now()
-        let events = try await storage { try await store.saveGroup(group, members: published, publish: false) }
+        store.holdEvents()
+        let events: [StoredEvent]
+        do throws(DLError) {
+            events = try await storage { try await store.saveGroup(group, members: published, publish: false) }
+        } catch {
+            store.publishEvents([])
+            throw error
+        }
         if !alreadyMoved { moveIntoPlace(group, members: members) }
         // Only now: a client told "completed" finds the files in the folder.
         store.publishEvents(events)

@@ -40,8 +40,16 @@ extension Engine {
             guard !batch.isEmpty else { return }
             let failures = await Publisher.syncAll(batch.map(\.partialPath))
             do {
+                // The commit and the links wait for the disk outside the queue: transfers that
+                // end meanwhile get their slots refilled. Commands that would race a link
+                // (`remove`) wait for it (`linksSettled`).
+                let prepared = try await serial { () async throws(DLError) in prepareCompletion(batch, syncFailures: failures) }
+                linksInFlight += 1
+                let outcome = await commitAndLink(prepared)
+                linksInFlight -= 1
+                if linksInFlight == 0 { for waiter in linkWaiters { waiter.resume() }; linkWaiters = [] }
                 try await serial { () async throws(DLError) in
-                    try await complete(batch, syncFailures: failures)
+                    try finishCompletion(outcome.get())
                     try await schedule()
                     try await flush()
                 }
@@ -52,9 +60,24 @@ extension Engine {
         }
     }
 
+    /// Returns once no finished file is between its commit and its link.
+    func linksSettled() async {
+        guard linksInFlight > 0 else { return }
+        await withCheckedContinuation { linkWaiters.append($0) }
+    }
+
     /// Records synced files as completed in one transaction, then links them under their
-    /// names and syncs each folder once, then lets the events out. Runs inside `serial`.
+    /// names and syncs each folder once, then lets the events out; all inside `serial` (at
+    /// shutdown). The publisher does the same in three steps, the middle one outside it.
     func complete(_ batch: [PublishItem], syncFailures: [String: TransferFailure]) async throws(DLError) {
+        let prepared = prepareCompletion(batch, syncFailures: syncFailures)
+        try finishCompletion(await commitAndLink(prepared).get())
+    }
+
+    /// What a batch of finished files writes: the completions, and every other change of the
+    /// turn (failures recorded above, rows of the turn). Runs inside `serial`, and takes
+    /// those changes out of the turn, so that they are committed with the completions.
+    func prepareCompletion(_ batch: [PublishItem], syncFailures: [String: TransferFailure]) -> PreparedCompletion {
         // A command (or another worker) may have paused, canceled, removed or taken a job
         // while its file was synced: its rows are written only while still this worker's
         // running jobs (`save(_:owned:)`), and only those written are linked.
@@ -81,42 +104,72 @@ extension Engine {
             }
         }
         // Failures above are in `pending`; they commit with the completions.
-        var saves = pending.saves
-        let owned = pending.owned
+        let prepared = PreparedCompletion(saves: pending.saves + completed.map(\.job), owned: pending.owned, completed: completed, notices: pending.notices)
+        if pending.saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
         pending.saves = []
         pending.owned = []
-        if saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
-        saves += completed.map(\.job)
-        let (events, lost) = try await save(saves, owned: owned, publish: false)
-        pending.notices.removeAll { $0.jobID.map(lost.contains) ?? false }
-        var linked: [String] = []
-        for (job, item) in completed where !lost.contains(job.id) {
-            do throws(TransferFailure) {
-                try PartialFile.link(item.partialPath, to: job.downloadPath, overwrite: job.overwrite)
-                linked.append(job.downloadPath)
-                logger.info("completed", metadata: ["job": "\(job.id)", "bytes": "\(job.received)", "path": "\(job.path)"])
-                if job.groupID == nil {
-                    pending.notices.append(FinishedNotice(jobID: job.id, group: nil, path: job.path, url: job.url, state: "completed", error: nil))
-                }
-            } catch {
-                // Another worker that saw this file recorded but not linked linked it first.
-                if Self.linkedElsewhere(partial: item.partialPath, final: job.downloadPath) {
-                    linked.append(job.downloadPath)
-                    if job.groupID == nil {
-                        pending.notices.append(FinishedNotice(jobID: job.id, group: nil, path: job.path, url: job.url, state: "completed", error: nil))
-                    }
-                    continue
-                }
-                // The name was taken in the moment since it was chosen: the bytes stay in the
-                // partial file, and the job says why (its next commit).
-                var back = job
-                back.state = .running
-                back.finishedAt = nil
-                fail(back, error)
+        pending.notices = []
+        return prepared
+    }
+
+    /// Commits the rows, links the files whose completions were written and syncs their
+    /// folders (on the blocking pool), then lets the events out.
+    func commitAndLink(_ prepared: PreparedCompletion) async -> Result<LinkOutcome, DLError> {
+        let events: [StoredEvent]
+        let lost: Set<JobID>
+        // Events committed after these wait for them (they go out once the files are linked).
+        store.holdEvents()
+        do throws(DLError) {
+            (events, lost) = try await save(prepared.saves, owned: prepared.owned, publish: false)
+        } catch {
+            store.publishEvents([])
+            return .failure(error)
+        }
+        let written = prepared.completed.filter { !lost.contains($0.job.id) }
+        let failures = await Publisher.linkAll(written.map {
+            Publisher.Link(partial: $0.item.partialPath, final: $0.job.downloadPath, overwrite: $0.job.overwrite)
+        })
+        var outcome = LinkOutcome(notices: prepared.notices.filter { $0.jobID.map { !lost.contains($0) } ?? true })
+        for ((job, item), failure) in zip(written, failures) {
+            // Another worker that saw this file recorded but not linked may have linked it first.
+            if let failure, !Self.linkedElsewhere(partial: item.partialPath, final: job.downloadPath) {
+                outcome.unlinked.append((job, failure))
+                continue
+            }
+            logger.info("completed", metadata: ["job": "\(job.id)", "bytes": "\(job.received)", "path": "\(job.path)"])
+            if job.groupID == nil {
+                outcome.notices.append(FinishedNotice(jobID: job.id, group: nil, path: job.path, url: job.url, state: "completed", error: nil))
             }
         }
-        Publisher.syncFolders(of: linked)
         store.publishEvents(events)
+        return .success(outcome)
+    }
+
+    /// Back in `serial`: the notices go out with the turn's flush; a file whose name was taken
+    /// in the moment since it was chosen keeps its bytes in the partial file, and its job says
+    /// why (its next commit).
+    func finishCompletion(_ outcome: LinkOutcome) {
+        pending.notices += outcome.notices
+        for (job, failure) in outcome.unlinked {
+            var back = job
+            back.state = .running
+            back.finishedAt = nil
+            fail(back, failure)
+        }
     }
 }
 
+/// The rows a batch of finished files commits, and the files to link once they are.
+struct PreparedCompletion: Sendable {
+    var saves: [Job]
+    var owned: Set<JobID>
+    var completed: [(job: Job, item: PublishItem)]
+    /// Notices of the turn's failures: they go out only for rows that were written.
+    var notices: [Engine.FinishedNotice]
+}
+
+/// What linking a batch gave: notices to let out, and files that could not be linked.
+struct LinkOutcome: Sendable {
+    var notices: [Engine.FinishedNotice]
+    var unlinked: [(job: Job, failure: TransferFailure)] = []
+}

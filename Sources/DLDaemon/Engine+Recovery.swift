@@ -203,6 +203,8 @@ extension Engine {
                     try await complete(ready, syncFailures: await Publisher.syncAll(ready.map(\.partialPath)))
                 }
                 var stopped = await stopTransfers(in: .all, intent: .shutdown)
+                // Files recorded completed are linked before dld exits.
+                await linksSettled()
                 for index in stopped.indices {
                     stopped[index].state = .queued
                     stopped[index].updatedAt = now()

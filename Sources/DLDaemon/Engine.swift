@@ -146,6 +146,9 @@ public actor Engine {
     }
     /// Jobs taken from `toPublish` whose files are being synced (their rows are still running).
     var publishing: Set<JobID> = []
+    /// Batches of finished files between their commit and their links, outside the queue.
+    var linksInFlight = 0
+    var linkWaiters: [CheckedContinuation<Void, Never>] = []
     var leaseTask: Task<Void, Never>?
     var changesTask: Task<Void, Never>?
     /// When this worker last renewed its leases (shared table).

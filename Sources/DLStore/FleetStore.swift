@@ -26,7 +26,7 @@ extension JobStore {
                 }
             }
         }
-        publishEvents(events)
+        sink.publish(events)
         return jobs
     }
 
@@ -156,7 +156,7 @@ extension JobStore {
             }
             return (events, lost)
         }
-        if publish { publishEvents(events) }
+        if publish { sink.publish(events) }
         return (events, lost)
     }
 

@@ -20,7 +20,7 @@ extension JobStore {
             let outcomes = try Self.insert(staged, groupID: id, now: now, events: &events, in: db)
             return (group, outcomes.map(\.job), events)
         }
-        publishEvents(events)
+        sink.publish(events)
         return (group, jobs)
     }
 
@@ -67,7 +67,7 @@ extension JobStore {
             guard let closed = group.closed, before != closed.rawValue else { return [StoredEvent]() }
             return [try Self.record(.groupState, job: nil, groupID: group.id, state: closed.rawValue, at: group.updatedAt, in: db)]
         }
-        if publish { publishEvents(events) }
+        if publish { sink.publish(events) }
         return events
     }
 
@@ -78,7 +78,7 @@ extension JobStore {
             try db.execute(sql: "DELETE FROM groups WHERE id = ?", arguments: [id])
             return [try Self.record(.groupState, job: nil, groupID: id, state: "removed", at: now, in: db)]
         }
-        publishEvents(events)
+        sink.publish(events)
     }
 
     /// Every group folder, with how the group was closed (nil while it is open).

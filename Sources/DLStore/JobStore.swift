@@ -253,10 +253,17 @@ public final class JobStore: JobTable {
         sink.set(wanted: wanted, deliver)
     }
 
-    /// Hands events to the sink. Writers that must finish something first (linking the files
-    /// that were just recorded as completed) call this themselves after it.
+    /// Before a `publish: false` write: events published from now on wait until that write's
+    /// own are handed over (`publishEvents`), so that they still go out in commit order.
+    public func holdEvents() {
+        sink.hold()
+    }
+
+    /// Hands over the events of a `publish: false` write (held since `holdEvents`). Writers
+    /// that must finish something first (linking the files that were just recorded as
+    /// completed) call this themselves after it.
     public func publishEvents(_ events: [StoredEvent]) {
-        sink.publish(events)
+        sink.release(publishing: events)
     }
 
     /// Hands the events numbered `(after, through]` to the sink, read from the table a page at
@@ -330,7 +337,7 @@ public final class JobStore: JobTable {
             let outcomes = try Self.insert(jobs, groupID: nil, now: now, events: &events, in: db)
             return (outcomes, events)
         }
-        publishEvents(events)
+        sink.publish(events)
         return outcomes
     }
 
@@ -351,7 +358,7 @@ public final class JobStore: JobTable {
             }
             return events
         }
-        if publish { publishEvents(events) }
+        if publish { sink.publish(events) }
         return events
     }
 

@@ -35,6 +35,10 @@ public protocol JobTable: Sendable {
     /// `wanted` tells whether anyone listens: events of a bulk change are read back from the
     /// table (a page at a time) only then.
     func setEventSink(wanted: @escaping @Sendable () -> Bool, _ deliver: @escaping @Sendable ([StoredEvent]) -> Void)
+    /// Called before a `publish: false` write: events of later writes wait until its own are
+    /// handed over by `publishEvents`, which ends the hold (exactly one call for each hold,
+    /// with no events when the write failed).
+    func holdEvents()
     /// Hands events to the sink: for writers that were told not to publish (`publish: false`)
     /// because they had to finish something first.
     func publishEvents(_ events: [StoredEvent])
@@ -265,7 +269,14 @@ public final class EventSink: Sendable {
         var wanted: @Sendable () -> Bool
     }
 
+    /// Events held back while a writer's own events wait (see `hold`).
+    private struct Held {
+        var holds = 0
+        var events: [StoredEvent] = []
+    }
+
     private let sink = Mutex<Sink?>(nil)
+    private let held = Mutex(Held())
 
     public init() {}
 
@@ -281,7 +292,42 @@ public final class EventSink: Sendable {
 
     public func publish(_ events: [StoredEvent]) {
         guard !events.isEmpty, let sink = sink.withLock({ $0 }) else { return }
-        sink.deliver(events)
+        deliver(events, to: sink)
+    }
+
+    /// Holds back every event published from now until `release`: a writer whose events go
+    /// out only after something else is done (files linked after their commit) takes a hold
+    /// before it commits, so that the events of later commits do not overtake its own.
+    /// Subscribers see events in the order of their numbers (commit order) all the same.
+    public func hold() {
+        held.withLock { $0.holds += 1 }
+    }
+
+    /// Ends a hold with the writer's own events: once no hold is left, everything held back
+    /// goes out in order.
+    public func release(publishing events: [StoredEvent]) {
+        let sink = sink.withLock { $0 }
+        held.withLock { held in
+            // A hand-over without a hold (a caller that held nothing) is a plain publish.
+            held.holds = max(0, held.holds - 1)
+            held.events += events
+            guard held.holds == 0, !held.events.isEmpty else { return }
+            let ready = held.events.sorted { $0.seq < $1.seq }
+            held.events = []
+            sink?.deliver(ready)
+        }
+    }
+
+    /// Hands events to the sink, or keeps them while a hold lasts. Under the lock, so that two
+    /// writers publishing at once cannot overtake a hold's release.
+    private func deliver(_ events: [StoredEvent], to sink: Sink) {
+        held.withLock { held in
+            if held.holds > 0 {
+                held.events += events
+            } else {
+                sink.deliver(events)
+            }
+        }
     }
 
     /// Publishes the events numbered `(first, last]`, read by `read(after, through, limit)` a
@@ -293,7 +339,7 @@ public final class EventSink: Sendable {
         var cursor = first
         while cursor < last {
             guard let page = try? read(cursor, last, EventLog.page), let end = page.last?.seq else { return }
-            sink.deliver(page)
+            deliver(page, to: sink)
             cursor = end
         }
     }
@@ -304,7 +350,7 @@ public final class EventSink: Sendable {
         var cursor = first
         while cursor < last {
             guard let page = try? await fetch(cursor, last, EventLog.page), let end = page.last?.seq else { return }
-            sink.deliver(page)
+            deliver(page, to: sink)
             cursor = end
         }
     }

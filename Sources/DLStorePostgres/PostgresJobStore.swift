@@ -179,6 +179,10 @@ public final class PostgresJobStore: JobTable {
         sink.set(wanted: wanted, deliver)
     }
 
+    /// Nothing to do here: a `publish: false` write holds its own numbers inside its
+    /// transaction (`EventFollower`), and the reader stops before them.
+    public func holdEvents() {}
+
     /// Hands over events a `publish: false` write held back; the reader then goes on past them.
     public func publishEvents(_ events: [StoredEvent]) {
         follower.publish(events)

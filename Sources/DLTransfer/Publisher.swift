@@ -73,6 +73,42 @@ public enum Publisher {
         return nil
     }
 
+    /// A file to move to its final name.
+    public struct Link: Sendable {
+        public var partial: String
+        public var final: String
+        public var overwrite: Bool
+
+        public init(partial: String, final: String, overwrite: Bool) {
+            self.partial = partial
+            self.final = final
+            self.overwrite = overwrite
+        }
+    }
+
+    /// Links every file under its name, then syncs each folder that gained one, on the
+    /// blocking pool: whoever awaits it is not held by the disk (here, when the pool has
+    /// stopped). Returns a failure, or nil, for each link in order.
+    public static func linkAll(_ links: [Link]) async -> [TransferFailure?] {
+        guard !links.isEmpty else { return [] }
+        if let done = try? await NIOThreadPool.singleton.runIfActive({ linkNow(links) }) { return done }
+        return linkNow(links)
+    }
+
+    static func linkNow(_ links: [Link]) -> [TransferFailure?] {
+        var failures: [TransferFailure?] = []
+        for link in links {
+            do throws(TransferFailure) {
+                try PartialFile.link(link.partial, to: link.final, overwrite: link.overwrite)
+                failures.append(nil)
+            } catch {
+                failures.append(error)
+            }
+        }
+        syncFolders(of: zip(links, failures).filter { $0.1 == nil }.map(\.0.final))
+        return failures
+    }
+
     /// fsync of each folder once.
     public static func syncFolders(of paths: some Sequence<String>) {
         var synced: Set<String> = []

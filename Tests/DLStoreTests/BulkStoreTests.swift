@@ -222,6 +222,27 @@ import Testing
         store = nil
         await fixture.finish()
     }
+
+    /// A `publish: false` write's hold keeps later writes' events back until its own are handed
+    /// over; then all go out in number order, so a subscriber never sees a number go back.
+    @Test func heldEventsGoOutInOrder() {
+        let sink = EventSink()
+        let delivered = Collected()
+        sink.set(wanted: { true }) { delivered.add($0) }
+        func event(_ seq: Int64) -> StoredEvent { StoredEvent(seq: seq, at: t0, kind: .jobState, jobID: seq, groupID: nil, state: "running") }
+        sink.publish([event(1)])
+        sink.hold()
+        sink.publish([event(4)])
+        sink.publish(after: 4, through: 5) { _, _, _ in [event(5)] }
+        #expect(delivered.events.map(\.seq) == [1], "nothing after a hold goes out before it ends")
+        sink.hold()
+        sink.release(publishing: [event(2), event(3)])
+        #expect(delivered.events.map(\.seq) == [1], "a second hold still holds")
+        sink.release(publishing: [event(6)])
+        #expect(delivered.events.map(\.seq) == [1, 2, 3, 4, 5, 6])
+        sink.publish([event(7)])
+        #expect(delivered.events.map(\.seq) == [1, 2, 3, 4, 5, 6, 7])
+    }
 }
 
 final class Counter: Sendable {

@@ -208,6 +208,7 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
             running.state = .running
             let delivered = Collected()
             store.setEventSink { delivered.add($0) }
+            store.holdEvents()
             let events = try await store.save([waiting, same, running], publish: false)
             #expect(events.map(\.seq) == [4, 5])
             #expect(events.map(\.jobID) == [jobs[0].id, jobs[2].id])
