@@ -43,8 +43,10 @@ extension Engine {
                 // The commit and the links wait for the disk outside the queue: transfers that
                 // end meanwhile get their slots refilled. Commands that would race a link
                 // (`remove`) wait for it (`linksSettled`).
-                let prepared = try await serial { () async throws(DLError) in prepareCompletion(batch, syncFailures: failures) }
-                linksInFlight += 1
+                let prepared = try await serial { () async throws(DLError) in
+                    linksInFlight += 1
+                    return prepareCompletion(batch, syncFailures: failures)
+                }
                 let outcome = await commitAndLink(prepared)
                 linksInFlight -= 1
                 if linksInFlight == 0 { for waiter in linkWaiters { waiter.resume() }; linkWaiters = [] }
