@@ -86,26 +86,11 @@ public struct TLSFiles: Sendable {
     /// `folder`. No client trusts it: only a job with `insecure` can fetch from it.
     public static func selfSigned(in folder: String) throws -> TLSFiles {
         let files = TLSFiles(certificatePath: folder + "/origin-cert.pem", keyPath: folder + "/origin-key.pem")
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
-        process.arguments = [
+        try TestCA.openssl([
             "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
             "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
             "-keyout", files.keyPath, "-out", files.certificatePath,
-        ]
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        do {
-            try process.run()
-        } catch {
-            throw TestOriginError.certificate("/usr/bin/openssl cannot run: \(error)")
-        }
-        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            throw TestOriginError.certificate("openssl req exited with \(process.terminationStatus): \(text)")
-        }
+        ])
         return files
     }
 }

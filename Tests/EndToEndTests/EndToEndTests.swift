@@ -6,7 +6,11 @@ import Testing
 
 /// Starts an origin, runs `body`, and shuts the origin down whatever happens.
 func withOrigin(_ body: (TestOrigin) async throws -> Void) async throws {
-    let origin = try await TestOrigin.start()
+    try await withStarted(try await TestOrigin.start(), body)
+}
+
+/// Runs `body` with a started origin, and shuts it down whatever happens.
+func withStarted(_ origin: TestOrigin, _ body: (TestOrigin) async throws -> Void) async throws {
     do {
         try await body(origin)
     } catch {

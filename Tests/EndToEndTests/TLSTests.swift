@@ -6,14 +6,7 @@ import Testing
 
 /// Starts an https origin with these files, runs `body`, and shuts the origin down.
 func withTLSOrigin(_ tls: TLSFiles, _ body: (TestOrigin) async throws -> Void) async throws {
-    let origin = try await TestOrigin.start(tls: tls)
-    do {
-        try await body(origin)
-    } catch {
-        try? await origin.shutdown()
-        throw error
-    }
-    try await origin.shutdown()
+    try await withStarted(try await TestOrigin.start(tls: tls), body)
 }
 
 /// A job's final state, once it is no longer queued or running.
