@@ -248,7 +248,7 @@ extension JobStore {
         try await pool.read { db in
             let jobs = try Self.jobs(
                 db.cachedStatement(sql: """
-                    SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_by_state
+                    SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_standalone_queue
                     WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
                     """),
                 arguments: [limit])
@@ -268,11 +268,21 @@ extension JobStore {
     }
 
     /// What a turn of the queue needs of a group, in one read: the group and its members'
-    /// counts by state (its queued members are claimed, see `claim`).
+    /// counts by state (see `JobTable.groupTurn`: while members are queued or running, only
+    /// whether there are any, two index look-ups whatever the group's size).
     public func groupTurn(_ id: GroupID) async throws -> (group: JobGroup?, counts: [JobState: Int]) {
         try await pool.read { db in
             guard let group = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM groups WHERE id = ?"), arguments: [id]).map(Self.group(from:)) else {
                 return (nil, [:])
+            }
+            let open = try Row.fetchOne(db.cachedStatement(sql: """
+                SELECT EXISTS (SELECT 1 FROM jobs WHERE group_id = ?1 AND state = 'queued') AS queued,
+                    EXISTS (SELECT 1 FROM jobs WHERE group_id = ?1 AND state = 'running') AS running
+                """), arguments: [id])
+            let queued: Bool = open?["queued"] ?? false
+            let running: Bool = open?["running"] ?? false
+            if queued || running {
+                return (group, [.queued: queued ? 1 : 0, .running: running ? 1 : 0].filter { $0.value > 0 })
             }
             var counts: [JobState: Int] = [:]
             for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT state, COUNT(*) AS n FROM jobs WHERE group_id = ? GROUP BY state"), arguments: [id]) {

@@ -49,7 +49,7 @@ extension JobStore {
             ids = try JobID.fetchAll(
                 db.cachedStatement(sql: """
                     SELECT id FROM (
-                        SELECT id, host, priority FROM jobs INDEXED BY jobs_by_state
+                        SELECT id, host, priority FROM jobs INDEXED BY jobs_standalone_queue
                         WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?)
                     WHERE host NOT IN (SELECT value FROM json_each(?))
                     ORDER BY priority DESC, id LIMIT ?

@@ -218,6 +218,15 @@ public final class JobStore: JobTable {
                 );
                 """)
         }
+        migrator.registerMigration("v8-standalone-queue") { db in
+            // The queue of standalone jobs in the scheduler's order, without group members:
+            // jobs_by_state also holds every queued member of a group, which a turn looking for
+            // standalone jobs walked past, all of them, every turn (the same partial index as
+            // PostgreSQL's jobs_queued).
+            try db.execute(sql: """
+                CREATE INDEX jobs_standalone_queue ON jobs(priority DESC, id) WHERE state = 'queued' AND group_id IS NULL
+                """)
+        }
         return migrator
     }
 

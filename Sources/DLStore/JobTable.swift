@@ -166,6 +166,9 @@ public protocol JobTable: Sendable {
     func memberCounts(of id: GroupID) async throws -> [JobState: Int]
     func firstFailedMember(of id: GroupID) async throws -> Job?
     /// A group and its members' counts by state, from one snapshot (its members are claimed).
+    /// While some member is queued or running, `counts` holds only `queued` and `running`, 1
+    /// when there is any (a turn needs no more, and counting a group of 100 000 members every
+    /// turn would cost each turn the group's size); once none is, every state, counted.
     func groupTurn(_ id: GroupID) async throws -> (group: JobGroup?, counts: [JobState: Int])
     /// Every group folder, with how the group was closed (nil while open).
     func groupFolders() async throws -> [(id: GroupID, dir: String, closed: GroupState?)]

@@ -301,6 +301,14 @@ extension PostgresJobStore {
             else {
                 return (nil, [:])
             }
+            // While members are queued or running, only whether there are any (see `JobTable`).
+            let open = try await connection.rows("""
+                SELECT EXISTS (SELECT 1 FROM jobs WHERE group_id = \(id) AND state = 'queued'),
+                    EXISTS (SELECT 1 FROM jobs WHERE group_id = \(id) AND state = 'running')
+                """, logger: logger).first.map { try $0.decode((Bool, Bool).self) } ?? (false, false)
+            if open.0 || open.1 {
+                return (group, [.queued: open.0 ? 1 : 0, .running: open.1 ? 1 : 0].filter { $0.value > 0 })
+            }
             let counts = try Columns.counts(
                 try await connection.rows("SELECT state, COUNT(*) FROM jobs WHERE group_id = \(id) GROUP BY state", logger: logger))
             return (group, counts)
