@@ -38,6 +38,10 @@ public enum Daemon {
         }
         if let file = systemTrust.certFile { logger.info("trusted certificates from SSL_CERT_FILE", metadata: ["path": "\(file)"]) }
         if !systemTrust.certDirs.isEmpty { logger.info("trusted certificates from SSL_CERT_DIR", metadata: ["path": "\(systemTrust.certDirs.joined(separator: ":"))"]) }
+        let (proxies, proxySource, ignoredProxies) = try config.proxyRules()
+        downloaderConfig.proxies = proxies
+        for entry in ignoredProxies { logger.warning("\(entry); that variable is not used") }
+        for line in proxies.summary { logger.info("proxy: \(line)", metadata: ["from": "\(proxySource == .config ? "config" : "environment")"]) }
         let downloader = Downloader(configuration: downloaderConfig, logger: logger)
         let bootGuard = BootGuard(stateDir: config.stateDir)
         let failedStarts = bootGuard.starting()
