@@ -93,7 +93,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "dld",
-            dependencies: ["DLDaemon", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["DLDaemon", "DLCore", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         .executableTarget(
             name: "dlctl",

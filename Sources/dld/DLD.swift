@@ -1,4 +1,5 @@
 import ArgumentParser
+import DLCore
 import DLDaemon
 import Foundation
 import Logging
@@ -11,6 +12,7 @@ struct DLD: AsyncParsableCommand {
         commandName: "dld",
         abstract: "The dld download daemon.",
         discussion: "Reads $XDG_CONFIG_HOME/dld/config.toml when it exists; flags override it. See docs/configuration.md.",
+        version: "dld \(DLDVersion.current) (protocol \(DLDVersion.protocolVersion))",
         subcommands: [Serve.self, Migrate.self],
         defaultSubcommand: Serve.self)
 }

@@ -54,6 +54,9 @@ import Testing
             #expect(waiting["state"] == "waiting" && waiting["error"]?["code"] == "proxy_error", "\(waiting.serializedString())")
             let message = waiting["error"]?["message"]?.stringValue ?? ""
             #expect(message.contains("127.0.0.1:\(proxy.port)") && message.contains("proxy"), "\(message)")
+            // The table says why the job does not run, without opening it.
+            let table = try daemon.dlctl(["status"])
+            #expect(table.stdout.contains("waiting(proxy_error)"), "\(table.stdout)")
             let stillDirect = try daemon.enqueue(["url": .string("http://localhost:\(port)/bytes/1000"), "name": "still-direct.bin"])
             #expect(try daemon.waitForState(stillDirect, ["completed", "failed", "waiting"])["state"] == "completed")
         } catch {
