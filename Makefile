@@ -34,7 +34,7 @@ bench: release
 install: release
 	install -d $(PREFIX)/bin $(UNIT_DIR) $(PREFIX)/share/doc/dld
 	install -m 755 .build/release/dld .build/release/dlctl $(PREFIX)/bin/
-	install -m 644 systemd/dld.service $(UNIT_DIR)/dld.service
+	sed "s|@BINDIR@|$(PREFIX)/bin|" systemd/dld.service > $(UNIT_DIR)/dld.service
 	install -m 644 README.md docs/*.md $(PREFIX)/share/doc/dld/
 	@echo "installed; start with: systemctl --user daemon-reload && systemctl --user enable --now dld"
 

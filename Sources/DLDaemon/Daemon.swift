@@ -21,7 +21,10 @@ public enum Daemon {
         }
         let lock = try StateLock(stateDir: config.stateDir)
         let (store, databaseLock) = try await openStore(config, logger: logger)
-        try prepareSocketFolder(config.socket, logger: logger)
+        // A socket handed over by systemd (dld.socket) is served as it is: its folder and mode
+        // are the unit's; the socket path of the configuration is then only a name.
+        let adopted = try SocketActivation.adopt()
+        if adopted == nil { try prepareSocketFolder(config.socket, logger: logger) }
         if !FileManager.default.fileExists(atPath: config.downloadDir) {
             try? FileManager.default.createDirectory(atPath: config.downloadDir, withIntermediateDirectories: true)
         }
@@ -70,7 +73,9 @@ public enum Daemon {
         let hooks = HookRunner(
             onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger)
         await engine.setOnFinished { hooks.finished($0) }
-        let service = DaemonService(config: config, engine: engine, hub: hub, bootGuard: bootGuard, logger: logger)
+        let service = DaemonService(
+            config: config, engine: engine, hub: hub, bootGuard: bootGuard, adoptedSocket: adopted,
+            notifier: SystemdNotifier(), logger: logger)
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
             services: [.init(service: service, successTerminationBehavior: .gracefullyShutdownGroup)],
             gracefulShutdownSignals: [.sigterm, .sigint],
@@ -151,6 +156,9 @@ struct DaemonService: Service, CustomStringConvertible {
     let engine: Engine
     let hub: EventHub
     let bootGuard: BootGuard
+    /// The listening socket passed by systemd, if any (else dld binds `config.socket`).
+    let adoptedSocket: Int32?
+    let notifier: SystemdNotifier
     let logger: Logger
 
     func run() async throws {
@@ -163,27 +171,103 @@ struct DaemonService: Service, CustomStringConvertible {
         let server = ControlServer(path: config.socket, dispatcher: dispatcher, hub: hub, limits: limits, logger: logger) {
             closer.withLock { $0?.close(promise: nil) }
         }
-        let channel = try await server.bind()
+        let channel = try await server.bind(adopting: adoptedSocket)
         closer.withLock { $0 = channel.channel }
-        defer { unlink(config.socket) }
+        // The socket file of an adopted socket is systemd's: it stays for the next start.
+        defer { if adoptedSocket == nil { unlink(config.socket) } }
         do {
             try await engine.start()
         } catch {
             channel.channel.close(promise: nil)
             throw DaemonError("cannot start the queue: \(error)")
         }
-        logger.info("dld \(DLDVersion.current) listening", metadata: ["socket": "\(config.socket)", "state_dir": "\(config.stateDir)"])
-        // The start-up is done: the job table is reconciled and the queue runs.
+        let socketPath = adoptedSocket.flatMap(SocketActivation.path(of:)) ?? config.socket
+        logger.info("dld \(DLDVersion.current) listening", metadata: [
+            "socket": "\(socketPath)", "state_dir": "\(config.stateDir)", "socket_from": "\(adoptedSocket == nil ? "dld" : "systemd")",
+        ])
+        // The start-up is done: the job table is reconciled, the queue runs, and the socket
+        // (bound above, its backlog already accepting) is served from the next line on.
         bootGuard.healthy()
+        notifier.notify("READY=1", "STATUS=started")
+        let notifier = self.notifier
+        let stopping = Atomic(false)
         try await withGracefulShutdownHandler {
-            try await server.serve(channel)
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await server.serve(channel) }
+                if notifier.isActive { group.addTask { await self.heartbeat() } }
+                // Serving ends when the socket is closed (SIGTERM, or a `shutdown` request).
+                try await group.next()
+                group.cancelAll()
+            }
         } onGracefulShutdown: {
+            // At once on SIGTERM: systemd shows the unit as deactivating from here.
+            if stopping.exchange(true, ordering: .relaxed) == false { notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers") }
             closer.withLock { $0?.close(promise: nil) }
         }
+        // Also after a `shutdown` request, which ends serving without a signal.
+        if stopping.exchange(true, ordering: .relaxed) == false { notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers") }
         logger.info("stopping: checkpointing transfers")
-        await engine.shutdown()
+        // Syncing the transfers' bytes can outlast TimeoutStopSec on a slow disk: systemd is
+        // asked for more time while it goes on, rather than killing dld in the middle.
+        let extend = "EXTEND_TIMEOUT_USEC=\(Self.stopExtension.components.seconds * 1_000_000)"
+        notifier.notify(extend)
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await engine.shutdown() }
+            if notifier.isActive {
+                group.addTask {
+                    while !Task.isCancelled {
+                        try? await Task.sleep(for: Self.stopExtension / 2)
+                        if !Task.isCancelled { notifier.notify(extend) }
+                    }
+                }
+            }
+            await group.next()
+            group.cancelAll()
+        }
         bootGuard.healthy()
         logger.info("stopped")
+    }
+
+    /// How much more time each `EXTEND_TIMEOUT_USEC` asks for while transfers are synced.
+    static let stopExtension: Duration = .seconds(20)
+
+    /// While dld serves: `WATCHDOG=1` when systemd asks for it, and `STATUS=` for
+    /// `systemctl --user status dld`. Both come from an answer of the engine (its serial queue)
+    /// and the job table, so a stuck engine stops the pings and systemd restarts dld; a live
+    /// process alone is not enough.
+    func heartbeat() async {
+        let every = min(notifier.watchdogInterval ?? Self.statusInterval, Self.statusInterval)
+        while !Task.isCancelled {
+            if let stats = try? await engine.stats() {
+                let status = "STATUS=" + Self.statusLine(stats)
+                if notifier.watchdogInterval != nil { notifier.notify("WATCHDOG=1", status) } else { notifier.notify(status) }
+            }
+            try? await Task.sleep(for: every)
+        }
+    }
+
+    static let statusInterval: Duration = .seconds(5)
+
+    /// "2 running, 10 queued, 1 waiting, 3.4 MB/s" (and why the queue is paused, if it is).
+    static func statusLine(_ stats: Engine.Stats) -> String {
+        var parts = ["\(stats.active) running", "\(stats.counts[.queued] ?? 0) queued"]
+        if let waiting = stats.counts[.waiting], waiting > 0 { parts.append("\(waiting) waiting") }
+        if let failed = stats.counts[.failed], failed > 0 { parts.append("\(failed) failed") }
+        parts.append(byteRate(stats.speed))
+        var line = parts.joined(separator: ", ")
+        if stats.queuePausedReason != nil { line += " (queue paused)" }
+        return line
+    }
+
+    static func byteRate(_ bytesPerSecond: Double) -> String {
+        let units = ["B/s", "kB/s", "MB/s", "GB/s"]
+        var value = max(0, bytesPerSecond)
+        var unit = 0
+        while value >= 1000, unit < units.count - 1 {
+            value /= 1000
+            unit += 1
+        }
+        return unit == 0 ? "\(Int(value)) B/s" : String(format: "%.1f %@", value, units[unit])
     }
 }
 
