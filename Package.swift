@@ -77,6 +77,8 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                // SIGHUP, for a reload of the config file.
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             ]
         ),
         // Test origin server (deterministic bytes, Range, throttling, faults) and daemon launcher.

@@ -65,7 +65,9 @@ public final class ControlServer: Sendable {
     let path: String
     let dispatcher: Dispatcher
     let hub: EventHub
-    let limits: Limits
+    /// Read for each connection: a reload changes them for the connections that follow.
+    private let currentLimits: Mutex<Limits>
+    var limits: Limits { currentLimits.withLock { $0 } }
     let logger: Logger
     /// Called once a `shutdown` request has been answered.
     let onShutdown: @Sendable () -> Void
@@ -76,7 +78,7 @@ public final class ControlServer: Sendable {
         self.path = path
         self.hub = hub
         self.dispatcher = dispatcher
-        self.limits = limits
+        self.currentLimits = Mutex(limits)
         self.logger = logger
         self.onShutdown = onShutdown
     }
@@ -110,12 +112,17 @@ public final class ControlServer: Sendable {
         return server
     }
 
+    public func setLimits(_ limits: Limits) {
+        currentLimits.withLock { $0 = limits }
+    }
+
     /// Each connection: the idle timeout, the line framing with its limit, an async channel.
     private var childInitializer: @Sendable (any Channel) -> EventLoopFuture<NIOAsyncChannel<ByteBuffer, ByteBuffer>> {
-        let maxLine = limits.maxLineBytes
-        let idle = limits.idleTimeout
-        return { channel in
-            channel.eventLoop.makeCompletedFuture {
+        return { [self] channel in
+            let limits = self.limits
+            let maxLine = limits.maxLineBytes
+            let idle = limits.idleTimeout
+            return channel.eventLoop.makeCompletedFuture {
                 try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle), name: "idle")
                 try channel.pipeline.syncOperations.addHandler(IdleCloser(), name: "idle-closer")
                 try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(LineDecoder(maxLength: maxLine)))

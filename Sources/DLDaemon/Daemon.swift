@@ -9,10 +9,12 @@ import Logging
 import NIOCore
 import ServiceLifecycle
 import Synchronization
+import UnixSignals
 
 /// Wires the daemon together and runs it until SIGTERM, SIGINT or a `shutdown` request.
 public enum Daemon {
-    public static func run(config: DaemonConfig, logger: Logger) async throws {
+    /// - Parameter reload: reads the configuration again (the file, then the flags), for SIGHUP.
+    public static func run(config: DaemonConfig, logger: Logger, reload: (@Sendable () throws -> DaemonConfig)? = nil) async throws {
         // glibc gives each thread that allocates an arena of its own; dld's thread pools then
         // keep a freed reply's memory several times over. Two arenas keep RSS near what is used.
         _ = dld_limit_malloc_arenas(2)
@@ -58,9 +60,8 @@ public enum Daemon {
                                    giveUpAfter: config.giveUpAfter, diskRecheck: config.diskRecheck),
             diskSpace: DiskSpacePolicy(minFree: config.minFree),
             checkpoints: CheckpointPolicy(interval: config.checkpointInterval),
-            queuePausedReason: queuePausedReason, groupParallel: config.groupParallel,
-            pathPolicy: pathPolicy(config), maxQueued: config.maxQueued, netrcPath: config.effectiveNetrc)
-        engineConfiguration.maxPerHost = config.maxPerHost
+            queuePausedReason: queuePausedReason)
+        applyLive(config, policy: pathPolicy(config), to: &engineConfiguration)
         engineConfiguration.worker = config.workerID
         engineConfiguration.lease = config.lease
         let engine = Engine(
@@ -70,12 +71,12 @@ public enum Daemon {
         let hub = EventHub()
         store.setEventSink(wanted: { hub.subscriberCount > 0 }) { hub.publish($0) }
         await engine.startProgressReports(every: .milliseconds(500)) { hub.publishProgress($0, $1) }
-        let hooks = HookRunner(
-            onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger)
-        await engine.setOnFinished { hooks.finished($0) }
+        let hooks = Reloadable(HookRunner(
+            onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger))
+        await engine.setOnFinished { hooks.value.finished($0) }
         let service = DaemonService(
             config: config, engine: engine, hub: hub, bootGuard: bootGuard, adoptedSocket: adopted,
-            notifier: SystemdNotifier(), logger: logger)
+            notifier: SystemdNotifier(), hooks: hooks, current: Reloadable(config), reloadConfig: reload, logger: logger)
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
             services: [.init(service: service, successTerminationBehavior: .gracefullyShutdownGroup)],
             gracefulShutdownSignals: [.sigterm, .sigint],
@@ -125,6 +126,22 @@ public enum Daemon {
         }
     }
 
+    /// The engine's settings that follow the config file, at start and at a reload.
+    static func applyLive(_ config: DaemonConfig, policy: PathPolicy, to configuration: inout EngineConfiguration) {
+        configuration.downloadDir = config.downloadDir
+        configuration.maxActive = config.maxActive
+        configuration.backoff = BackoffPolicy(
+            base: config.retryBase, cap: config.retryMaxDelay, maxAttempts: config.maxAttempts,
+            giveUpAfter: config.giveUpAfter, diskRecheck: config.diskRecheck)
+        configuration.diskSpace = DiskSpacePolicy(minFree: config.minFree)
+        configuration.checkpoints = CheckpointPolicy(interval: config.checkpointInterval)
+        configuration.groupParallel = config.groupParallel
+        configuration.pathPolicy = policy
+        configuration.maxQueued = config.maxQueued
+        configuration.netrcPath = config.effectiveNetrc
+        configuration.maxPerHost = config.maxPerHost
+    }
+
     /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not
     /// exist are left out until they do (at the next start).
     static func pathPolicy(_ config: DaemonConfig) -> PathPolicy {
@@ -159,16 +176,28 @@ struct DaemonService: Service, CustomStringConvertible {
     /// The listening socket passed by systemd, if any (else dld binds `config.socket`).
     let adoptedSocket: Int32?
     let notifier: SystemdNotifier
+    /// The hook commands, replaced by a reload.
+    let hooks: Reloadable<HookRunner>
+    /// The settings in force (a reload changes the live ones).
+    let current: Reloadable<DaemonConfig>
+    let reloadConfig: (@Sendable () throws -> DaemonConfig)?
     let logger: Logger
 
-    func run() async throws {
-        let closer = Mutex<(any Channel)?>(nil)
-        let dispatcher = Dispatcher(engine: engine)
+    static func limits(_ config: DaemonConfig) -> ControlServer.Limits {
         var limits = ControlServer.Limits()
         limits.maxLineBytes = config.maxLineBytes
         limits.maxConnections = config.maxConnections
         limits.idleTimeout = .seconds(Int64(config.idleTimeout))
-        let server = ControlServer(path: config.socket, dispatcher: dispatcher, hub: hub, limits: limits, logger: logger) {
+        return limits
+    }
+
+    func run() async throws {
+        let closer = Mutex<(any Channel)?>(nil)
+        // Trapped before READY=1: from then on `systemctl reload` may send it (its default
+        // action would end dld).
+        let hangups = await UnixSignalsSequence(trapping: .sighup)
+        let dispatcher = Dispatcher(engine: engine)
+        let server = ControlServer(path: config.socket, dispatcher: dispatcher, hub: hub, limits: Self.limits(config), logger: logger) {
             closer.withLock { $0?.close(promise: nil) }
         }
         let channel = try await server.bind(adopting: adoptedSocket)
@@ -195,6 +224,9 @@ struct DaemonService: Service, CustomStringConvertible {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 group.addTask { try await server.serve(channel) }
                 if notifier.isActive { group.addTask { await self.heartbeat() } }
+                group.addTask {
+                    for await _ in hangups { await self.reload(server: server) }
+                }
                 // Serving ends when the socket is closed (SIGTERM, or a `shutdown` request).
                 try await group.next()
                 group.cancelAll()

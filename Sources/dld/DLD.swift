@@ -62,12 +62,11 @@ struct ConfigOptions: ParsableArguments {
     }
 }
 
+/// Log lines on stderr, with the journal's priority prefixes when stderr is the journal; the
+/// level can change later (a reloaded `log_level`).
 func bootstrapLogging(_ level: Logger.Level) -> Logger {
-    LoggingSystem.bootstrap { label in
-        var handler = StreamLogHandler.standardError(label: label)
-        handler.logLevel = level
-        return handler
-    }
+    DaemonLogHandler.level.withLock { $0 = level }
+    LoggingSystem.bootstrap { DaemonLogHandler(label: $0) }
     return Logger(label: "dld")
 }
 
@@ -86,7 +85,14 @@ struct Serve: AsyncParsableCommand {
         }
         let logger = bootstrapLogging(effective.logLevel)
         do {
-            try await Daemon.run(config: effective, logger: logger)
+            let options = self.options
+            try await Daemon.run(config: effective, logger: logger) {
+                do {
+                    return try options.effective()
+                } catch let error as ValidationError {
+                    throw DaemonError(error.message)
+                }
+            }
         } catch let error as DaemonError {
             FileHandle.standardError.write(Data("dld: \(error.description)\n".utf8))
             throw ExitCode(1)
