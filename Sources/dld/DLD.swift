@@ -11,7 +11,7 @@ struct DLD: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dld",
         abstract: "The dld download daemon.",
-        discussion: "Reads $XDG_CONFIG_HOME/dld/config.toml when it exists; flags override it. See docs/configuration.md.",
+        discussion: "Reads $XDG_CONFIG_HOME/dld/config.toml when it exists; flags override it. SIGHUP reads it again without stopping transfers. The keys are in dld.conf(5) and docs/configuration.md; running under systemd (Type=notify, dld.socket) in docs/operations.md.",
         version: "dld \(DLDVersion.current) (protocol \(DLDVersion.protocolVersion))",
         subcommands: [Serve.self, Migrate.self],
         defaultSubcommand: Serve.self)
