@@ -16,8 +16,9 @@ public final class TestProxy: @unchecked Sendable {
     /// `http://127.0.0.1:PORT` or `socks5://127.0.0.1:PORT`.
     public var url: String { (kind == .tinyproxy ? "http" : "socks5") + "://127.0.0.1:\(port)" }
 
-    /// Starts the proxy and waits until it accepts connections.
-    public init(_ kind: Kind, in parent: String) throws {
+    /// Starts the proxy and waits until it accepts connections. `login`: tinyproxy asks for
+    /// these Basic credentials (407 without them).
+    public init(_ kind: Kind, in parent: String, login: (user: String, password: String)? = nil) throws {
         self.kind = kind
         folder = parent + "/proxy-\(kind)"
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
@@ -35,7 +36,7 @@ public final class TestProxy: @unchecked Sendable {
                 MaxClients 50
                 LogFile "\(logFile)"
                 LogLevel Connect
-                """
+                """ + (login.map { "\nBasicAuth \($0.user) \($0.password)\n" } ?? "")
             try config.write(toFile: folder + "/tinyproxy.conf", atomically: true, encoding: .utf8)
             process.executableURL = URL(fileURLWithPath: program)
             process.arguments = ["-d", "-c", folder + "/tinyproxy.conf"]

@@ -94,6 +94,35 @@ import Testing
         try await origin.shutdown()
     }
 
+    /// A proxy that wants a login: without credentials the job fails with `proxy_auth` at
+    /// once; with `user:password@` in the proxy URL it goes through, and the password is
+    /// never logged.
+    @Test func proxyLogin() async throws {
+        let probe = try DaemonHarness()
+        let proxy = try TestProxy(.tinyproxy, in: probe.root, login: ("dld", "pr0xy-secret"))
+        let origin = try await TestOrigin.start()
+        do {
+            let anonymous = try DaemonHarness(config: slowRetries + "\nproxy = \"\(proxy.url)\"\n")
+            try anonymous.start()
+            let refused = try anonymous.waitForState(try anonymous.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": "a.bin"]), ["completed", "failed", "waiting"])
+            anonymous.stop()
+            #expect(refused["state"] == "failed" && refused["error"]?["code"] == "proxy_auth", "\(refused.serializedString())")
+
+            let port = proxy.port
+            let member = try DaemonHarness(config: slowRetries + "\nproxy = \"http://dld:pr0xy-secret@127.0.0.1:\(port)\"\n")
+            try member.start()
+            let done = try member.waitForState(try member.enqueue(["url": .string("\(origin.baseURL)/bytes/5000"), "name": "b.bin"]), ["completed", "failed", "waiting"])
+            member.stop()
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            #expect(member.log.contains("dld:***@127.0.0.1:\(port)"), "\(member.log)")
+            #expect(!member.log.contains("pr0xy-secret"))
+        } catch {
+            try? await origin.shutdown()
+            throw error
+        }
+        try await origin.shutdown()
+    }
+
     /// `--print-config` shows the proxy with its password as `***`, and the environment's
     /// proxies as comments; a proxy URL dld cannot use is refused at start with its line.
     @Test func printConfigRedactsAndBadProxyIsRefused() throws {
