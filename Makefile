@@ -1,9 +1,8 @@
 # dld — the two set-up commands are `make run` and `make test` (see README.md).
 SWIFT ?= swift
 PREFIX ?= $(HOME)/.local
-UNIT_DIR ?= $(HOME)/.config/systemd/user
 
-.PHONY: deps build release run test bench install uninstall clean
+.PHONY: deps build release run test bench install install-files uninstall clean
 
 deps:
 	@scripts/deps.sh
@@ -23,6 +22,7 @@ run: release
 # XCTest runner (which would only report "0 tests") is turned off.
 test: deps
 	$(SWIFT) build --build-tests
+	$(SWIFT) build --product generate-manual
 	$(SWIFT) test --skip-build --disable-xctest
 
 # Figures, not assertions: prints times, ratios and memory (see docs/benchmarks.md).
@@ -31,16 +31,58 @@ PARTS ?=
 bench: release
 	scripts/bench.sh $(PARTS)
 
-install: release
-	install -d $(PREFIX)/bin $(UNIT_DIR) $(PREFIX)/share/doc/dld
-	install -m 755 .build/release/dld .build/release/dlctl $(PREFIX)/bin/
-	install -m 644 systemd/dld.service $(UNIT_DIR)/dld.service
-	install -m 644 README.md docs/*.md $(PREFIX)/share/doc/dld/
-	@echo "installed; start with: systemctl --user daemon-reload && systemctl --user enable --now dld"
+# Installs for one user by default (PREFIX=~/.local); packagers set PREFIX=/usr and DESTDIR.
+# Every file goes to its XDG/FHS place under $(DESTDIR)$(PREFIX): binaries in bin, the user
+# units where systemd --user looks (share/systemd/user), completions where bash-completion,
+# zsh and fish look, manual pages dld(1), dlctl(1) (generated from the command definitions
+# by swift-argument-parser's generate-manual) and dld.conf(5) (from docs/configuration.md).
+# `make install` builds release binaries first; `make install-files CONFIGURATION=debug`
+# installs what a build already made (the tests do that).
+CONFIGURATION ?= release
+BIN ?= .build/$(CONFIGURATION)
+BINDIR = $(PREFIX)/bin
+DATADIR = $(PREFIX)/share
+UNIT_DIR ?= $(DATADIR)/systemd/user
+MANDIR ?= $(DATADIR)/man
+BASH_COMPLETION_DIR ?= $(DATADIR)/bash-completion/completions
+ZSH_COMPLETION_DIR ?= $(DATADIR)/zsh/site-functions
+FISH_COMPLETION_DIR ?= $(DATADIR)/fish/vendor_completions.d
+DOC_DIR ?= $(DATADIR)/doc/dld
+
+install: deps
+	$(SWIFT) build -c $(CONFIGURATION) --product dld
+	$(SWIFT) build -c $(CONFIGURATION) --product dlctl
+	$(SWIFT) build -c $(CONFIGURATION) --product generate-manual
+	$(MAKE) install-files
+	@echo "installed in $(DESTDIR)$(PREFIX); start with: systemctl --user daemon-reload && systemctl --user enable --now dld (or dld.socket)"
+
+install-files:
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNIT_DIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 \
+		$(DESTDIR)$(BASH_COMPLETION_DIR) $(DESTDIR)$(ZSH_COMPLETION_DIR) $(DESTDIR)$(FISH_COMPLETION_DIR) $(DESTDIR)$(DOC_DIR)
+	install -m 755 $(BIN)/dld $(BIN)/dlctl $(DESTDIR)$(BINDIR)/
+	sed "s|@BINDIR@|$(BINDIR)|" systemd/dld.service > $(DESTDIR)$(UNIT_DIR)/dld.service
+	install -m 644 systemd/dld.socket $(DESTDIR)$(UNIT_DIR)/dld.socket
+	chmod 644 $(DESTDIR)$(UNIT_DIR)/dld.service
+	set -e; for tool in dld dlctl; do \
+		$(BIN)/$$tool --generate-completion-script bash > $(DESTDIR)$(BASH_COMPLETION_DIR)/$$tool; \
+		$(BIN)/$$tool --generate-completion-script zsh > $(DESTDIR)$(ZSH_COMPLETION_DIR)/_$$tool; \
+		$(BIN)/$$tool --generate-completion-script fish > $(DESTDIR)$(FISH_COMPLETION_DIR)/$$tool.fish; \
+		$(BIN)/generate-manual $(BIN)/$$tool --section 1 --authors "the dld authors" -o $(DESTDIR)$(MANDIR)/man1; \
+	done
+	python3 scripts/md2man.py docs/configuration.md dld.conf 5 "dld configuration" > $(DESTDIR)$(MANDIR)/man5/dld.conf.5
+	chmod 644 $(DESTDIR)$(MANDIR)/man1/dld.1 $(DESTDIR)$(MANDIR)/man1/dlctl.1 $(DESTDIR)$(MANDIR)/man5/dld.conf.5 \
+		$(DESTDIR)$(BASH_COMPLETION_DIR)/dld $(DESTDIR)$(BASH_COMPLETION_DIR)/dlctl $(DESTDIR)$(ZSH_COMPLETION_DIR)/_dld \
+		$(DESTDIR)$(ZSH_COMPLETION_DIR)/_dlctl $(DESTDIR)$(FISH_COMPLETION_DIR)/dld.fish $(DESTDIR)$(FISH_COMPLETION_DIR)/dlctl.fish
+	install -m 644 README.md docs/*.md $(DESTDIR)$(DOC_DIR)/
 
 uninstall:
-	rm -f $(PREFIX)/bin/dld $(PREFIX)/bin/dlctl $(UNIT_DIR)/dld.service
-	rm -rf $(PREFIX)/share/doc/dld
+	rm -f $(DESTDIR)$(BINDIR)/dld $(DESTDIR)$(BINDIR)/dlctl
+	rm -f $(DESTDIR)$(UNIT_DIR)/dld.service $(DESTDIR)$(UNIT_DIR)/dld.socket
+	rm -f $(DESTDIR)$(MANDIR)/man1/dld.1 $(DESTDIR)$(MANDIR)/man1/dlctl.1 $(DESTDIR)$(MANDIR)/man5/dld.conf.5
+	rm -f $(DESTDIR)$(BASH_COMPLETION_DIR)/dld $(DESTDIR)$(BASH_COMPLETION_DIR)/dlctl
+	rm -f $(DESTDIR)$(ZSH_COMPLETION_DIR)/_dld $(DESTDIR)$(ZSH_COMPLETION_DIR)/_dlctl
+	rm -f $(DESTDIR)$(FISH_COMPLETION_DIR)/dld.fish $(DESTDIR)$(FISH_COMPLETION_DIR)/dlctl.fish
+	rm -rf $(DESTDIR)$(DOC_DIR)
 
 clean:
 	rm -rf .build

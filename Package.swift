@@ -15,6 +15,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.3"),
         // Already in the graph through async-http-client; the test origin serves https with it.
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
+        // Already in the graph through async-http-client; its SOCKS errors name a proxy's failures.
+        .package(url: "https://github.com/apple/swift-nio-extras", from: "1.35.2"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
@@ -60,6 +62,7 @@ let package = Package(
                 .product(name: "NIOTLS", package: "swift-nio"),
                 // Trust roots, client certificates, and the reasons of a failed handshake.
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOSOCKS", package: "swift-nio-extras"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -74,6 +77,8 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                // SIGHUP, for a reload of the config file.
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             ]
         ),
         // Test origin server (deterministic bytes, Range, throttling, faults) and daemon launcher.
@@ -90,7 +95,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "dld",
-            dependencies: ["DLDaemon", .product(name: "ArgumentParser", package: "swift-argument-parser")]
+            dependencies: ["DLDaemon", "DLCore", .product(name: "ArgumentParser", package: "swift-argument-parser")]
         ),
         .executableTarget(
             name: "dlctl",

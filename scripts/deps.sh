@@ -6,6 +6,11 @@
 # tests of the PostgreSQL store start a throwaway server of their own with them. dld builds
 # without them, so a failure to install them is a note, not a failed build; those tests then
 # fail with a message that says PostgreSQL is missing (they are never skipped).
+#
+# Likewise the other programs the tests start as real parts: an HTTP proxy (tinyproxy) and a
+# SOCKS5 proxy (microsocks) for the proxy tests; systemd-socket-activate and systemd-analyze
+# (Debian's `systemd`) for socket activation and the units; man (man-db) and bash-completion
+# for the installed manual pages and completions.
 set -euo pipefail
 missing=()
 [ -f /usr/include/sqlite3.h ] || missing+=(libsqlite3-dev)
@@ -14,7 +19,13 @@ postgres_missing=
 if ! command -v initdb >/dev/null 2>&1 && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
   postgres_missing=postgresql
 fi
-[ ${#missing[@]} -eq 0 ] && [ -z "$postgres_missing" ] && exit 0
+tools_missing=()
+command -v tinyproxy >/dev/null 2>&1 || [ -x /usr/bin/tinyproxy ] || tools_missing+=(tinyproxy)
+command -v microsocks >/dev/null 2>&1 || tools_missing+=(microsocks)
+command -v systemd-socket-activate >/dev/null 2>&1 && command -v systemd-analyze >/dev/null 2>&1 || tools_missing+=(systemd)
+command -v man >/dev/null 2>&1 || tools_missing+=(man-db)
+[ -f /usr/share/bash-completion/bash_completion ] || tools_missing+=(bash-completion)
+[ ${#missing[@]} -eq 0 ] && [ -z "$postgres_missing" ] && [ ${#tools_missing[@]} -eq 0 ] && exit 0
 
 can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
 updated=
@@ -39,6 +50,14 @@ if [ -n "$postgres_missing" ]; then
   else
     echo "note: PostgreSQL is not installed, and could not be installed here; dld builds without it, but" >&2
     echo "      the tests of the PostgreSQL store will fail until it is: sudo apt-get install postgresql" >&2
+  fi
+fi
+if [ ${#tools_missing[@]} -gt 0 ]; then
+  if can_install && { echo "installing ${tools_missing[*]} (programs the tests start)" >&2; apt_install "${tools_missing[@]}"; }; then
+    :
+  else
+    echo "note: ${tools_missing[*]} could not be installed here; dld builds without them, but the tests" >&2
+    echo "      that start them will fail until they are: sudo apt-get install ${tools_missing[*]}" >&2
   fi
 fi
 exit 0

@@ -56,6 +56,11 @@ public struct DaemonConfig: Sendable, Equatable {
     /// A client certificate (PEM chain) and its unencrypted PEM key, for servers that ask.
     public var clientCert: String?
     public var clientKey: String?
+    /// A proxy URL for every request, instead of `http_proxy`, `https_proxy` and `all_proxy`
+    /// from the environment; "" for none whatever the environment says; nil: the environment.
+    public var proxy: String?
+    /// Hosts reached directly (curl's `no_proxy` syntax), instead of the environment's `no_proxy`.
+    public var noProxy: String?
     /// The file that was read, if any.
     public var configFile: String?
 
@@ -122,6 +127,16 @@ public struct DaemonConfig: Sendable, Equatable {
         configFile = path
     }
 
+    /// Which proxy each URL goes through: `proxy` and `no_proxy` of the config file, else the
+    /// environment's variables (curl's rules).
+    public func proxyRules(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> (rules: ProxyRules, source: ProxyRules.Source, ignored: [String]) {
+        do {
+            return try ProxyRules.resolve(configProxy: proxy, configNoProxy: noProxy, environment: environment)
+        } catch {
+            throw DaemonError("proxy: \(error.description)")
+        }
+    }
+
     /// The TLS settings of the config file, for the downloader.
     public var tls: TLSSettings {
         TLSSettings(caFiles: caFile.map { [$0] } ?? [], caDirs: caDir.map { [$0] } ?? [], clientCert: clientCert, clientKey: clientKey)
@@ -132,7 +147,7 @@ public struct DaemonConfig: Sendable, Equatable {
         "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections", "min_free",
         "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
         "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size", "worker_name", "lease",
-        "ca_file", "ca_dir", "client_cert", "client_key",
+        "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -221,6 +236,17 @@ public struct DaemonConfig: Sendable, Equatable {
             let file = try path()
             if let problem = TLSFileCheck.privateKey(file, what: "client key") { throw DaemonError("client_key: \(problem)") }
             clientKey = file
+        case "proxy":
+            let text = try string()
+            if !text.isEmpty {
+                do {
+                    _ = try ProxyServer.parse(text)
+                } catch {
+                    throw DaemonError("proxy: \(error.description)")
+                }
+            }
+            proxy = text
+        case "no_proxy": noProxy = try string()
         case "worker_name":
             let name = try string()
             guard (1...64).contains(name.utf8.count),
@@ -317,6 +343,13 @@ public struct DaemonConfig: Sendable, Equatable {
         if let caDir { lines.append("ca_dir = \(quote(caDir))") }
         if let clientCert { lines.append("client_cert = \(quote(clientCert))") }
         if let clientKey { lines.append("client_key = \(quote(clientKey))") }
+        // Credentials in a proxy URL are shown as ***, as the database's password.
+        if let proxy { lines.append("proxy = \(quote(ProxyServer.redacted(proxy)))") }
+        if let noProxy { lines.append("no_proxy = \(quote(noProxy))") }
+        if let (rules, source, ignored) = try? proxyRules(), source == .environment || !ignored.isEmpty {
+            for line in rules.summary { lines.append("# from the environment: \(line)") }
+            for line in ignored { lines.append("# ignored: \(line)") }
+        }
         return lines.joined(separator: "\n") + "\n"
     }
 }
@@ -327,6 +360,7 @@ extension DaemonConfig: CustomStringConvertible, CustomDebugStringConvertible {
     public var description: String {
         var shown = self
         shown.database = database.map(PostgresURL.redacted)
+        shown.proxy = proxy.map(ProxyServer.redacted)
         return "DaemonConfig(" + Mirror(reflecting: shown).children.map { "\($0.label ?? ""): \(String(reflecting: $0.value))" }.joined(separator: ", ") + ")"
     }
 

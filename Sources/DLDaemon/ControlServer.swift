@@ -65,7 +65,9 @@ public final class ControlServer: Sendable {
     let path: String
     let dispatcher: Dispatcher
     let hub: EventHub
-    let limits: Limits
+    /// Read for each connection: a reload changes them for the connections that follow.
+    private let currentLimits: Mutex<Limits>
+    var limits: Limits { currentLimits.withLock { $0 } }
     let logger: Logger
     /// Called once a `shutdown` request has been answered.
     let onShutdown: @Sendable () -> Void
@@ -76,21 +78,26 @@ public final class ControlServer: Sendable {
         self.path = path
         self.hub = hub
         self.dispatcher = dispatcher
-        self.limits = limits
+        self.currentLimits = Mutex(limits)
         self.logger = logger
         self.onShutdown = onShutdown
     }
 
     /// Binds the socket (mode 0600). Fails if another process answers on it already; a stale
-    /// socket file left by a dead daemon is replaced.
-    public func bind() async throws -> NIOAsyncChannel<NIOAsyncChannel<ByteBuffer, ByteBuffer>, Never> {
+    /// socket file left by a dead daemon is replaced. With `adopting`, the listening socket
+    /// systemd passed (socket activation) is served instead, as it is: its path and mode are
+    /// the socket unit's. Every check of a connection (peer uid, limits) is the same.
+    public func bind(adopting adopted: Int32? = nil) async throws -> NIOAsyncChannel<NIOAsyncChannel<ByteBuffer, ByteBuffer>, Never> {
+        if let adopted {
+            return try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .childChannelOption(.allowRemoteHalfClosure, value: true)
+                .bind(NIOBSDSocket.Handle(adopted), childChannelInitializer: childInitializer)
+        }
         let probe = RPCClient(socketPath: path)
         if (try? probe.connect()) != nil {
             probe.close()
             throw DaemonError("another process is listening on \(path); is dld already running?")
         }
-        let maxLine = limits.maxLineBytes
-        let idle = limits.idleTimeout
         // The socket file is created by bind with the process umask; until the chmod below it
         // must not be reachable by others, whatever umask dld was started with.
         let previousMask = umask(0o177)
@@ -100,20 +107,32 @@ public final class ControlServer: Sendable {
             // A client may send its requests and shut down its side (`echo … | socat`): the
             // answers are still written before the connection closes.
             .childChannelOption(.allowRemoteHalfClosure, value: true)
-            .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true) { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle), name: "idle")
-                    try channel.pipeline.syncOperations.addHandler(IdleCloser(), name: "idle-closer")
-                    try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(LineDecoder(maxLength: maxLine)))
-                    // Finishing the writer half-closes the connection after what was written, so
-                    // a cut-off event stream still delivers its last notice.
-                    return try NIOAsyncChannel<ByteBuffer, ByteBuffer>(
-                        wrappingChannelSynchronously: channel,
-                        configuration: .init(isOutboundHalfClosureEnabled: true))
-                }
-            }
+            .bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true, childChannelInitializer: childInitializer)
         chmod(path, 0o600)
         return server
+    }
+
+    public func setLimits(_ limits: Limits) {
+        currentLimits.withLock { $0 = limits }
+    }
+
+    /// Each connection: the idle timeout, the line framing with its limit, an async channel.
+    private var childInitializer: @Sendable (any Channel) -> EventLoopFuture<NIOAsyncChannel<ByteBuffer, ByteBuffer>> {
+        return { [self] channel in
+            let limits = self.limits
+            let maxLine = limits.maxLineBytes
+            let idle = limits.idleTimeout
+            return channel.eventLoop.makeCompletedFuture {
+                try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle), name: "idle")
+                try channel.pipeline.syncOperations.addHandler(IdleCloser(), name: "idle-closer")
+                try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(LineDecoder(maxLength: maxLine)))
+                // Finishing the writer half-closes the connection after what was written, so
+                // a cut-off event stream still delivers its last notice.
+                return try NIOAsyncChannel<ByteBuffer, ByteBuffer>(
+                    wrappingChannelSynchronously: channel,
+                    configuration: .init(isOutboundHalfClosureEnabled: true))
+            }
+        }
     }
 
     /// Serves until the server channel is closed, then closes the connections.

@@ -9,10 +9,12 @@ import Logging
 import NIOCore
 import ServiceLifecycle
 import Synchronization
+import UnixSignals
 
 /// Wires the daemon together and runs it until SIGTERM, SIGINT or a `shutdown` request.
 public enum Daemon {
-    public static func run(config: DaemonConfig, logger: Logger) async throws {
+    /// - Parameter reload: reads the configuration again (the file, then the flags), for SIGHUP.
+    public static func run(config: DaemonConfig, logger: Logger, reload: (@Sendable () throws -> DaemonConfig)? = nil) async throws {
         // glibc gives each thread that allocates an arena of its own; dld's thread pools then
         // keep a freed reply's memory several times over. Two arenas keep RSS near what is used.
         _ = dld_limit_malloc_arenas(2)
@@ -21,7 +23,10 @@ public enum Daemon {
         }
         let lock = try StateLock(stateDir: config.stateDir)
         let (store, databaseLock) = try await openStore(config, logger: logger)
-        try prepareSocketFolder(config.socket, logger: logger)
+        // A socket handed over by systemd (dld.socket) is served as it is: its folder and mode
+        // are the unit's; the socket path of the configuration is then only a name.
+        let adopted = try SocketActivation.adopt()
+        if adopted == nil { try prepareSocketFolder(config.socket, logger: logger) }
         if !FileManager.default.fileExists(atPath: config.downloadDir) {
             try? FileManager.default.createDirectory(atPath: config.downloadDir, withIntermediateDirectories: true)
         }
@@ -38,6 +43,10 @@ public enum Daemon {
         }
         if let file = systemTrust.certFile { logger.info("trusted certificates from SSL_CERT_FILE", metadata: ["path": "\(file)"]) }
         if !systemTrust.certDirs.isEmpty { logger.info("trusted certificates from SSL_CERT_DIR", metadata: ["path": "\(systemTrust.certDirs.joined(separator: ":"))"]) }
+        let (proxies, proxySource, ignoredProxies) = try config.proxyRules()
+        downloaderConfig.proxies = proxies
+        for entry in ignoredProxies { logger.warning("\(entry); that variable is not used") }
+        for line in proxies.summary { logger.info("proxy: \(line)", metadata: ["from": "\(proxySource == .config ? "config" : "environment")"]) }
         let downloader = Downloader(configuration: downloaderConfig, logger: logger)
         let bootGuard = BootGuard(stateDir: config.stateDir)
         let failedStarts = bootGuard.starting()
@@ -51,9 +60,8 @@ public enum Daemon {
                                    giveUpAfter: config.giveUpAfter, diskRecheck: config.diskRecheck),
             diskSpace: DiskSpacePolicy(minFree: config.minFree),
             checkpoints: CheckpointPolicy(interval: config.checkpointInterval),
-            queuePausedReason: queuePausedReason, groupParallel: config.groupParallel,
-            pathPolicy: pathPolicy(config), maxQueued: config.maxQueued, netrcPath: config.effectiveNetrc)
-        engineConfiguration.maxPerHost = config.maxPerHost
+            queuePausedReason: queuePausedReason)
+        applyLive(config, policy: pathPolicy(config), to: &engineConfiguration)
         engineConfiguration.worker = config.workerID
         engineConfiguration.lease = config.lease
         let engine = Engine(
@@ -63,10 +71,12 @@ public enum Daemon {
         let hub = EventHub()
         store.setEventSink(wanted: { hub.subscriberCount > 0 }) { hub.publish($0) }
         await engine.startProgressReports(every: .milliseconds(500)) { hub.publishProgress($0, $1) }
-        let hooks = HookRunner(
-            onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger)
-        await engine.setOnFinished { hooks.finished($0) }
-        let service = DaemonService(config: config, engine: engine, hub: hub, bootGuard: bootGuard, logger: logger)
+        let hooks = Reloadable(HookRunner(
+            onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger))
+        await engine.setOnFinished { hooks.value.finished($0) }
+        let service = DaemonService(
+            config: config, engine: engine, hub: hub, bootGuard: bootGuard, adoptedSocket: adopted,
+            notifier: SystemdNotifier(), hooks: hooks, current: Reloadable(config), reloadConfig: reload, logger: logger)
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
             services: [.init(service: service, successTerminationBehavior: .gracefullyShutdownGroup)],
             gracefulShutdownSignals: [.sigterm, .sigint],
@@ -116,6 +126,22 @@ public enum Daemon {
         }
     }
 
+    /// The engine's settings that follow the config file, at start and at a reload.
+    static func applyLive(_ config: DaemonConfig, policy: PathPolicy, to configuration: inout EngineConfiguration) {
+        configuration.downloadDir = config.downloadDir
+        configuration.maxActive = config.maxActive
+        configuration.backoff = BackoffPolicy(
+            base: config.retryBase, cap: config.retryMaxDelay, maxAttempts: config.maxAttempts,
+            giveUpAfter: config.giveUpAfter, diskRecheck: config.diskRecheck)
+        configuration.diskSpace = DiskSpacePolicy(minFree: config.minFree)
+        configuration.checkpoints = CheckpointPolicy(interval: config.checkpointInterval)
+        configuration.groupParallel = config.groupParallel
+        configuration.pathPolicy = policy
+        configuration.maxQueued = config.maxQueued
+        configuration.netrcPath = config.effectiveNetrc
+        configuration.maxPerHost = config.maxPerHost
+    }
+
     /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not
     /// exist are left out until they do (at the next start).
     static func pathPolicy(_ config: DaemonConfig) -> PathPolicy {
@@ -147,39 +173,133 @@ struct DaemonService: Service, CustomStringConvertible {
     let engine: Engine
     let hub: EventHub
     let bootGuard: BootGuard
+    /// The listening socket passed by systemd, if any (else dld binds `config.socket`).
+    let adoptedSocket: Int32?
+    let notifier: SystemdNotifier
+    /// The hook commands, replaced by a reload.
+    let hooks: Reloadable<HookRunner>
+    /// The settings in force (a reload changes the live ones).
+    let current: Reloadable<DaemonConfig>
+    let reloadConfig: (@Sendable () throws -> DaemonConfig)?
     let logger: Logger
 
-    func run() async throws {
-        let closer = Mutex<(any Channel)?>(nil)
-        let dispatcher = Dispatcher(engine: engine)
+    static func limits(_ config: DaemonConfig) -> ControlServer.Limits {
         var limits = ControlServer.Limits()
         limits.maxLineBytes = config.maxLineBytes
         limits.maxConnections = config.maxConnections
         limits.idleTimeout = .seconds(Int64(config.idleTimeout))
-        let server = ControlServer(path: config.socket, dispatcher: dispatcher, hub: hub, limits: limits, logger: logger) {
+        return limits
+    }
+
+    func run() async throws {
+        let closer = Mutex<(any Channel)?>(nil)
+        // Trapped before READY=1: from then on `systemctl reload` may send it (its default
+        // action would end dld).
+        let hangups = await UnixSignalsSequence(trapping: .sighup)
+        let dispatcher = Dispatcher(engine: engine)
+        let server = ControlServer(path: config.socket, dispatcher: dispatcher, hub: hub, limits: Self.limits(config), logger: logger) {
             closer.withLock { $0?.close(promise: nil) }
         }
-        let channel = try await server.bind()
+        let channel = try await server.bind(adopting: adoptedSocket)
         closer.withLock { $0 = channel.channel }
-        defer { unlink(config.socket) }
+        // The socket file of an adopted socket is systemd's: it stays for the next start.
+        defer { if adoptedSocket == nil { unlink(config.socket) } }
         do {
             try await engine.start()
         } catch {
             channel.channel.close(promise: nil)
             throw DaemonError("cannot start the queue: \(error)")
         }
-        logger.info("dld \(DLDVersion.current) listening", metadata: ["socket": "\(config.socket)", "state_dir": "\(config.stateDir)"])
-        // The start-up is done: the job table is reconciled and the queue runs.
+        let socketPath = adoptedSocket.flatMap(SocketActivation.path(of:)) ?? config.socket
+        logger.info("dld \(DLDVersion.current) listening", metadata: [
+            "socket": "\(socketPath)", "state_dir": "\(config.stateDir)", "socket_from": "\(adoptedSocket == nil ? "dld" : "systemd")",
+        ])
+        // The start-up is done: the job table is reconciled, the queue runs, and the socket
+        // (bound above, its backlog already accepting) is served from the next line on.
         bootGuard.healthy()
+        notifier.notify("READY=1", "STATUS=started")
+        let notifier = self.notifier
+        let stopping = Atomic(false)
         try await withGracefulShutdownHandler {
-            try await server.serve(channel)
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await server.serve(channel) }
+                if notifier.isActive { group.addTask { await self.heartbeat() } }
+                group.addTask {
+                    for await _ in hangups { await self.reload(server: server) }
+                }
+                // Serving ends when the socket is closed (SIGTERM, or a `shutdown` request).
+                try await group.next()
+                group.cancelAll()
+            }
         } onGracefulShutdown: {
+            // At once on SIGTERM: systemd shows the unit as deactivating from here.
+            if stopping.exchange(true, ordering: .relaxed) == false { notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers") }
             closer.withLock { $0?.close(promise: nil) }
         }
+        // Also after a `shutdown` request, which ends serving without a signal.
+        if stopping.exchange(true, ordering: .relaxed) == false { notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers") }
         logger.info("stopping: checkpointing transfers")
-        await engine.shutdown()
+        // Syncing the transfers' bytes can outlast TimeoutStopSec on a slow disk: systemd is
+        // asked for more time while it goes on, rather than killing dld in the middle.
+        let extend = "EXTEND_TIMEOUT_USEC=\(Self.stopExtension.components.seconds * 1_000_000)"
+        notifier.notify(extend)
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { await engine.shutdown() }
+            if notifier.isActive {
+                group.addTask {
+                    while !Task.isCancelled {
+                        try? await Task.sleep(for: Self.stopExtension / 2)
+                        if !Task.isCancelled { notifier.notify(extend) }
+                    }
+                }
+            }
+            await group.next()
+            group.cancelAll()
+        }
         bootGuard.healthy()
         logger.info("stopped")
+    }
+
+    /// How much more time each `EXTEND_TIMEOUT_USEC` asks for while transfers are synced.
+    static let stopExtension: Duration = .seconds(20)
+
+    /// While dld serves: `WATCHDOG=1` when systemd asks for it, and `STATUS=` for
+    /// `systemctl --user status dld`. Both come from an answer of the engine (its serial queue)
+    /// and the job table, so a stuck engine stops the pings and systemd restarts dld; a live
+    /// process alone is not enough.
+    func heartbeat() async {
+        let every = min(notifier.watchdogInterval ?? Self.statusInterval, Self.statusInterval)
+        while !Task.isCancelled {
+            if let stats = try? await engine.stats() {
+                let status = "STATUS=" + Self.statusLine(stats)
+                if notifier.watchdogInterval != nil { notifier.notify("WATCHDOG=1", status) } else { notifier.notify(status) }
+            }
+            try? await Task.sleep(for: every)
+        }
+    }
+
+    static let statusInterval: Duration = .seconds(5)
+
+    /// "2 running, 10 queued, 1 waiting, 3.4 MB/s" (and why the queue is paused, if it is).
+    static func statusLine(_ stats: Engine.Stats) -> String {
+        var parts = ["\(stats.active) running", "\(stats.counts[.queued] ?? 0) queued"]
+        if let waiting = stats.counts[.waiting], waiting > 0 { parts.append("\(waiting) waiting") }
+        if let failed = stats.counts[.failed], failed > 0 { parts.append("\(failed) failed") }
+        parts.append(byteRate(stats.speed))
+        var line = parts.joined(separator: ", ")
+        if stats.queuePausedReason != nil { line += " (queue paused)" }
+        return line
+    }
+
+    static func byteRate(_ bytesPerSecond: Double) -> String {
+        let units = ["B/s", "kB/s", "MB/s", "GB/s"]
+        var value = max(0, bytesPerSecond)
+        var unit = 0
+        while value >= 1000, unit < units.count - 1 {
+            value /= 1000
+            unit += 1
+        }
+        return unit == 0 ? "\(Int(value)) B/s" : String(format: "%.1f %@", value, units[unit])
     }
 }
 

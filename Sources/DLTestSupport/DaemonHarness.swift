@@ -94,6 +94,13 @@ public final class DaemonHarness: @unchecked Sendable {
     public var umask: String?
     /// Variables added to dld's environment (`SSL_CERT_FILE`, say).
     public var extraEnvironment: [String: String] = [:]
+    /// A program that starts dld in its turn, with its arguments (dld's path and arguments
+    /// follow): `systemd-socket-activate -l SOCKET` for socket activation. It must exec dld,
+    /// so that its process becomes dld's. It runs under a small python3 parent that waits for
+    /// it, not as a child of the test process: with systemd-socket-activate as its direct
+    /// child, Foundation's `Process` never saw its other children (dlctl) exit.
+    public var launcher: [String] = []
+    private var launcherPIDFile: String { root + "/launcher.pid" }
 
     /// - Parameter config: the text of a config file to start dld with (docs/configuration.md).
     public init(extraArguments: [String] = [], config: String? = nil, privateHome: Bool = false, defaultSocket: Bool = false) throws {
@@ -120,6 +127,7 @@ public final class DaemonHarness: @unchecked Sendable {
 
     deinit {
         if let process, process.isRunning {
+            if let pid { kill(pid, SIGKILL) }
             kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
         }
@@ -144,13 +152,43 @@ public final class DaemonHarness: @unchecked Sendable {
 
     /// Starts dld and waits until it answers on its socket.
     public func start(timeout: TimeInterval = 20) throws {
+        let process = try launch()
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if !process.isRunning {
+                throw HarnessError("dld exited with status \(process.terminationStatus) at start:\n\(log)")
+            }
+            if (try? call("version")) != nil { return }
+            usleep(20_000)
+        }
+        throw HarnessError("dld did not answer within \(timeout) s:\n\(log)")
+    }
+
+    /// Starts dld (through `launcher` and `umask` if set) and returns at once.
+    @discardableResult
+    public func launch() throws -> Process {
         let process = Process()
-        if let umask {
+        let command = launcher + [try BuiltProducts.path("dld")] + arguments
+        if !launcher.isEmpty {
+            // A blocking waitpid: a shell's `wait` sleeps for a SIGCHLD that the test
+            // process's children may have blocked, and never reaps dld.
+            let wrapper = """
+                import os, sys
+                if len(sys.argv[1]): os.umask(int(sys.argv[1], 8))
+                pid = os.fork()
+                if pid == 0:
+                    os.execv(sys.argv[3], sys.argv[3:])
+                with open(sys.argv[2], "w") as f: f.write(str(pid))
+                sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) & 0xFF)
+                """
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            process.arguments = ["-c", wrapper, umask ?? "", launcherPIDFile] + command
+        } else if let umask {
             process.executableURL = URL(fileURLWithPath: "/bin/sh")
-            process.arguments = ["-c", "umask \(umask); exec \"$0\" \"$@\"", try BuiltProducts.path("dld")] + arguments
+            process.arguments = ["-c", "umask \(umask); exec \"$0\" \"$@\""] + command
         } else {
-            process.executableURL = URL(fileURLWithPath: try BuiltProducts.path("dld"))
-            process.arguments = arguments
+            process.executableURL = URL(fileURLWithPath: command[0])
+            process.arguments = Array(command.dropFirst())
         }
         process.environment = environment
         let pipe = Pipe()
@@ -166,15 +204,22 @@ public final class DaemonHarness: @unchecked Sendable {
         try process.run()
         self.process = process
         self.logPipe = pipe
+        return process
+    }
+
+    /// Sends a signal to dld (SIGHUP to reload, say) and returns at once.
+    public func send(_ sig: Int32) {
+        if let process, process.isRunning, let pid { kill(pid, sig) }
+    }
+
+    /// Polls until the log holds `text`; returns whether it did within the time.
+    public func waitForLog(_ text: String, timeout: TimeInterval = 30) -> Bool {
         let deadline = Date().addingTimeInterval(timeout)
         while Date() < deadline {
-            if !process.isRunning {
-                throw HarnessError("dld exited with status \(process.terminationStatus) at start:\n\(log)")
-            }
-            if (try? call("version")) != nil { return }
+            if log.contains(text) { return true }
             usleep(20_000)
         }
-        throw HarnessError("dld did not answer within \(timeout) s:\n\(log)")
+        return log.contains(text)
     }
 
     /// Everything dld printed so far.
@@ -184,7 +229,12 @@ public final class DaemonHarness: @unchecked Sendable {
         return String(decoding: logData, as: UTF8.self)
     }
 
-    public var pid: Int32? { process?.processIdentifier }
+    /// dld's process: the one started, or the launcher's (which became dld).
+    public var pid: Int32? {
+        guard let process else { return nil }
+        if launcher.isEmpty { return process.processIdentifier }
+        return (try? String(contentsOfFile: launcherPIDFile, encoding: .utf8)).flatMap { Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+    }
     public var isRunning: Bool { process?.isRunning ?? false }
 
     /// SIGTERM, then waits for the exit; returns the exit status.
@@ -200,10 +250,12 @@ public final class DaemonHarness: @unchecked Sendable {
 
     private func signal(_ sig: Int32, timeout: TimeInterval) -> Int32 {
         guard let process else { return -1 }
-        if process.isRunning { kill(process.processIdentifier, sig) }
+        let target = pid ?? process.processIdentifier
+        if process.isRunning { kill(target, sig) }
         let deadline = Date().addingTimeInterval(timeout)
         while process.isRunning && Date() < deadline { usleep(10_000) }
         if process.isRunning {
+            kill(target, SIGKILL)
             kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
         }

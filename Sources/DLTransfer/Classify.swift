@@ -3,6 +3,7 @@ import DLCore
 import Foundation
 import NIOCore
 import NIOPosix
+import NIOSOCKS
 import NIOSSL
 
 /// The server an attempt was talking to when it failed, for messages that name it.
@@ -92,6 +93,53 @@ extension Downloader {
         }
         if let tls = tlsFailure(error, target: target) { return tls }
         return TransferFailure(.transient(.network), "network_error", "a network error with \(host) (run dld with log_level = \"debug\" for the details)")
+    }
+
+    /// A failure of the proxy rather than of the server: the proxy could not be reached, wants
+    /// credentials, or could not open the tunnel to the server. Nil for other errors (those of
+    /// the server, seen through the tunnel, are classified as without a proxy).
+    static func proxyFailure(_ error: any Error, proxy: ProxyServer, target: Target,
+                             timeouts: DownloaderConfiguration = DownloaderConfiguration()) -> TransferFailure? {
+        let via = "the \(proxy.kind == .socks5 ? "SOCKS5" : "HTTP") proxy \(proxy.address)"
+        func unreachable(_ why: String) -> TransferFailure {
+            TransferFailure(.transient(.network), "proxy_error", "could not reach \(via): \(why); check the proxy setting (or http_proxy, https_proxy, all_proxy)")
+        }
+        if let clientError = error as? HTTPClientError {
+            switch clientError {
+            case .proxyAuthenticationRequired:
+                return TransferFailure(.permanent, "proxy_auth",
+                    "\(via) wants a user name and password, or refused the ones given (user:password@ in the proxy URL)")
+            case .invalidProxyResponse:
+                return TransferFailure(.transient(.network), "proxy_error",
+                    "\(via) did not open a tunnel to \(target.address) (it may be unable to reach it, or not allow it)")
+            case .httpProxyHandshakeTimeout, .socksHandshakeTimeout:
+                return TransferFailure(.transient(.network), "proxy_error", "\(via) did not answer in time")
+            case .connectTimeout:
+                return unreachable("no connection within \(seconds(timeouts.connectTimeout)) s")
+            default:
+                return nil
+            }
+        }
+        if let socks = error as? SOCKSError.ConnectionFailed {
+            return TransferFailure(.transient(.network), "proxy_error",
+                "\(via) could not connect to \(target.address) (SOCKS reply \(socks.reply.value))")
+        }
+        if error is SOCKSError.NoValidAuthenticationMethod {
+            return TransferFailure(.permanent, "proxy_auth", "\(via) wants a login, which dld cannot give a SOCKS5 proxy; use one without login")
+        }
+        // Connecting is the proxy's part: every connection goes to it, never to the server.
+        if let connection = error as? NIOConnectionError {
+            if connection.connectionErrors.isEmpty, (connection.dnsAError ?? connection.dnsAAAAError) != nil {
+                return unreachable("its host name does not resolve")
+            }
+            if connection.connectionErrors.contains(where: { ($0.error as? IOError)?.errnoCode == ECONNREFUSED }) {
+                return unreachable("nothing listens there")
+            }
+            return unreachable("the connection failed")
+        }
+        if error is SocketAddressError.UnknownHost { return unreachable("its host name does not resolve") }
+        if let io = error as? IOError, io.errnoCode == ECONNREFUSED { return unreachable("nothing listens there") }
+        return nil
     }
 
     private static func seconds(_ amount: TimeAmount) -> Int64 { amount.nanoseconds / 1_000_000_000 }

@@ -102,6 +102,8 @@ public struct DownloaderConfiguration: Sendable {
     public var tls = TLSSettings()
     /// `SSL_CERT_FILE` and `SSL_CERT_DIR` of dld's environment, or the system store.
     public var systemTrust = SystemTrust()
+    /// Which proxy each URL goes through (the config's `proxy`, or `http_proxy` and the rest).
+    public var proxies = ProxyRules()
 
     public init() {}
 }
@@ -111,16 +113,22 @@ public struct DownloaderConfiguration: Sendable {
 /// so that a downgrade to http and non-HTTP schemes are refused.
 ///
 /// One HTTP client per distinct TLS setting (the daemon's; `insecure`; a job's own CA or
-/// client certificate), made when first needed and kept until `shutdown`: jobs with the same
-/// settings share its kept-alive connections. The settings people name are few (one per CA or
-/// client certificate), so the clients are too.
+/// client certificate) and proxy (chosen per URL: `no_proxy` sends some hosts direct), made
+/// when first needed and kept until `shutdown`: jobs with the same settings share its
+/// kept-alive connections. The settings people name are few (one per CA or client
+/// certificate, one or two proxies), so the clients are too.
 public final class Downloader: Sendable {
     public let configuration: DownloaderConfiguration
     private let clients = NIOLockedValueBox(Clients())
     private let logger: Logger
 
+    private struct ClientKey: Hashable {
+        var tls: TLSSettings
+        var proxy: ProxyServer?
+    }
+
     private struct Clients {
-        var byTLS: [TLSSettings: HTTPClient] = [:]
+        var byKey: [ClientKey: HTTPClient] = [:]
         /// After `shutdown` no client is made: one made then would never be shut down.
         var isShutDown = false
     }
@@ -130,12 +138,14 @@ public final class Downloader: Sendable {
         self.logger = logger
     }
 
-    /// The client for these TLS settings, made on first use.
-    private func client(for tls: TLSSettings) throws -> HTTPClient {
-        try clients.withLockedValue { clients in
-            if let client = clients.byTLS[tls] { return client }
+    /// The client for these TLS settings and this proxy, made on first use.
+    private func client(for tls: TLSSettings, proxy: ProxyServer?) throws -> HTTPClient {
+        let key = ClientKey(tls: tls, proxy: proxy)
+        return try clients.withLockedValue { clients in
+            if let client = clients.byKey[key] { return client }
             guard !clients.isShutDown else { throw HTTPClientError.alreadyShutdown }
             var config = HTTPClient.Configuration(tlsConfiguration: try tls.configuration(system: configuration.systemTrust))
+            config.proxy = proxy?.clientProxy
             config.redirectConfiguration = .disallow
             config.decompression = .disabled
             config.httpVersion = .http1Only
@@ -146,7 +156,7 @@ public final class Downloader: Sendable {
             config.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = configuration.connectionsPerHost
             config.http1_1ConnectionDebugInitializer = Self.largeReads
             let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: config)
-            clients.byTLS[tls] = client
+            clients.byKey[key] = client
             return client
         }
     }
@@ -168,7 +178,7 @@ public final class Downloader: Sendable {
     public func shutdown() async {
         let all = clients.withLockedValue { clients in
             clients.isShutDown = true
-            return Array(clients.byTLS.values)
+            return Array(clients.byKey.values)
         }
         for client in all { try? await client.shutdown() }
     }
@@ -232,15 +242,16 @@ public final class Downloader: Sendable {
                 unlink(request.partialPath)
             }
             if let failure = error as? TransferFailure { return .failed(failure, state.checkpoint) }
-            return .failed(await explain(error, request: request, target: state.target), state.checkpoint)
+            return .failed(await explain(error, request: request, target: state.target, proxy: state.proxy), state.checkpoint)
         }
     }
 
     /// The job error for an error of the network or the HTTP client. The library's own
     /// description, which a developer may need, goes to the log at debug level only.
-    private func explain(_ error: any Error, request: TransferRequest, target: Target?) async -> TransferFailure {
+    private func explain(_ error: any Error, request: TransferRequest, target: Target?, proxy: ProxyServer?) async -> TransferFailure {
         logger.debug("transfer error", metadata: ["job": "\(request.jobID)", "error": "\(String(reflecting: error))"])
         let target = target ?? Target(host: "the server", port: 0, isHTTPS: false)
+        if let proxy, let failure = Self.proxyFailure(error, proxy: proxy, target: target, timeouts: configuration) { return failure }
         let tls = tlsSettings(request)
         if Self.isCertificateVerifyFailure(error) {
             // Which of the certificate's faults it is: the handshake error does not say.
@@ -264,6 +275,8 @@ public final class Downloader: Sendable {
         var proposedName: String?
         /// The server of the request in flight (after redirects), named by error messages.
         var target: Target?
+        /// The proxy the request in flight goes through, if any.
+        var proxy: ProxyServer?
         var checkpoint: TransferCheckpoint {
             TransferCheckpoint(received: received, size: size, validators: validators, finalURL: finalURL.map(URLRules.redacted),
                                proposedName: proposedName)
@@ -387,7 +400,7 @@ public final class Downloader: Sendable {
             if error is TransferFailure || error is CancellationError || Task.isCancelled { throw error }
             // The client reports a body cut short in several ways; what matters to the user is
             // that the server stopped before the announced length.
-            let classified = await explain(error, request: request, target: state.target)
+            let classified = await explain(error, request: request, target: state.target, proxy: state.proxy)
             if let size = state.size, state.received < size, classified.error.code != "timeout", classified.kind != .permanent {
                 throw TransferFailure(.transient(.network), "truncated", "the connection to \(hostName(state)) ended after \(state.received) of \(size) bytes (\(classified.error.message))")
             }
@@ -434,9 +447,12 @@ public final class Downloader: Sendable {
                 throw TransferFailure(.permanent, "tls_config", problem)
             }
         }
-        let client = try client(for: tls)
         while true {
             state.target = Target(url: current) ?? state.target
+            // Chosen for each hop: a redirect may lead to a host that `no_proxy` names.
+            let proxy = URL(string: current).flatMap(configuration.proxies.proxy(for:))
+            state.proxy = proxy
+            let client = try client(for: tls, proxy: proxy)
             var http = HTTPClientRequest(url: current)
             http.method = .GET
             http.headers.add(name: "User-Agent", value: configuration.userAgent)

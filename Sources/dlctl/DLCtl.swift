@@ -9,8 +9,60 @@ struct DLCtl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dlctl",
         abstract: "Control the dld download daemon.",
-        discussion: "Talks to dld over its Unix socket ($DLD_SOCKET, else the default path). Exit status: 0 success, 1 the daemon refused, 64 a usage error, 69 no daemon answers; `wait` also 124 on timeout.",
+        discussion: "Talks to dld over its Unix socket ($DLD_SOCKET, else the default path). --socket and --json may come before the command too (dlctl --socket S status). Exit status: 0 success, 1 the daemon refused, 64 a usage error, 69 no daemon answers; `wait` also 124 on timeout.",
+        version: "dlctl \(DLDVersion.current) (protocol \(DLDVersion.protocolVersion))",
         subcommands: [Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self, Version.self, Shutdown.self])
+
+    /// The options of every command are taken before the command too, as git and systemctl
+    /// take theirs: `dlctl --socket S status` is `dlctl status --socket S`.
+    static func main() {
+        main(GlobalOptions.moved(Array(CommandLine.arguments.dropFirst())))
+    }
+}
+
+/// `--socket PATH`, `--socket=PATH` and `--json` before the command, moved after it.
+enum GlobalOptions {
+    static func moved(_ arguments: [String]) -> [String] {
+        var leading: [String] = []
+        var index = 0
+        while index < arguments.count {
+            let word = arguments[index]
+            if word == "--json" || word.hasPrefix("--socket=") {
+                leading.append(word)
+                index += 1
+            } else if word == "--socket", index + 1 < arguments.count {
+                leading += [word, arguments[index + 1]]
+                index += 2
+            } else {
+                break
+            }
+        }
+        guard !leading.isEmpty else { return arguments }
+        var rest = Array(arguments[index...])
+        // Before a `--`, after which every word is an argument.
+        let end = rest.firstIndex(of: "--") ?? rest.endIndex
+        rest.insert(contentsOf: leading, at: end)
+        return rest
+    }
+}
+
+/// Job ids for shell completion (`dlctl pause <TAB>`), asked of the daemon at the socket the
+/// command line names (or $DLD_SOCKET, or the default). No daemon, no candidates: completion
+/// must never print an error into the user's prompt.
+enum JobIDCompletion {
+    static func candidates(_ words: [String], states: [String]?) -> [String] {
+        var socket = SocketPath.clientPath()
+        for (index, word) in words.enumerated() {
+            if word == "--socket", index + 1 < words.count { socket = absolute(words[index + 1]) }
+            if word.hasPrefix("--socket=") { socket = absolute(String(word.dropFirst("--socket=".count))) }
+        }
+        let client = RPCClient(socketPath: socket)
+        defer { client.close() }
+        var params: [String: JSONValue] = ["limit": 1000]
+        if let states { params["state"] = .array(states.map { .string($0) }) }
+        guard let result = try? client.call("list", params) else { return [] }
+        return (result["jobs"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value.map(String.init) }
+    }
 }
 
 /// Options every command has.
@@ -57,7 +109,8 @@ func printError(_ message: String) {
 
 /// `7`, `7 8 9`, `--group NAME`, or `--all`.
 struct Selection: ParsableArguments {
-    @Argument(help: "Job ids.") var ids: [Int64] = []
+    @Argument(help: "Job ids.", completion: .custom { words, _, _ in JobIDCompletion.candidates(words, states: nil) })
+    var ids: [Int64] = []
     @Option(help: "A group (id or name).") var group: String?
     @Flag(help: "Every job.") var all = false
 
@@ -263,7 +316,8 @@ struct Enqueue: ParsableCommand {
 struct Status: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Show jobs: a table, or one job in detail.")
 
-    @Argument(help: "Job ids (default: all jobs).") var ids: [Int64] = []
+    @Argument(help: "Job ids (default: all jobs).", completion: .custom { words, _, _ in JobIDCompletion.candidates(words, states: nil) })
+    var ids: [Int64] = []
     @Option(help: "Only jobs in this state (repeatable).") var state: [String] = []
     @Option(help: "A group (id or name): its members done/total, bytes, and its jobs.") var group: String?
     @OptionGroup var common: Common

@@ -1,4 +1,5 @@
 import ArgumentParser
+import DLCore
 import DLDaemon
 import Foundation
 import Logging
@@ -10,7 +11,8 @@ struct DLD: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dld",
         abstract: "The dld download daemon.",
-        discussion: "Reads $XDG_CONFIG_HOME/dld/config.toml when it exists; flags override it. See docs/configuration.md.",
+        discussion: "Reads $XDG_CONFIG_HOME/dld/config.toml when it exists; flags override it. SIGHUP reads it again without stopping transfers. The keys are in dld.conf(5) and docs/configuration.md; running under systemd (Type=notify, dld.socket) in docs/operations.md.",
+        version: "dld \(DLDVersion.current) (protocol \(DLDVersion.protocolVersion))",
         subcommands: [Serve.self, Migrate.self],
         defaultSubcommand: Serve.self)
 }
@@ -60,12 +62,11 @@ struct ConfigOptions: ParsableArguments {
     }
 }
 
+/// Log lines on stderr, with the journal's priority prefixes when stderr is the journal; the
+/// level can change later (a reloaded `log_level`).
 func bootstrapLogging(_ level: Logger.Level) -> Logger {
-    LoggingSystem.bootstrap { label in
-        var handler = StreamLogHandler.standardError(label: label)
-        handler.logLevel = level
-        return handler
-    }
+    DaemonLogHandler.level.withLock { $0 = level }
+    LoggingSystem.bootstrap { DaemonLogHandler(label: $0) }
     return Logger(label: "dld")
 }
 
@@ -84,7 +85,14 @@ struct Serve: AsyncParsableCommand {
         }
         let logger = bootstrapLogging(effective.logLevel)
         do {
-            try await Daemon.run(config: effective, logger: logger)
+            let options = self.options
+            try await Daemon.run(config: effective, logger: logger) {
+                do {
+                    return try options.effective()
+                } catch let error as ValidationError {
+                    throw DaemonError(error.message)
+                }
+            }
         } catch let error as DaemonError {
             FileHandle.standardError.write(Data("dld: \(error.description)\n".utf8))
             throw ExitCode(1)

@@ -132,6 +132,7 @@ func closedPort() throws -> Int {
         let elsewhere: Set<String> = [
             "tls_expired", "tls_not_yet_valid", "tls_hostname", "tls_client_cert", // TLSTests
             "disk_full", "digest_error", "network_error", "invalid_url", // TransferMessageTests
+            "proxy_error", "proxy_auth", // ProxyTests
         ]
         let documented = try documentedJobErrorCodes()
         #expect(documented.count > 20)

@@ -1,0 +1,17 @@
+import DLCore
+
+extension Engine {
+    /// Settings of a reloaded config file, applied in a turn of the serial queue: transfers
+    /// that run go on; a larger `max_active` starts queued jobs at once, a smaller one lets
+    /// the running finish and starts fewer after them.
+    public func reconfigure(_ update: @escaping @Sendable (inout EngineConfiguration) -> Void) async throws(DLError) {
+        try await serial { () async throws(DLError) in
+            update(&configuration)
+            try await schedule()
+            try await flush()
+        }
+    }
+
+    /// The live settings now, for a reload's log and tests.
+    public var liveConfiguration: EngineConfiguration { configuration }
+}

@@ -1,0 +1,108 @@
+import DLCore
+import Foundation
+import Logging
+import Synchronization
+
+/// A value shared by the services and changed by a reload.
+final class Reloadable<Value: Sendable>: Sendable {
+    private let box: Mutex<Value>
+    init(_ value: Value) { box = Mutex(value) }
+    var value: Value { box.withLock { $0 } }
+    func set(_ value: Value) { box.withLock { $0 = value } }
+}
+
+extension DaemonConfig {
+    /// Keys that cannot change while dld runs: the socket and the state folder are in use, the
+    /// job table is open, the HTTP clients hold their TLS files, proxies and timeouts, and a
+    /// worker's name and lease are known to the others. A reload names them in the log and
+    /// leaves them as they were.
+    public static let restartKeys: Set<String> = [
+        "socket", "state_dir", "database", "database_pool_size", "worker_name", "lease",
+        "connect_timeout", "read_timeout", "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy",
+    ]
+
+    /// The keys whose values differ, as `--print-config` shows them.
+    public static func changedKeys(_ old: DaemonConfig, _ new: DaemonConfig) -> [String] {
+        func values(_ config: DaemonConfig) -> [String: String] {
+            var out: [String: String] = [:]
+            for line in config.rendered().split(separator: "\n") where !line.hasPrefix("#") {
+                guard let equals = line.range(of: " = ") else { continue }
+                out[String(line[..<equals.lowerBound])] = String(line[equals.upperBound...])
+            }
+            return out
+        }
+        let before = values(old)
+        let after = values(new)
+        return Set(before.keys).union(after.keys).filter { before[$0] != after[$0] }.sorted()
+    }
+
+    /// These settings with the restart-only ones taken from `running`.
+    func keepingRestartKeys(of running: DaemonConfig) -> DaemonConfig {
+        var out = self
+        out.socket = running.socket
+        out.stateDir = running.stateDir
+        out.database = running.database
+        out.databasePoolSize = running.databasePoolSize
+        out.workerName = running.workerName
+        out.lease = running.lease
+        out.connectTimeout = running.connectTimeout
+        out.readTimeout = running.readTimeout
+        out.caFile = running.caFile
+        out.caDir = running.caDir
+        out.clientCert = running.clientCert
+        out.clientKey = running.clientKey
+        out.proxy = running.proxy
+        out.noProxy = running.noProxy
+        return out
+    }
+}
+
+extension DaemonService {
+    /// SIGHUP (`systemctl --user reload dld`): the config file is read again, with the flags
+    /// dld was started with still on top. A file with an error is refused whole and logged
+    /// with its line; the settings in force stay. Otherwise every setting that can change
+    /// live does, without stopping a transfer, and the others are named in the log.
+    func reload(server: ControlServer) async {
+        notifier.notify("RELOADING=1", "MONOTONIC_USEC=\(SystemdNotifier.monotonicMicroseconds)", "STATUS=reloading the configuration")
+        defer { notifier.notify("READY=1", "STATUS=configuration reloaded") }
+        guard let load = reloadConfig else {
+            logger.warning("SIGHUP: nothing to reload")
+            return
+        }
+        let running = current.value
+        let read: DaemonConfig
+        do {
+            read = try load()
+        } catch {
+            logger.error("the config file was not reloaded; the settings in force stay as they were: \(error)")
+            return
+        }
+        let changed = DaemonConfig.changedKeys(running, read)
+        let later = changed.filter { DaemonConfig.restartKeys.contains($0) }
+        for key in later {
+            logger.warning("\(key) changed in the config file; it applies at the next start of dld, not now")
+        }
+        let applied = read.keepingRestartKeys(of: running)
+        if !FileManager.default.fileExists(atPath: applied.downloadDir) {
+            try? FileManager.default.createDirectory(atPath: applied.downloadDir, withIntermediateDirectories: true)
+        }
+        DaemonLogHandler.level.withLock { $0 = applied.logLevel }
+        hooks.set(HookRunner(onComplete: applied.onComplete, onError: applied.onError, timeout: .seconds(applied.hookTimeout), logger: logger))
+        server.setLimits(Self.limits(applied))
+        let policy = Daemon.pathPolicy(applied)
+        do {
+            try await engine.reconfigure { configuration in
+                Daemon.applyLive(applied, policy: policy, to: &configuration)
+            }
+        } catch {
+            logger.error("the reloaded settings could not be applied to the queue: \(error)")
+            return
+        }
+        current.set(applied)
+        let live = changed.filter { !DaemonConfig.restartKeys.contains($0) }
+        logger.notice("configuration reloaded", metadata: [
+            "changed": "\(live.isEmpty ? "nothing" : live.joined(separator: ","))",
+            "at_next_start": "\(later.isEmpty ? "nothing" : later.joined(separator: ","))",
+        ])
+    }
+}

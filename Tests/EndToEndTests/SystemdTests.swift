@@ -1,0 +1,109 @@
+import DLCore
+import DLRPC
+import DLTestSupport
+import Foundation
+import Testing
+
+/// dld as a systemd service (issue 10): sd_notify readiness, status, watchdog and stopping,
+/// spoken to a datagram socket standing in for `$NOTIFY_SOCKET`; socket activation by
+/// `systemd-socket-activate` (Debian's `systemd` package), which binds the socket and starts
+/// dld at the first connection, as `dld.socket` does.
+@Suite(.serialized) struct SystemdTests {
+    /// `READY=1` comes only once the socket answers; `STATUS=` lines say what runs;
+    /// `WATCHDOG=1` comes when `WATCHDOG_USEC` asks for it; SIGTERM brings `STOPPING=1` and
+    /// `EXTEND_TIMEOUT_USEC` while the transfers are synced.
+    @Test func notifyReadyStatusWatchdogAndStopping() throws {
+        let daemon = try DaemonHarness()
+        let notify = try NotifySocket(path: daemon.root + "/notify.sock")
+        daemon.extraEnvironment["NOTIFY_SOCKET"] = notify.path
+        daemon.extraEnvironment["WATCHDOG_USEC"] = "400000"
+        try daemon.launch()
+        defer { daemon.stop() }
+        let beforeReady = try #require(notify.receive(until: "READY=1", timeout: 30), "no READY=1:\n\(daemon.log)")
+        // Ready means served: the first call after READY=1 is answered.
+        #expect(try daemon.call("version")["protocol"] == 3)
+        #expect(beforeReady.count == 1, "messages before READY=1: \(beforeReady)")
+
+        let paused = try daemon.enqueue(["url": "http://127.0.0.1:9/x", "name": "x.bin", "paused": true])
+        #expect(paused > 0)
+        let heartbeat = try #require(notify.receive(until: "WATCHDOG=1", timeout: 30), "no WATCHDOG=1:\n\(daemon.log)")
+        let statuses = heartbeat.flatMap { $0.split(separator: "\n") }.filter { $0.hasPrefix("STATUS=") }
+        #expect(statuses.contains { $0.contains("running") && $0.contains("queued") && $0.contains("B/s") }, "\(heartbeat)")
+
+        daemon.send(SIGTERM)
+        let stopping = try #require(notify.receive(until: "STOPPING=1", timeout: 30), "no STOPPING=1:\n\(daemon.log)")
+        #expect(!stopping.isEmpty)
+        let after = notify.receive(until: "EXTEND_TIMEOUT_USEC=20000000", timeout: 30)
+        #expect(after != nil, "no EXTEND_TIMEOUT_USEC while stopping")
+        #expect(daemon.stop() == 0)
+    }
+
+    /// Without `$NOTIFY_SOCKET` nothing is sent and nothing changes (checked by every other test);
+    /// with a `WATCHDOG_PID` of another process the watchdog is not this one's to feed.
+    @Test func watchdogForAnotherProcessIsNotFed() throws {
+        let daemon = try DaemonHarness()
+        let notify = try NotifySocket(path: daemon.root + "/notify.sock")
+        daemon.extraEnvironment["NOTIFY_SOCKET"] = notify.path
+        daemon.extraEnvironment["WATCHDOG_USEC"] = "200000"
+        daemon.extraEnvironment["WATCHDOG_PID"] = "1"
+        try daemon.launch()
+        defer { daemon.stop() }
+        #expect(notify.receive(until: "READY=1", timeout: 30) != nil)
+        // The STATUS= line still comes, without WATCHDOG=1 (both would go in one message).
+        let status = try #require(notify.receive(timeout: 15))
+        #expect(status.contains("STATUS=") && !status.contains("WATCHDOG=1"), "\(status)")
+    }
+
+    /// `systemd-socket-activate` binds the socket and starts dld at the first connection: the
+    /// first `dlctl` works although no dld ran, dld serves the socket it was handed (a real
+    /// download through it), another user is still refused by the peer-uid check, and the
+    /// socket file, systemd's, is left in place when dld stops.
+    @Test func socketActivation() async throws {
+        let daemon = try DaemonHarness()
+        daemon.launcher = ["/usr/bin/systemd-socket-activate", "--listen=" + daemon.socket, "--fdname=dld"]
+        let origin = try await TestOrigin.start()
+        do {
+            try daemon.launch()
+            defer { daemon.stop() }
+            let deadline = Date().addingTimeInterval(20)
+            while !FileManager.default.fileExists(atPath: daemon.socket) && Date() < deadline { usleep(20_000) }
+            #expect(!daemon.log.contains("listening"), "dld started before any connection:\n\(daemon.log)")
+
+            let first = try daemon.dlctl(["status"])
+            #expect(first.status == 0, "\(first.stderr)\n\(daemon.log)")
+            #expect(daemon.waitForLog("socket_from=systemd"), "\(daemon.log)")
+            let enqueued = try daemon.dlctl(["enqueue", "\(origin.baseURL)/bytes/30000", "--name", "activated.bin"])
+            #expect(enqueued.status == 0, "\(enqueued.stderr)")
+            let id = try #require(Int64(enqueued.stdout.trimmingCharacters(in: .whitespacesAndNewlines)), "\(enqueued.stdout)")
+            #expect(try daemon.waitForState(id, ["completed", "failed", "waiting"])["state"] == "completed")
+            try expectOriginBytes(at: daemon.downloadDir + "/activated.bin", count: 30000)
+
+            // The folder and socket as open as a careless unit could make them: only the uid
+            // check stands.
+            chmod(daemon.root, 0o755)
+            chmod(daemon.socket, 0o666)
+            let script = """
+                import socket
+                s = socket.socket(socket.AF_UNIX)
+                s.connect("\(daemon.socket)")
+                try:
+                    s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"list"}\\n')
+                except OSError:
+                    pass
+                print(s.recv(65536).decode())
+                """
+            let other = try runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script])
+            #expect(other.status == 0, "\(other.stderr)")
+            #expect(other.stdout.contains("permission denied") && !other.stdout.contains("\"jobs\""), "\(other.stdout)")
+            #expect(daemon.waitForLog("uid=65534"), "\(daemon.log.suffix(2000))")
+
+            let log = daemon.log
+            #expect(daemon.stop() == 0, "\(log.suffix(3000))")
+            #expect(FileManager.default.fileExists(atPath: daemon.socket), "dld removed the socket file systemd owns")
+        } catch {
+            try? await origin.shutdown()
+            throw error
+        }
+        try await origin.shutdown()
+    }
+}
