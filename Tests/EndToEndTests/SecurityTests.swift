@@ -43,20 +43,7 @@ func mode(_ path: String) -> mode_t? {
         let daemon = try DaemonHarness()
         try daemon.start()
         defer { daemon.stop() }
-        // Open the folder and the socket wide so that only the credential check stands.
-        chmod(daemon.root, 0o755)
-        chmod(daemon.socket, 0o666)
-        let script = """
-            import socket
-            s = socket.socket(socket.AF_UNIX)
-            s.connect("\(daemon.socket)")
-            try:
-                s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"list"}\\n')
-            except OSError:
-                pass  # dld may refuse and close before the request is written: its answer is read below
-            print(s.recv(65536).decode())
-            """
-        let out = try runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script])
+        let out = try listAsNobody(daemon)
         #expect(out.status == 0, "\(out.stderr)")
         #expect(out.stdout.contains("permission denied"), "\(out.stdout)")
         #expect(!out.stdout.contains("\"jobs\""))
@@ -303,4 +290,22 @@ func mode(_ path: String) -> mode_t? {
             }
         }
     }
+}
+
+/// Opens the folder and the socket wide, so that only the credential check stands, and asks
+/// for `list` as the user nobody (uid 65534): what that client printed.
+func listAsNobody(_ daemon: DaemonHarness) throws -> ProgramOutput {
+    chmod(daemon.root, 0o755)
+    chmod(daemon.socket, 0o666)
+    let script = """
+        import socket
+        s = socket.socket(socket.AF_UNIX)
+        s.connect("\(daemon.socket)")
+        try:
+            s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"list"}\\n')
+        except OSError:
+            pass  # dld may refuse and close before the request is written: its answer is read below
+        print(s.recv(65536).decode())
+        """
+    return try runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script])
 }
