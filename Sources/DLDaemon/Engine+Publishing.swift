@@ -48,8 +48,7 @@ extension Engine {
                     return prepareCompletion(batch, syncFailures: failures)
                 }
                 let outcome = await commitAndLink(prepared)
-                linksInFlight -= 1
-                if linksInFlight == 0 { for waiter in linkWaiters { waiter.resume() }; linkWaiters = [] }
+                linksDone()
                 try await serial { () async throws(DLError) in
                     try finishCompletion(outcome.get())
                     try await schedule()
@@ -60,6 +59,13 @@ extension Engine {
             }
             publishing = []
         }
+    }
+
+    private func linksDone() {
+        linksInFlight -= 1
+        guard linksInFlight == 0 else { return }
+        for waiter in linkWaiters { waiter.resume() }
+        linkWaiters = []
     }
 
     /// Returns once no finished file is between its commit and its link.
