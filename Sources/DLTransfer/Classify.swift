@@ -19,7 +19,12 @@ struct Target: Sendable, Equatable {
     }
 
     init?(url: String) {
-        guard let parsed = URL(string: url), let host = parsed.host, !host.isEmpty else { return nil }
+        guard let parsed = URL(string: url) else { return nil }
+        self.init(parsed: parsed)
+    }
+
+    init?(parsed: URL) {
+        guard let host = parsed.host, !host.isEmpty else { return nil }
         let https = parsed.scheme?.lowercased() == "https"
         self.init(host: host, port: parsed.port ?? (https ? 443 : 80), isHTTPS: https)
     }

@@ -144,6 +144,13 @@ public final class Downloader: Sendable {
         return try clients.withLockedValue { clients in
             if let client = clients.byKey[key] { return client }
             guard !clients.isShutDown else { throw HTTPClientError.alreadyShutdown }
+            // Its TLS files are read now, once: one that went away since it was named (a job's
+            // own, say) is named here, before the TLS library fails with no name.
+            for file in tls.files {
+                if let problem = TLSFileCheck.problem(file.path, what: file.what, folder: file.what == "CA folder") {
+                    throw TransferFailure(.permanent, "tls_config", problem)
+                }
+            }
             var config = HTTPClient.Configuration(tlsConfiguration: try tls.configuration(system: configuration.systemTrust))
             config.proxy = proxy?.clientProxy
             config.redirectConfiguration = .disallow
@@ -440,17 +447,11 @@ public final class Downloader: Sendable {
         }
         let hasOwnAuthorization = request.headers.contains { $0.name.lowercased() == "authorization" }
         let tls = tlsSettings(request)
-        // A job's own TLS file that went away since it was enqueued: say which, before the
-        // TLS library fails with no name.
-        for file in tls.files {
-            if let problem = TLSFileCheck.problem(file.path, what: file.what, folder: file.what == "CA folder") {
-                throw TransferFailure(.permanent, "tls_config", problem)
-            }
-        }
         while true {
-            state.target = Target(url: current) ?? state.target
+            let parsed = URL(string: current)
+            state.target = parsed.flatMap(Target.init(parsed:)) ?? state.target
             // Chosen for each hop: a redirect may lead to a host that `no_proxy` names.
-            let proxy = URL(string: current).flatMap(configuration.proxies.proxy(for:))
+            let proxy = parsed.flatMap(configuration.proxies.proxy(for:))
             state.proxy = proxy
             let client = try client(for: tls, proxy: proxy)
             var http = HTTPClientRequest(url: current)
