@@ -230,8 +230,12 @@ extension Engine {
     }
 
     // MARK: Reads
+    //
+    // A read waits for files between their commit and their link (`linksSettled`, a batch's
+    // links and folder sync at most): a job this daemon shows `completed` has its file.
 
     public func status(_ ids: [JobID]) async throws(DLError) -> [JSONValue] {
+        await linksSettled()
         let jobs = try await storage { try await store.fetch(ids) }
         let found = Set(jobs.map(\.id))
         if let missing = ids.first(where: { !found.contains($0) }) {
@@ -242,7 +246,8 @@ extension Engine {
 
     /// A page of jobs, each as JSON text (`JobJSON.raw`), with its id.
     public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws(DLError) -> [(id: JobID, json: JSONValue)] {
-        try await storage { try await store.list(states: states, afterID: afterID, limit: limit) }.map { job in
+        await linksSettled()
+        return try await storage { try await store.list(states: states, afterID: afterID, limit: limit) }.map { job in
             (job.id, JobJSON.raw(job, live: liveProgress(of: job.id)))
         }
     }

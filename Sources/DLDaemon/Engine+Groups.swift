@@ -215,6 +215,7 @@ extension Engine {
 
     /// A group with its summary and members.
     public func groupStatus(_ reference: GroupReference) async throws(DLError) -> (JobGroup, GroupSummary, [JSONValue]) {
+        await linksSettled()
         let group = try await resolve(reference)
         let members = try await storage { try await store.members(of: group.id) }
         let summary = GroupSummary.summarize(group, members: members, active: activeGroups.contains(group.id))

@@ -21,7 +21,8 @@ import Synchronization
 ///
 /// How events reach the sink differs:
 /// - SQLite (`JobStore`): one daemon writes the table; each write hands its own events to the
-///   sink right after its commit (publish: false ones when the caller says), in commit order.
+///   sink right after its commit (publish: false ones when the caller says, after a
+///   `holdEvents()` that keeps later writes' events back until then), in commit order.
 /// - PostgreSQL (`PostgresJobStore`): the sink gets EVERY committed event of the table, this
 ///   daemon's and other daemons', in `seq` order, each once: one serial reader follows
 ///   `events(after:)` from the last number it delivered, woken by this store's commits and by
