@@ -270,7 +270,7 @@ struct DaemonService: Service, CustomStringConvertible {
     func heartbeat() async {
         let every = min(notifier.watchdogInterval ?? Self.statusInterval, Self.statusInterval)
         while !Task.isCancelled {
-            if let stats = try? await engine.stats() {
+            if let stats = try? await engine.statsFromTheQueue() {
                 let status = "STATUS=" + Self.statusLine(stats)
                 if notifier.watchdogInterval != nil { notifier.notify("WATCHDOG=1", status) } else { notifier.notify(status) }
             }
