@@ -5,6 +5,7 @@
 //
 //   /bytes/<N>                    N deterministic bytes; Range, If-Range, HEAD.
 //                                 Query: rate, etag, norange, drop_after, stall_after, length, name,
+//                                 linger=MS (a drop closes MS after its last byte, not at once),
 //                                 nolength (no Content-Length: chunked, the size is unknown),
 //                                 overlong=K (a 206 body runs K bytes past the total its
 //                                 Content-Range announces; Content-Length covers them).
@@ -321,7 +322,8 @@ private struct BodyStream {
     }
 
     enum LimitAction {
-        case drop
+        /// Close the connection, after `linger` once the last byte is written.
+        case drop(linger: TimeAmount)
         case stall
     }
 
@@ -330,7 +332,7 @@ private struct BodyStream {
     var sent: Int64 = 0
     var ending: Ending
     var limit: Int64?
-    var limitAction: LimitAction = .drop
+    var limitAction: LimitAction = .drop(linger: .zero)
     var rate: Int64?
     var rateStart: NIODeadline?
     var stalled = false
@@ -581,7 +583,7 @@ final class OriginHandler: ChannelInboundHandler {
 
     private func serveBytes(context: ChannelHandlerContext, request: HTTPRequestHead, size: Int64, query: Query) {
         var numbers: [String: Int64] = [:]
-        for key in ["rate", "drop_after", "stall_after", "length", "overlong"] {
+        for key in ["rate", "drop_after", "stall_after", "length", "overlong", "linger"] {
             switch query.int(key) {
             case .absent:
                 continue
@@ -594,6 +596,7 @@ final class OriginHandler: ChannelInboundHandler {
         }
         let rate = numbers["rate"].flatMap { $0 > 0 ? $0 : nil }
         let dropAfter = numbers["drop_after"]
+        let drop = BodyStream.LimitAction.drop(linger: .milliseconds(numbers["linger"] ?? 0))
         let stallAfter = numbers["stall_after"]
         let lengthLie = numbers["length"]
         let noRange = query["norange"].map { $0 != "0" && $0.lowercased() != "false" } ?? false
@@ -663,10 +666,10 @@ final class OriginHandler: ChannelInboundHandler {
         switch (dropAfter, stallAfter) {
         case (let d?, let s?):
             stream.limit = min(d, s)
-            stream.limitAction = d <= s ? .drop : .stall
+            stream.limitAction = d <= s ? drop : .stall
         case (let d?, nil):
             stream.limit = d
-            stream.limitAction = .drop
+            stream.limitAction = drop
         case (nil, let s?):
             stream.limit = s
             stream.limitAction = .stall
@@ -719,11 +722,11 @@ final class OriginHandler: ChannelInboundHandler {
             }
             if let limit = stream.limit, stream.sent >= limit {
                 switch stream.limitAction {
-                case .drop:
+                case .drop(let linger):
                     body = nil
                     closing = true
                     unflushed = 0
-                    closeAfterWrites(context: context)
+                    closeAfterWrites(context: context, linger: linger)
                     return
                 case .stall:
                     stream.stalled = true
@@ -802,15 +805,20 @@ final class OriginHandler: ChannelInboundHandler {
     }
 
     /// Flushes, then closes the connection once everything written so far has reached the socket.
-    private func closeAfterWrites(context: ChannelHandlerContext) {
+    private func closeAfterWrites(context: ChannelHandlerContext, linger: TimeAmount = .zero) {
         context.flush()
-        if let last = lastWrite {
-            lastWrite = nil
-            last.assumeIsolated().whenComplete { _ in
+        let close = {
+            if linger > .zero {
+                context.eventLoop.assumeIsolated().scheduleTask(in: linger) { context.close(promise: nil) }
+            } else {
                 context.close(promise: nil)
             }
+        }
+        if let last = lastWrite {
+            lastWrite = nil
+            last.assumeIsolated().whenComplete { _ in close() }
         } else {
-            context.close(promise: nil)
+            close()
         }
     }
 }
