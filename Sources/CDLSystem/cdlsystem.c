@@ -12,6 +12,10 @@ int dld_limit_malloc_arenas(int arenas) {
     return mallopt(M_ARENA_MAX, arenas);
 }
 
+int dld_malloc_thresholds(int mmap, int trim) {
+    return mallopt(M_MMAP_THRESHOLD, mmap) & mallopt(M_TRIM_THRESHOLD, trim);
+}
+
 int dld_trim_malloc(void) {
     return malloc_trim(0);
 }

@@ -9,6 +9,11 @@ int dld_reserve_keep_size(int fd, off_t offset, off_t length);
 /// mallopt(M_ARENA_MAX, arenas): at most this many glibc malloc arenas. Returns 1 on success.
 int dld_limit_malloc_arenas(int arenas);
 
+/// mallopt(M_MMAP_THRESHOLD, mmap) and mallopt(M_TRIM_THRESHOLD, trim): blocks of `mmap` bytes
+/// and more are mapped on their own, and the heap's top is returned past `trim` bytes free.
+/// Either setting also stops glibc from moving both thresholds by itself. Returns 1 on success.
+int dld_malloc_thresholds(int mmap, int trim);
+
 /// malloc_trim(0): gives the free memory at the top of glibc's heaps and whole free pages
 /// inside them back to the system. Returns 1 when memory was released.
 int dld_trim_malloc(void);
