@@ -294,6 +294,7 @@ public struct Dispatcher: Sendable {
                 throw .invalidParams("at most \(limits.maxJobsPerEnqueue) jobs per enqueue, got \(list.count)")
             }
             var specs: [EnqueueSpec] = []
+            specs.reserveCapacity(list.count)
             for (index, element) in list.enumerated() {
                 guard let object = element.objectValue else { throw .invalidParams("jobs[\(index)] must be an object") }
                 do throws(DLError) {
@@ -307,7 +308,7 @@ public struct Dispatcher: Sendable {
             // line limit (a client asks `status` for more). Written as text at once: an object
             // a job cost megabytes for a call of thousands (the daemon's budget is 64 MiB).
             var results: [UInt8] = [UInt8(ascii: "[")]
-            results.reserveCapacity(outcomes.count * 64)
+            results.reserveCapacity(outcomes.count * 96)
             for (index, outcome) in outcomes.enumerated() {
                 if index > 0 { results.append(UInt8(ascii: ",")) }
                 JSONValue.writeObject(
@@ -317,7 +318,7 @@ public struct Dispatcher: Sendable {
             results.append(UInt8(ascii: "]"))
             return [
                 "count": .int(Int64(outcomes.count)),
-                "created": .int(Int64(outcomes.filter(\.created).count)),
+                "created": .int(Int64(outcomes.reduce(0) { $1.created ? $0 + 1 : $0 })),
                 "results": .raw(RawJSON(results)),
             ]
         }
