@@ -13,7 +13,7 @@ Imported by scripts/bench.py (the one entry point, `make bench`).
 """
 import hashlib, os, shutil, statistics, subprocess, tempfile, time, urllib.request
 
-from benchlib import (BIN, STEP_TIMEOUT, ConnectionClosed, Daemon, RpcError, exit_text, start_dld_origin, with_postgres_and_origin,
+from benchlib import (BIN, STEP_TIMEOUT, ConnectionClosed, Daemon, RpcError, exit_text, proc_status_kib, start_dld_origin, with_postgres_and_origin,
                       start_nginx, stop)
 
 SMALL_SIZE = 16 << 10
@@ -256,8 +256,11 @@ class ScaleRun:
 
     def log(self, step, result):
         rss = self.daemon.rss_mib() if self.daemon.alive() else None
+        # The peak so far of this dld process, to tell which step set the peak.
+        hwm = proc_status_kib(self.daemon.proc.pid, "VmHWM") if rss is not None else None
         self.rows.append((step, result, rss))
-        print(f"  … {step:44} {result}" + (f"   [RSS {rss:.1f} MiB]" if rss is not None else ""), flush=True)
+        print(f"  … {step:44} {result}" + (f"   [RSS {rss:.1f} MiB" + (f", peak so far {hwm / 1024:.1f} MiB" if hwm else "") + "]"
+                                          if rss is not None else ""), flush=True)
 
     def ensure_running(self):
         """After a crash or a timeout: a fresh dld on the same state folder, or False."""
