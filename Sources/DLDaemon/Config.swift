@@ -27,6 +27,10 @@ public struct DaemonConfig: Sendable, Equatable {
     public var groupParallel: Int = 4
     /// Transfers to one host (and port) at once, as browsers limit theirs.
     public var maxPerHost: Int = 6
+    /// Seconds completed and canceled records are kept; 0 keeps them forever.
+    public var keepFinished: Double = RetentionPolicy.defaultKeepFinished
+    /// Seconds failed records are kept; 0 keeps them forever.
+    public var keepFailed: Double = RetentionPolicy.defaultKeepFailed
     /// Hook commands (argv lists, run without a shell) and their time limit in seconds.
     public var onComplete: [String]?
     public var onError: [String]?
@@ -147,7 +151,7 @@ public struct DaemonConfig: Sendable, Equatable {
         "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections", "min_free",
         "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
         "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size", "worker_name", "lease",
-        "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy",
+        "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy", "keep_finished", "keep_failed",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -173,6 +177,16 @@ public struct DaemonConfig: Sendable, Equatable {
             default: throw DaemonError("\(key) must be a number of seconds ≥ 0")
             }
         }
+        /// Seconds, as a number or as text with a unit ("30d", "12h").
+        func duration() throws -> Double {
+            switch value {
+            case .integer(let i) where i >= 0: return Double(i)
+            case .string(let text):
+                if let seconds = DurationText.seconds(text) { return seconds }
+            default: break
+            }
+            throw DaemonError("\(key) must be a duration: seconds, or a number with s, m, h, d or w (\"30d\"); 0 keeps forever")
+        }
         switch key {
         case "socket": socket = try path()
         case "state_dir": stateDir = try path()
@@ -192,6 +206,8 @@ public struct DaemonConfig: Sendable, Equatable {
         case "max_connections": maxConnections = try int(1...10_000)
         case "group_parallel": groupParallel = try int(1...64)
         case "max_per_host": maxPerHost = try int(1...64)
+        case "keep_finished": keepFinished = try duration()
+        case "keep_failed": keepFailed = try duration()
         case "max_queued": maxQueued = try int(1...100_000_000)
         case "idle_timeout": idleTimeout = try int(1...86_400)
         case "netrc":
@@ -327,6 +343,8 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("disk_recheck = \(number(diskRecheck))")
         lines.append("group_parallel = \(groupParallel)")
         lines.append("max_per_host = \(maxPerHost)")
+        lines.append("keep_finished = \"\(DurationText.describe(keepFinished))\"")
+        lines.append("keep_failed = \"\(DurationText.describe(keepFailed))\"")
         lines.append("hook_timeout = \(hookTimeout)")
         if let onComplete { lines.append("on_complete = [\(onComplete.map(quote).joined(separator: ", "))]") }
         if let onError { lines.append("on_error = [\(onError.map(quote).joined(separator: ", "))]") }

@@ -150,6 +150,7 @@ public enum Daemon {
         configuration.maxQueued = config.maxQueued
         configuration.netrcPath = config.effectiveNetrc
         configuration.maxPerHost = config.maxPerHost
+        configuration.retention = RetentionPolicy(keepFinished: config.keepFinished, keepFailed: config.keepFailed)
     }
 
     /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not

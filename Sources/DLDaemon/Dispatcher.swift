@@ -117,7 +117,10 @@ public struct Dispatcher: Sendable {
             default: return Self.bulkReply(try await engine.cancel(selection))
             }
         case "remove":
-            let params = try Params(raw, allowed: ["id", "ids", "all", "group", "delete_file"])
+            let params = try Params(raw, allowed: ["id", "ids", "all", "group", "delete_file", "finished", "failed", "older_than"])
+            if params.has("finished") || params.has("failed") || params.has("older_than") {
+                return Self.bulkReply(try await removeFinished(params), alsoAs: "removed")
+            }
             let outcome = try await engine.remove(try params.selection(), deleteFile: try params.bool("delete_file") ?? false)
             // `removed`, the list protocol 1 answered with, stays: the same ids.
             return Self.bulkReply(outcome, alsoAs: "removed")
@@ -168,6 +171,7 @@ public struct Dispatcher: Sendable {
                 "queue_paused_reason": stats.queuePausedReason.map { .string($0) } ?? .null,
                 "worker": .string(stats.worker),
                 "workers": .array(stats.workers.map { ["id": .string($0.id), "seen_at": JobJSON.timestamp($0.seenAt)] }),
+                "database_bytes": .int(stats.databaseBytes),
             ]
         case "queue":
             let params = try Params(raw, allowed: ["paused"])
@@ -283,6 +287,20 @@ public struct Dispatcher: Sendable {
             throw .invalidParams("\"meta\" is \(text.utf8.count) bytes; at most \(limits.maxMetaBytes)")
         }
         return text
+    }
+
+    /// `remove` by state and age: `finished` (completed and canceled) and/or `failed`,
+    /// optionally `older_than` seconds; standalone jobs only, files of completed jobs stay.
+    private func removeFinished(_ params: Params) async throws(DLError) -> BulkOutcome {
+        for key in ["id", "ids", "all", "group", "delete_file"] where params.has(key) {
+            throw .invalidParams("\"\(key)\" does not go with \"finished\", \"failed\" or \"older_than\"")
+        }
+        var states: [JobState] = []
+        if try params.bool("finished") == true { states += [.completed, .canceled] }
+        if try params.bool("failed") == true { states.append(.failed) }
+        guard !states.isEmpty else { throw .invalidParams("give \"finished\": true and/or \"failed\": true") }
+        let olderThan = try params.int("older_than", in: 0...Int64(Int32.max)).map(TimeInterval.init)
+        return try await engine.removeFinished(states, olderThan: olderThan)
     }
 
     private func enqueue(_ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {

@@ -168,6 +168,7 @@ extension Engine {
             case .all: return true
             case .ids: return named.contains(entry.job.id)
             case .group(let group): return entry.job.groupID == group
+            case .finished: return false  // finished jobs have no transfer
             }
         }.map(\.job.id)
         for id in ids {
@@ -211,6 +212,7 @@ extension Engine {
             }
             try await schedule()
             try await flush()
+            if outcome.count > 0 { compactSoon() }
             return outcome
         }
     }
@@ -267,6 +269,8 @@ extension Engine {
         /// This daemon's worker id, and the workers of its table seen within two leases.
         public var worker: String
         public var workers: [(id: String, seenAt: Date)]
+        /// Bytes the job table takes.
+        public var databaseBytes: Int64
     }
 
     public func stats() async throws(DLError) -> Stats {
@@ -275,7 +279,8 @@ extension Engine {
         return Stats(
             counts: counts, active: running.count, speed: speed, maxActive: configuration.maxActive,
             accepting: accepting, uptime: now().timeIntervalSince(startedAt),
-            queuePausedReason: configuration.queuePausedReason, worker: configuration.worker, workers: try await liveWorkers())
+            queuePausedReason: configuration.queuePausedReason, worker: configuration.worker, workers: try await liveWorkers(),
+            databaseBytes: try await storage { try await store.databaseBytes() })
     }
 
     /// `stats()` answered from a turn of the serial queue: proof for the watchdog that the

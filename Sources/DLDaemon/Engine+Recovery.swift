@@ -55,6 +55,7 @@ extension Engine {
             try await flush()
         }
         startFleet()
+        startRetention()
     }
 
     /// On a shared table, start-up reconciles only the jobs this worker was running when it
@@ -196,6 +197,7 @@ extension Engine {
                 accepting = false
                 wakeTask?.cancel()
                 progressTask?.cancel()
+                retentionTask?.cancel()
                 stopFleet()
                 let ready = toPublish
                 toPublish = []

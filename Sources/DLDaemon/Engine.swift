@@ -55,6 +55,8 @@ public struct EngineConfiguration: Sendable {
     public var worker = "local/dld"
     /// Seconds a claim holds without renewal (a shared table's workers renew every third).
     public var lease: TimeInterval = 30
+    /// How long finished records are kept.
+    public var retention = RetentionPolicy()
 
     public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
                 diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
@@ -150,6 +152,9 @@ public actor Engine {
     var linksInFlight = 0
     var linkWaiters: [CheckedContinuation<Void, Never>] = []
     var leaseTask: Task<Void, Never>?
+    var retentionTask: Task<Void, Never>?
+    /// A compaction runs (one at a time).
+    var compacting = false
     var changesTask: Task<Void, Never>?
     /// When this worker last renewed its leases (shared table).
     var renewedAt: Date?

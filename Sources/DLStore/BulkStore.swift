@@ -7,6 +7,10 @@ public enum RowSelection: Sendable, Equatable {
     case all
     case ids([JobID])
     case group(GroupID)
+    /// Standalone jobs (not group members: a group goes whole) in one of `states`, and with
+    /// `before`, finished (else last changed) at or before it. Retention and `remove` with
+    /// `finished`/`failed`.
+    case finished([JobState], before: Date?)
 
     /// The SQL condition and its arguments. Ids travel as one JSON array (`json_each`), so a
     /// list of 100 000 ids is one argument, not 100 000 host parameters.
@@ -23,6 +27,15 @@ public enum RowSelection: Sendable, Equatable {
         case .group(let id):
             _ = arguments.append(contentsOf: ["selection": id])
             return ("group_id = :selection", arguments)
+        case .finished(let states, let before):
+            let list = "[" + states.map { "\"\($0.rawValue)\"" }.joined(separator: ",") + "]"
+            _ = arguments.append(contentsOf: ["selection": list])
+            var sql = "group_id IS NULL AND state IN (SELECT value FROM json_each(:selection))"
+            if let before {
+                _ = arguments.append(contentsOf: ["before": before.timeIntervalSince1970])
+                sql += " AND COALESCE(finished_at, updated_at) <= :before"
+            }
+            return (sql, arguments)
         }
     }
 

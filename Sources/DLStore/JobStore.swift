@@ -106,8 +106,44 @@ public final class JobStore: JobTable {
         // commit must be durable: FULL, on the one writer connection, outside a transaction.
         try pool.writeWithoutTransaction { db in
             try db.execute(sql: "PRAGMA synchronous = FULL")
+            // Free pages can be given back (`compact`) only in incremental auto-vacuum mode. A
+            // new file takes it before its first table; an older one is rewritten once.
+            if try Int.fetchOne(db, sql: "PRAGMA auto_vacuum") != 2 {
+                try db.execute(sql: "PRAGMA auto_vacuum = INCREMENTAL")
+                try db.execute(sql: "VACUUM")
+            }
         }
         try Self.migrator.migrate(pool)
+    }
+
+    public func databaseBytes() async throws -> Int64 {
+        try await pool.read { db in
+            let pages = try Int64.fetchOne(db, sql: "PRAGMA page_count") ?? 0
+            return pages * (try Int64.fetchOne(db, sql: "PRAGMA page_size") ?? 0)
+        }
+    }
+
+    /// Incremental vacuum, `policy.step` pages per write so that commands wait for one step at
+    /// most, then a checkpoint, which is when the file itself shrinks (WAL mode).
+    public func compact(_ policy: CompactionPolicy) async throws -> Int64 {
+        let (pages, free, pageSize) = try await pool.read { db in
+            (try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0, try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0,
+             try Int64.fetchOne(db, sql: "PRAGMA page_size") ?? 0)
+        }
+        guard policy.shouldCompact(pages: pages, freePages: free) else { return 0 }
+        var left = free
+        while left > 0 {
+            let now = try await pool.writeWithoutTransaction { db in
+                try db.execute(sql: "PRAGMA incremental_vacuum(\(max(1, policy.step)))")
+                return try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0
+            }
+            guard now < left else { break }  // not in incremental mode after all: nothing to gain
+            left = now
+        }
+        try await pool.writeWithoutTransaction { db in
+            try db.execute(sql: "PRAGMA wal_checkpoint(PASSIVE)")
+        }
+        return Int64(free) * pageSize
     }
 
     /// Schema history. A migration that has shipped is never edited; add a new one.

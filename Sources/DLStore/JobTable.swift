@@ -83,6 +83,11 @@ public protocol JobTable: Sendable {
     /// A page of jobs by ascending id, optionally only in some states.
     func list(states: [JobState]?, afterID: JobID, limit: Int) async throws -> [Job]
     func counts() async throws -> [JobState: Int]
+    /// Bytes the job table takes (SQLite: the file's pages; PostgreSQL: the database).
+    func databaseBytes() async throws -> Int64
+    /// Gives free pages back to the file system once the policy says so, a step at a time;
+    /// returns the bytes given back (PostgreSQL: 0, its autovacuum does this).
+    func compact(_ policy: CompactionPolicy) async throws -> Int64
     /// Jobs that are not finished (they count against `max_queued`).
     func unfinishedCount() async throws -> Int
     /// Which of these paths an unfinished job downloads to (indexed look-ups, in one read).

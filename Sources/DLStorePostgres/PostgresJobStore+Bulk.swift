@@ -14,6 +14,10 @@ extension PostgresJobStore {
         case .all: return "TRUE"
         case .ids(let ids): return "id = ANY(\(binds.ints(ids)))"
         case .group(let id): return "group_id = \(binds.int(id))"
+        case .finished(let states, let before):
+            let condition = "group_id IS NULL AND state = ANY(\(binds.texts(states.map(\.rawValue))))"
+            guard let before else { return condition }
+            return condition + " AND COALESCE(finished_at, updated_at) <= \(binds.double(before.timeIntervalSince1970))"
         }
     }
 

@@ -308,6 +308,12 @@ public final class PostgresJobStore: JobTable {
         try Columns.counts(try await rows("SELECT state, COUNT(*) FROM jobs GROUP BY state"))
     }
 
+    public func databaseBytes() async throws -> Int64 {
+        try await rows("SELECT pg_database_size(current_database())").first?.decode(Int64.self) ?? 0
+    }
+
+    public func compact(_ policy: CompactionPolicy) async throws -> Int64 { 0 }
+
     public func unfinishedCount() async throws -> Int {
         Int(try await rows("SELECT COUNT(*) FROM jobs WHERE state IN ('queued', 'running', 'waiting', 'paused')").first?.decode(Int64.self) ?? 0)
     }

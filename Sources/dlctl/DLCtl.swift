@@ -400,13 +400,47 @@ struct Cancel: SelectionCommand {
 
 struct Remove: ParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "rm", abstract: "Delete job records (a finished file stays unless --delete-file).")
-    @OptionGroup var selection: Selection
+        commandName: "rm", abstract: "Delete job records (a finished file stays unless --delete-file).",
+        discussion: "--finished (completed and canceled) and --failed, optionally with --older-than, take the records of jobs outside groups; a group goes whole with --group.")
+    @Argument(help: "Job ids.", completion: .custom { words, _, _ in JobIDCompletion.candidates(words, states: nil) })
+    var ids: [Int64] = []
+    @Option(help: "A group (id or name).") var group: String?
+    @Flag(help: "Every job.") var all = false
+    @Flag(help: "Completed and canceled jobs.") var finished = false
+    @Flag(help: "Failed jobs.") var failed = false
+    @Option(name: .customLong("older-than"), help: "Only jobs that finished at least this long ago: seconds, or 90s, 15m, 12h, 30d, 2w.") var olderThan: String?
     @Flag(name: .customLong("delete-file"), help: "Also delete the downloaded file of completed jobs.") var deleteFile = false
     @OptionGroup var common: Common
 
+    func validate() throws {
+        let byState = finished || failed
+        if olderThan != nil && !byState { throw ValidationError("--older-than goes with --finished or --failed") }
+        if byState {
+            if all || group != nil || !ids.isEmpty { throw ValidationError("--finished and --failed do not go with job ids, --group or --all") }
+            if deleteFile { throw ValidationError("--delete-file does not go with --finished or --failed: their files stay") }
+            if let olderThan, DurationText.seconds(olderThan) == nil {
+                throw ValidationError("--older-than must be seconds, or a number with s, m, h, d or w (30d), got \(olderThan)")
+            }
+            return
+        }
+        let given = (all ? 1 : 0) + (ids.isEmpty ? 0 : 1) + (group == nil ? 0 : 1)
+        if given > 1 { throw ValidationError("give job ids, --group or --all, only one of them") }
+        if given == 0 { throw ValidationError("give one or more job ids, --group, --all, --finished or --failed") }
+        if let bad = ids.first(where: { $0 < 1 }) { throw ValidationError("job ids are positive integers, got \(bad)") }
+    }
+
     func run() throws {
-        var params = selection.params
+        var params: [String: JSONValue]
+        if finished || failed {
+            params = [:]
+            if finished { params["finished"] = true }
+            if failed { params["failed"] = true }
+            if let seconds = olderThan.flatMap(DurationText.seconds) { params["older_than"] = .int(Int64(min(seconds, Double(Int32.max)))) }
+        } else if let group {
+            params = ["group": groupValue(group)]
+        } else {
+            params = all ? ["all": true] : (ids.count == 1 ? ["id": .int(ids[0])] : ["ids": .array(ids.map { .int($0) })])
+        }
         if deleteFile { params["delete_file"] = true }
         let result = try common.call("remove", params)
         common.emit(result) { Format.bulk(result, verb: "removed") }
@@ -425,6 +459,7 @@ struct Stats: ParsableCommand {
                 jobs    \(result["total"]?.int64Value ?? 0): \(counts.joined(separator: ", "))
                 active  \(result["active"]?.int64Value ?? 0) of \(result["max_active"]?.int64Value ?? 0) slots
                 speed   \(Format.speed(result["speed"]?.doubleValue ?? 0))
+                table   \(Format.bytes(Double(result["database_bytes"]?.int64Value ?? 0)))
                 """ + (result["accepting"]?.boolValue == false ? "\nshutting down" : "")
                 + (result["queue_paused_reason"]?.stringValue.map { "\nqueue   paused: \($0)" } ?? "")
                 + workers(result)

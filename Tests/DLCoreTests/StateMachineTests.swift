@@ -206,3 +206,44 @@ func makeJob(_ state: JobState, attempts: Int = 0, clock: TestClock = TestClock(
         }
     }
 }
+
+/// Retention and compaction policies, and durations as people write them.
+@Suite struct RetentionPolicyTests {
+    let now = Date(timeIntervalSince1970: 1_800_000_000)
+
+    @Test func sweepsFollowTheKeeps() {
+        let policy = RetentionPolicy(keepFinished: 86_400, keepFailed: 0)
+        #expect(policy.sweeps(now: now) == [RetentionPolicy.Sweep(states: [.completed, .canceled], before: now.addingTimeInterval(-86_400))])
+        #expect(policy.interval == 3600, "a quarter of a day, capped at an hour")
+        #expect(RetentionPolicy(keepFinished: 2, keepFailed: 8).interval == 1, "never faster than a second")
+        #expect(RetentionPolicy(keepFinished: 400, keepFailed: 0).interval == 100)
+        #expect(RetentionPolicy(keepFinished: 0, keepFailed: 0).sweeps(now: now).isEmpty)
+        #expect(RetentionPolicy(keepFinished: 0, keepFailed: 0).interval == nil, "nothing to sweep")
+        #expect(RetentionPolicy(keepFinished: 0, keepFailed: 60).sweeps(now: now).map(\.states) == [[.failed]])
+    }
+
+    @Test func compactionWaitsForAShareOfFreePages() {
+        let policy = CompactionPolicy()
+        #expect(!policy.shouldCompact(pages: 10_000, freePages: 2_000), "20 % free")
+        #expect(policy.shouldCompact(pages: 10_000, freePages: 2_500), "25 % free")
+        #expect(!policy.shouldCompact(pages: 400, freePages: 200), "a small file is left alone")
+        #expect(!policy.shouldCompact(pages: 0, freePages: 0))
+    }
+
+    @Test func durations() {
+        #expect(DurationText.seconds("90") == 90)
+        #expect(DurationText.seconds("90s") == 90)
+        #expect(DurationText.seconds("15m") == 900)
+        #expect(DurationText.seconds("12h") == 43_200)
+        #expect(DurationText.seconds(" 30D ") == 2_592_000)
+        #expect(DurationText.seconds("2w") == 1_209_600)
+        #expect(DurationText.seconds("1.5h") == 5400)
+        for bad in ["", "d", "-1d", "10y", "abc", "1e999", "nan"] {
+            #expect(DurationText.seconds(bad) == nil, "\(bad)")
+        }
+        #expect(DurationText.describe(2_592_000) == "30d")
+        #expect(DurationText.describe(90) == "90s")
+        #expect(DurationText.describe(5400) == "90m")
+        #expect(DurationText.describe(0) == "0")
+    }
+}
