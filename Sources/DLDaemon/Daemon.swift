@@ -221,6 +221,12 @@ struct DaemonService: Service, CustomStringConvertible {
             channel.channel.close(promise: nil)
             throw DaemonError("cannot start the queue: \(error)")
         }
+        // Jobs that failed for want of a network start again as soon as a route is back.
+        let engine = self.engine
+        let routes = RouteMonitor(logger: logger) { _ in
+            Task { await engine.networkChanged() }
+        }
+        defer { routes?.cancel() }
         let socketPath = adoptedSocket.flatMap(SocketActivation.path(of:)) ?? config.socket
         logger.info("dld \(DLDVersion.current) listening", metadata: [
             "socket": "\(socketPath)", "state_dir": "\(config.stateDir)", "socket_from": "\(adoptedSocket == nil ? "dld" : "systemd")",

@@ -177,6 +177,17 @@ extension Engine {
             // A full disk is not the server's fault: it does not use up the retry budget.
             job.attempts = max(0, job.attempts - 1)
         }
+        if failedOffline(failure) {
+            // Nor is a machine without a network: the job waits until a route comes back.
+            job.attempts = max(0, job.attempts - 1)
+            logger.notice("waiting for the network", metadata: ["job": "\(job.id)", "error": "\(failure.error.message)"])
+            do throws(DLError) {
+                try transition(job, .wait(.network, failure.error, until: now().addingTimeInterval(Self.offlineRecheck)))
+            } catch {
+                logger.error("could not record a failed attempt", metadata: ["job": "\(job.id)", "error": "\(error.message)"])
+            }
+            return
+        }
         let sinceProgress = now().timeIntervalSince(job.progressAt ?? job.createdAt)
         let decision = RetryDecision.decide(
             failure, attempts: job.attempts, sinceProgress: sinceProgress, policy: configuration.backoff,

@@ -153,6 +153,10 @@ public actor Engine {
     var linkWaiters: [CheckedContinuation<Void, Never>] = []
     var leaseTask: Task<Void, Never>?
     var retentionTask: Task<Void, Never>?
+    /// Whether this machine has a route to a network, as last seen (`Engine+Network`).
+    var online = true
+    /// Reads the route tables; a test may pass its own.
+    let hasNetwork: @Sendable () -> Bool
     /// A compaction runs (one at a time).
     var compacting = false
     var changesTask: Task<Void, Never>?
@@ -161,13 +165,15 @@ public actor Engine {
 
     public init(
         store: any JobTable, downloader: Downloader, configuration: EngineConfiguration, logger: Logger,
-        now: @escaping @Sendable () -> Date = { Date() }
+        now: @escaping @Sendable () -> Date = { Date() },
+        hasNetwork: @escaping @Sendable () -> Bool = { Routes.hasNetwork() }
     ) {
         self.store = store
         self.downloader = downloader
         self.configuration = configuration
         self.logger = logger
         self.now = now
+        self.hasNetwork = hasNetwork
         self.startedAt = now()
     }
 

@@ -221,6 +221,24 @@ extension JobStore {
         return count
     }
 
+    public func requeueWaiting(for reason: WaitReason, now: Date) async throws -> Int {
+        let (count, range) = try await pool.write { db -> (Int, (Int64, Int64)) in
+            let before = try Self.lastSeq(db)
+            let changed = try JobID.fetchAll(
+                db,
+                sql: """
+                    UPDATE jobs SET state = 'queued', wait_reason = NULL, next_attempt_at = NULL, updated_at = ?
+                    WHERE state = 'waiting' AND wait_reason = ? RETURNING id
+                    """,
+                arguments: [now.timeIntervalSince1970, reason.rawValue]
+            ).sorted()
+            try Self.recordStates(of: changed, at: now, in: db)
+            return (changed.count, (before, try Self.lastSeq(db)))
+        }
+        publishEvents(after: range.0, through: range.1)
+        return count
+    }
+
     /// One `job.state` event per job, as the rows are now, in id order.
     static func recordStates(of ids: [JobID], at now: Date, in db: Database) throws {
         guard !ids.isEmpty else { return }

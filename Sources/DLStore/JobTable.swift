@@ -73,6 +73,9 @@ public protocol JobTable: Sendable {
     func delete(_ selection: RowSelection, deleteFiles: Bool, now: Date) async throws -> BulkOutcome
     /// Queues again the waiting jobs whose `next_attempt_at` has come; returns how many.
     func requeueDue(now: Date) async throws -> Int
+    /// Every job waiting for `reason` is queued again at once, whatever its time (the network
+    /// came back), in one statement.
+    func requeueWaiting(for reason: WaitReason, now: Date) async throws -> Int
 
     // MARK: Jobs: reads
 

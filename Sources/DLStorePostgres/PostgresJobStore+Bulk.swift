@@ -124,6 +124,22 @@ extension PostgresJobStore {
         return count
     }
 
+    public func requeueWaiting(for reason: WaitReason, now: Date) async throws -> Int {
+        let (count, range) = try await transaction { connection -> (Int, (Int64, Int64)) in
+            let at = now.timeIntervalSince1970
+            let changed = try await connection.rows(
+                """
+                UPDATE jobs SET state = 'queued', wait_reason = NULL, next_attempt_at = NULL, updated_at = \(at)
+                WHERE state = 'waiting' AND wait_reason = \(reason.rawValue) RETURNING id
+                """,
+                logger: logger
+            ).map { try $0.decode(Int64.self) }
+            return (changed.count, try await Self.recordStates(of: changed, at: now, on: connection, logger: logger))
+        }
+        await publishEvents(after: range.0, through: range.1)
+        return count
+    }
+
     /// Partial files that jobs which ever started may have left.
     private static func partialFiles(of ids: [JobID], on connection: PostgresConnection, logger: Logger) async throws -> [String] {
         guard !ids.isEmpty else { return [] }

@@ -247,3 +247,31 @@ func makeJob(_ state: JobState, attempts: Int = 0, clock: TestClock = TestClock(
         #expect(DurationText.describe(0) == "0")
     }
 }
+
+/// Whether a route table reaches a network: samples of /proc/net/route and /proc/net/ipv6_route.
+@Suite struct RouteTableTests {
+    let header = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+
+    @Test func aDefaultOrConnectedRouteIsANetwork() {
+        #expect(Routes.hasNetwork(ipv4: header + "eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n", ipv6: ""))
+        #expect(Routes.hasNetwork(ipv4: header + "veth1\t00004D0A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n", ipv6: ""))
+        let v6 = "fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n"
+        #expect(Routes.hasNetwork(ipv4: header, ipv6: v6))
+    }
+
+    @Test func loopbackLinkLocalOwnAddressesAndRejectRoutesAreNot() {
+        #expect(!Routes.hasNetwork(ipv4: header, ipv6: ""))
+        #expect(!Routes.hasNetwork(ipv4: header + "lo\t0000007F\t00000000\t0001\t0\t0\t0\t000000FF\t0\t0\t0\n", ipv6: ""))
+        #expect(!Routes.hasNetwork(ipv4: header + "eth0\t00000000\t00000000\t0201\t0\t0\t0\t00000000\t0\t0\t0\n", ipv6: ""), "reject")
+        #expect(!Routes.hasNetwork(ipv4: header + "eth0\t00000000\t010200C0\t0002\t0\t0\t0\t00000000\t0\t0\t0\n", ipv6: ""), "not up")
+        let v6 = """
+            fe800000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000002 00000000 00000001     eth0
+            00000000000000000000000000000001 80 00000000000000000000000000000000 00 00000000000000000000000000000000 00000000 00000002 00000000 80200001       lo
+            fd000000000000000000000000000002 80 00000000000000000000000000000000 00 00000000000000000000000000000000 00000000 00000004 00000000 80200001     eth0
+            ff000000000000000000000000000000 08 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000003 00000000 00000001     eth0
+
+            """
+        #expect(!Routes.hasNetwork(ipv4: header, ipv6: v6))
+        #expect(!Routes.hasNetwork(ipv4: "garbage", ipv6: "more garbage"))
+    }
+}

@@ -22,3 +22,9 @@ int dld_trim_malloc(void);
 /// instead of replacing. Returns 0, or -1 with errno set (EINVAL or ENOSYS where the
 /// filesystem or kernel cannot do it).
 int dld_rename_noreplace(const char *from, const char *to);
+
+
+/// A netlink socket (NETLINK_ROUTE, non-blocking, close-on-exec) that receives the kernel's
+/// notifications of links, addresses and routes (IPv4 and IPv6) coming and going. Returns the
+/// descriptor, or -1 with errno set.
+int dld_route_monitor_open(void);
