@@ -204,33 +204,24 @@ extension JobStore {
 
     /// Waiting jobs whose time has come are queued again, in one statement.
     public func requeueDue(now: Date) async throws -> Int {
-        let (count, range) = try await pool.write { db -> (Int, (Int64, Int64)) in
-            let before = try Self.lastSeq(db)
-            let changed = try JobID.fetchAll(
-                db,
-                sql: """
-                    UPDATE jobs SET state = 'queued', wait_reason = NULL, next_attempt_at = NULL, updated_at = ?
-                    WHERE state = 'waiting' AND next_attempt_at <= ? RETURNING id
-                    """,
-                arguments: [now.timeIntervalSince1970, now.timeIntervalSince1970]
-            ).sorted()
-            try Self.recordStates(of: changed, at: now, in: db)
-            return (changed.count, (before, try Self.lastSeq(db)))
-        }
-        publishEvents(after: range.0, through: range.1)
-        return count
+        try await requeueWaiting(where: "next_attempt_at <= ?", now.timeIntervalSince1970, now: now)
     }
 
     public func requeueWaiting(for reason: WaitReason, now: Date) async throws -> Int {
+        try await requeueWaiting(where: "wait_reason = ?", reason.rawValue, now: now)
+    }
+
+    /// Queues again the waiting jobs that also meet `condition` (one `?`, bound to `value`).
+    private func requeueWaiting(where condition: String, _ value: some DatabaseValueConvertible & Sendable, now: Date) async throws -> Int {
         let (count, range) = try await pool.write { db -> (Int, (Int64, Int64)) in
             let before = try Self.lastSeq(db)
             let changed = try JobID.fetchAll(
                 db,
                 sql: """
                     UPDATE jobs SET state = 'queued', wait_reason = NULL, next_attempt_at = NULL, updated_at = ?
-                    WHERE state = 'waiting' AND wait_reason = ? RETURNING id
+                    WHERE state = 'waiting' AND \(condition) RETURNING id
                     """,
-                arguments: [now.timeIntervalSince1970, reason.rawValue]
+                arguments: [now.timeIntervalSince1970, value]
             ).sorted()
             try Self.recordStates(of: changed, at: now, in: db)
             return (changed.count, (before, try Self.lastSeq(db)))

@@ -109,28 +109,22 @@ extension PostgresJobStore {
     }
 
     public func requeueDue(now: Date) async throws -> Int {
-        let (count, range) = try await transaction { connection -> (Int, (Int64, Int64)) in
-            let at = now.timeIntervalSince1970
-            let changed = try await connection.rows(
-                """
-                UPDATE jobs SET state = 'queued', wait_reason = NULL, next_attempt_at = NULL, updated_at = \(at)
-                WHERE state = 'waiting' AND next_attempt_at <= \(at) RETURNING id
-                """,
-                logger: logger
-            ).map { try $0.decode(Int64.self) }
-            return (changed.count, try await Self.recordStates(of: changed, at: now, on: connection, logger: logger))
-        }
-        await publishEvents(after: range.0, through: range.1)
-        return count
+        try await requeueWaiting(reasons: WaitReason.allCases, dueBy: now.timeIntervalSince1970, now: now)
     }
 
     public func requeueWaiting(for reason: WaitReason, now: Date) async throws -> Int {
+        try await requeueWaiting(reasons: [reason], dueBy: .greatestFiniteMagnitude, now: now)
+    }
+
+    /// Queues again the waiting jobs with one of `reasons` whose next attempt is due by `dueBy`.
+    private func requeueWaiting(reasons: [WaitReason], dueBy: Double, now: Date) async throws -> Int {
         let (count, range) = try await transaction { connection -> (Int, (Int64, Int64)) in
             let at = now.timeIntervalSince1970
             let changed = try await connection.rows(
                 """
                 UPDATE jobs SET state = 'queued', wait_reason = NULL, next_attempt_at = NULL, updated_at = \(at)
-                WHERE state = 'waiting' AND wait_reason = \(reason.rawValue) RETURNING id
+                WHERE state = 'waiting' AND next_attempt_at <= \(dueBy) AND wait_reason = ANY(\(reasons.map(\.rawValue)))
+                RETURNING id
                 """,
                 logger: logger
             ).map { try $0.decode(Int64.self) }
