@@ -10,7 +10,8 @@
 # Likewise the other programs the tests start as real parts: an HTTP proxy (tinyproxy) and a
 # SOCKS5 proxy (microsocks) for the proxy tests; systemd-socket-activate and systemd-analyze
 # (Debian's `systemd`) for socket activation and the units; man (man-db) and bash-completion
-# for the installed manual pages and completions.
+# for the installed manual pages and completions; ip (iproute2) for the network namespace of
+# the network-awareness test.
 set -euo pipefail
 missing=()
 [ -f /usr/include/sqlite3.h ] || missing+=(libsqlite3-dev)
@@ -25,6 +26,7 @@ command -v microsocks >/dev/null 2>&1 || tools_missing+=(microsocks)
 command -v systemd-socket-activate >/dev/null 2>&1 && command -v systemd-analyze >/dev/null 2>&1 || tools_missing+=(systemd)
 command -v man >/dev/null 2>&1 || tools_missing+=(man-db)
 [ -f /usr/share/bash-completion/bash_completion ] || tools_missing+=(bash-completion)
+[ -x /usr/sbin/ip ] || tools_missing+=(iproute2)
 [ ${#missing[@]} -eq 0 ] && [ -z "$postgres_missing" ] && [ ${#tools_missing[@]} -eq 0 ] && exit 0
 
 can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
