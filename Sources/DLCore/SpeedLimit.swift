@@ -256,3 +256,9 @@ public struct GlobalSpeedPolicy: Sendable, Equatable {
         override == nil ? schedule.secondsUntilChange(fromSecondOfDay: second) : nil
     }
 }
+
+/// Printed (in a logged configuration, say) as written, not as its table of minutes.
+extension SpeedSchedule: CustomStringConvertible, CustomDebugStringConvertible {
+    public var description: String { text }
+    public var debugDescription: String { "\"\(text)\"" }
+}

@@ -121,6 +121,8 @@ public final class Downloader: Sendable {
     public let configuration: DownloaderConfiguration
     private let clients = NIOLockedValueBox(Clients())
     private let logger: Logger
+    /// The speed limits every transfer of this downloader keeps to (`max_speed`).
+    public let limiter = SpeedLimiter()
 
     private struct ClientKey: Hashable {
         var tls: TLSSettings
@@ -380,6 +382,9 @@ public final class Downloader: Sendable {
         var inFlight: Task<Void, any Error>? = nil
         do {
             for try await chunk in response.body {
+                // The one place a transfer meets the speed limits: it sleeps here (reading
+                // nothing more) while it is ahead of them.
+                try await limiter.take(chunk.readableBytes, job: request.jobID)
                 try chunk.withUnsafeReadableBytes { bytes throws(TransferFailure) in
                     try file.write(bytes, at: offset)
                     digests.update(bytes)
