@@ -104,7 +104,7 @@ public struct Dispatcher: Sendable {
 
     public static let methods = [
         "enqueue", "pause", "resume", "cancel", "remove", "status", "list", "stats", "queue", "subscribe", "version", "shutdown",
-        "set_speed",
+        "set_speed", "change",
     ]
 
     func call(_ method: String, _ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
@@ -175,6 +175,8 @@ public struct Dispatcher: Sendable {
             ]
         case "set_speed":
             return try await setSpeed(raw)
+        case "change":
+            return try await change(raw)
         case "queue":
             let params = try Params(raw, allowed: ["paused"])
             let reason: String?
@@ -420,7 +422,7 @@ public struct Dispatcher: Sendable {
     }
 }
 
-// MARK: set_speed
+// MARK: set_speed, change
 
 extension Dispatcher {
     /// `max_speed`: bytes per second, 0…1 TiB; 0 is no limit. Nil when absent or null.
@@ -457,5 +459,16 @@ extension Dispatcher {
         default:
             throw .invalidParams("give \"id\" (a job) or \"global\": true, not both")
         }
+    }
+
+    /// `change`: `url` and `headers` are checked as `enqueue` checks them, with its errors.
+    func change(_ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
+        let params = try Params(raw, allowed: ["id", "url", "headers"])
+        guard let id = try params.int("id", in: 1...Int64.max) else { throw .invalidParams("missing param \"id\"") }
+        let url = try params.string("url")
+        if let url, case .failure(let error) = URLRules.checked(url) { throw error }
+        let headers = params.has("headers") ? try headers(params) : nil
+        guard url != nil || headers != nil else { throw .invalidParams("give \"url\", \"headers\" or both") }
+        return try await engine.change(id, url: url, headers: headers)
     }
 }

@@ -237,6 +237,7 @@ extension Engine {
             job.progressAt = now()
         }
         job.received = checkpoint.received
+        if let startedOver = checkpoint.startedOver { job.error = startedOver }
         job.size = checkpoint.size
         job.validators = checkpoint.validators
         if let finalURL = checkpoint.finalURL { job.finalURL = finalURL }

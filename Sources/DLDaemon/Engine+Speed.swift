@@ -3,7 +3,8 @@ import DLRPC
 import DLTransfer
 import Foundation
 
-/// Speed limits (`max_speed`, `speed_schedule`, `set_speed`).
+/// Speed limits (`max_speed`, `speed_schedule`, `set_speed`) and changing a job's URL and
+/// headers (`change`).
 extension Engine {
     /// The global limit in force and where it comes from, for `stats` and `set_speed`.
     public struct SpeedView: Sendable, Equatable {
@@ -99,6 +100,38 @@ extension Engine {
             try await storage { try await store.save([job]) }
             if running[id] != nil { downloader.limiter.setJob(id, value) }
             logger.notice("job speed limit", metadata: ["job": "\(id)", "limit": "\(value ?? 0)"])
+            return view(job)
+        }
+    }
+
+    /// `change`: new URL and/or headers for a job that is not completed or canceled. A running
+    /// transfer stops (its bytes synced and committed) and starts again at once with them; the
+    /// next response decides whether the bytes on disk are kept (its validators match the
+    /// ones they came with, `If-Range`) or dropped with the reason in the job's `error`
+    /// (`started_over`). Other states stay as they are.
+    public func change(_ id: JobID, url: String?, headers: [HeaderField]?) async throws(DLError) -> JSONValue {
+        try await serial { () async throws(DLError) in
+            try requireAccepting()
+            var job = try await unfinishedHere(id, verb: "change")
+            let wasRunning = running[id] != nil
+            if wasRunning, let stopped = await stopTransfer(id, intent: .pause) {
+                job = stopped
+            }
+            if let url { job.url = url }
+            if let headers { job.headers = headers }
+            job.updatedAt = now()
+            if wasRunning {
+                // Still `running` under this worker: the row is saved with its new values (and
+                // the stopped transfer's checkpoint) and the transfer starts again from it.
+                try await storage { try await store.save([job]) }
+                startTransfer(job)
+            } else {
+                try await storage { try await store.save([job]) }
+            }
+            logger.notice("job changed", metadata: [
+                "job": "\(id)", "url": "\(URLRules.redacted(job.url))",
+                "headers": "\(job.headers.map(\.name).joined(separator: ","))", "restarted": "\(wasRunning)",
+            ])
             return view(job)
         }
     }

@@ -11,7 +11,7 @@ struct DLCtl: ParsableCommand {
         abstract: "Control the dld download daemon.",
         discussion: "Talks to dld over its Unix socket ($DLD_SOCKET, else the default path). --socket and --json may come before the command too (dlctl --socket S status). Exit status: 0 success, 1 the daemon refused, 64 a usage error, 69 no daemon answers; `wait` also 124 on timeout.",
         version: "dlctl \(DLDVersion.current) (protocol \(DLDVersion.protocolVersion))",
-        subcommands: [Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self, Speed.self, Version.self, Shutdown.self])
+        subcommands: [Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self, Speed.self, SetURL.self, Version.self, Shutdown.self])
 
     /// The options of every command are taken before the command too, as git and systemctl
     /// take theirs: `dlctl --socket S status` is `dlctl status --socket S`.

@@ -59,3 +59,42 @@ struct Speed: ParsableCommand {
         return text
     }
 }
+
+/// `dlctl set-url ID [URL] [-H "Name: value"]…`: a new URL and/or headers for an unfinished job.
+struct SetURL: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "set-url",
+        abstract: "Give an unfinished job a new URL and/or headers (an expired signed URL, a new token).",
+        discussion: "The bytes already downloaded are kept when the server shows the same file (strong ETag, or Last-Modified and size); otherwise the download starts over and `dlctl status ID` says why. -H replaces all the job's headers; --clear-headers removes them.")
+
+    @Argument(help: "The job.") var id: Int64
+    @Argument(help: "The new http(s) URL.") var url: String?
+    @Option(name: [.customShort("H"), .customLong("header")], help: "A request header, \"Name: value\" (repeatable); replaces the job's headers.") var headers: [String] = []
+    @Flag(name: .customLong("clear-headers"), help: "Remove the job's headers.") var clearHeaders = false
+    @OptionGroup var common: Common
+
+    func validate() throws {
+        if id < 1 { throw ValidationError("job ids are positive integers, got \(id)") }
+        if url == nil && headers.isEmpty && !clearHeaders { throw ValidationError("give a URL, -H headers or --clear-headers") }
+        if clearHeaders && !headers.isEmpty { throw ValidationError("give -H or --clear-headers, not both") }
+    }
+
+    func run() throws {
+        var params: [String: JSONValue] = ["id": .int(id)]
+        if let url { params["url"] = .string(url) }
+        if clearHeaders { params["headers"] = .object([:]) }
+        if !headers.isEmpty {
+            var object: [String: JSONValue] = [:]
+            for header in headers {
+                guard let colon = header.firstIndex(of: ":") else {
+                    printError("header \"\(header)\" must be \"Name: value\"")
+                    throw ExitCode(64)
+                }
+                object[header[..<colon].trimmingCharacters(in: .whitespaces)] = .string(header[header.index(after: colon)...].trimmingCharacters(in: .whitespaces))
+            }
+            params["headers"] = .object(object)
+        }
+        let job = try common.call("change", params)
+        common.emit(job) { Format.details(job) }
+    }
+}

@@ -4,9 +4,10 @@ import DLTestSupport
 import Foundation
 import Testing
 
-/// Speed limits (`max_speed`, `speed_schedule`, `set_speed`) with the real dld and the test
-/// origin. Nothing here asserts a time: a limited job is shown to be held back by an unlimited
-/// one that finishes first.
+/// Speed limits (`max_speed`, `speed_schedule`, `set_speed`) and `change` (a job's new URL and
+/// headers), with the real dld and the test origin. Nothing here asserts a time: a limited job
+/// is shown to be held back by an unlimited one that finishes first, and bytes kept or fetched
+/// again are counted by the origin.
 @Suite(.serialized) struct SpeedTests {
     static let size: Int64 = 4 << 20
     /// Big enough that buffers cannot hold half of it (the origin's send buffer, the kernel's
@@ -94,5 +95,127 @@ import Testing
         try "max_speed = \"512K\"\nspeed_schedule = \"08:00-18:00 2M\"\n".write(toFile: good, atomically: true, encoding: .utf8)
         let printed = try runProgram(BuiltProducts.path("dld"), ["--config", good, "--print-config"], environment: daemon.environment)
         #expect(printed.stdout.contains("max_speed = \"512K\"\n") && printed.stdout.contains("speed_schedule = \"08:00-18:00 2M\"\n"), "\(printed.stdout)")
+    }
+
+    /// A running job gets a new URL whose server has the same strong ETag: the transfer starts
+    /// again from the bytes it had (a range with If-Range), and the new URL serves only the rest.
+    @Test func changedURLWithSameValidatorsKeepsTheBytes() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness()
+            try daemon.start()
+            defer { daemon.stop() }
+            let id = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(Self.size)?token=old"), "name": "kept.bin", "max_speed": 262144,
+            ])
+            try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) >= 300_000 }
+            let newURI = "/bytes/\(Self.size)?token=new"
+            let changed = try daemon.call("change", ["id": .int(id), "url": .string(origin.baseURL + newURI)])
+            #expect(changed["url"]?.stringValue == origin.baseURL + newURI)
+            #expect(changed["state"] == "running")
+            _ = try daemon.call("set_speed", ["id": .int(id), "max_speed": 0])
+            let done = try daemon.waitForState(id, ["completed", "failed", "waiting"])
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            try expectOriginBytes(at: daemon.downloadDir + "/kept.bin", count: Int(Self.size))
+            let asked = origin.requests.filter { $0.uri == newURI }
+            #expect(asked.count == 1)
+            let range = try #require(asked.first?.header("range"))
+            let kept = try #require(Int64(range.dropFirst("bytes=".count).dropLast()))
+            #expect(kept >= 300_000)
+            #expect(asked.first?.header("if-range") == "\"v1-\(Self.size)\"")
+            #expect(origin.bytesServed(uri: newURI) == Self.size - kept)
+            #expect(!daemon.log.contains("starting over"))
+        }
+    }
+
+    /// A new URL whose server has another ETag: the download starts over from 0, `status` says
+    /// why (`started_over`) while it runs, and the file is the new one, byte-exact. A paused job
+    /// changed then resumed does the same.
+    @Test func changedURLWithAnotherETagStartsOverWithTheReason() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness()
+            try daemon.start()
+            defer { daemon.stop() }
+            let id = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(Self.size)?etag=first"), "name": "again.bin", "max_speed": 262144,
+            ])
+            try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) >= 300_000 }
+            let newURI = "/bytes/\(Self.size)?etag=second"
+            _ = try daemon.call("change", ["id": .int(id), "url": .string(origin.baseURL + newURI)])
+            let over = try daemon.waitForJob(id) { $0["error"]?["code"] == "started_over" || $0["state"] != "running" }
+            #expect(over["state"] == "running", "\(over.serializedString())")
+            let message = over["error"]?["message"]?.stringValue ?? ""
+            #expect(message.contains("\"second\"") && message.contains("\"first\""), "\(message)")
+            #expect(MessageRules.problems(message, mustName: ["127.0.0.1"]).isEmpty, "\(message)")
+            let shown = try daemon.dlctl(["status", String(id)])
+            #expect(shown.stdout.contains("[started_over]"), "\(shown.stdout)")
+            _ = try daemon.call("set_speed", ["id": .int(id), "max_speed": 0])
+            #expect(try daemon.waitForState(id, ["completed", "failed", "waiting"])["state"] == "completed")
+            try expectOriginBytes(at: daemon.downloadDir + "/again.bin", count: Int(Self.size))
+            #expect(origin.bytesServed(uri: newURI) == Self.size)
+
+            // Paused, then changed: the next start finds another ETag and starts over.
+            let paused = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(Self.size)?etag=one"), "name": "paused.bin", "max_speed": 262144,
+            ])
+            try daemon.waitForJob(paused) { ($0["received"]?.int64Value ?? 0) >= 300_000 }
+            _ = try daemon.call("pause", ["id": .int(paused)])
+            let other = "/bytes/\(Self.size)?etag=two"
+            let out = try daemon.dlctl(["set-url", String(paused), origin.baseURL + other])
+            #expect(out.status == 0 && out.stdout.contains("paused"), "\(out.stdout)\(out.stderr)")
+            _ = try daemon.call("set_speed", ["id": .int(paused), "max_speed": 0])
+            _ = try daemon.call("resume", ["id": .int(paused)])
+            #expect(try daemon.waitForState(paused, ["completed", "failed", "waiting"])["state"] == "completed")
+            try expectOriginBytes(at: daemon.downloadDir + "/paused.bin", count: Int(Self.size))
+            #expect(origin.bytesServed(uri: other) == Self.size)
+            #expect(daemon.log.contains("starting over"))
+        }
+    }
+
+    /// Secrets in a new URL and headers are shown redacted in the reply, status and the log, and
+    /// still sent to the server; `change` and `set_speed` refuse what enqueue refuses, unknown
+    /// jobs and finished ones.
+    @Test func changeRedactsSecretsAndRefusesBadRequests() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness()
+            try daemon.start()
+            defer { daemon.stop() }
+            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": "s.bin", "paused": true])
+            let secretURL = "http://alice:hunter2@127.0.0.1:\(origin.port)/bytes/1000?k=v"
+            let changed = try daemon.call("change", [
+                "id": .int(id), "url": .string(secretURL),
+                "headers": ["Authorization": "Bearer tok-123", "X-Trace": "7"],
+            ])
+            for job in [changed, try daemon.job(id)] {
+                #expect(job["url"]?.stringValue == "http://alice:***@127.0.0.1:\(origin.port)/bytes/1000?k=v")
+                let text = job.serializedString()
+                #expect(!text.contains("hunter2") && !text.contains("tok-123"), "\(text)")
+                #expect(text.contains("<redacted>") && text.contains("X-Trace"))
+            }
+            _ = try daemon.call("resume", ["id": .int(id)])
+            #expect(try daemon.waitForState(id, ["completed", "failed", "waiting"])["state"] == "completed")
+            let sent = try #require(origin.requests.last { $0.uri == "/bytes/1000?k=v" })
+            #expect(sent.header("authorization") == "Bearer tok-123")
+            #expect(sent.header("x-trace") == "7")
+            #expect(!daemon.log.contains("hunter2") && !daemon.log.contains("tok-123"))
+
+            let other = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/10"), "name": "t.bin", "paused": true])
+            func code(_ method: String, _ params: [String: JSONValue]) throws -> String {
+                try daemon.callError(method, params).stableCode
+            }
+            #expect(try code("change", ["id": 999, "url": .string(origin.baseURL + "/bytes/1")]) == "job_not_found")
+            #expect(try code("change", ["id": .int(id), "url": .string(origin.baseURL + "/bytes/1")]) == "invalid_state")
+            #expect(try code("change", ["id": .int(other), "url": "ftp://example.com/x"]) == "invalid_url")
+            #expect(try code("change", ["id": .int(other), "url": "not a url"]) == "invalid_url")
+            #expect(try code("change", ["id": .int(other), "headers": ["Range": "bytes=0-"]]) == "invalid_params")
+            #expect(try code("change", ["id": .int(other)]) == "invalid_params")
+            #expect(try code("change", ["id": .int(other), "path": "/tmp/x"]) == "invalid_params")
+            #expect(try code("set_speed", ["id": 999, "max_speed": 1]) == "job_not_found")
+            #expect(try code("set_speed", ["id": .int(id), "max_speed": 1]) == "invalid_state")
+            #expect(try code("set_speed", ["id": .int(other), "global": true, "max_speed": 1]) == "invalid_params")
+            #expect(try code("set_speed", ["id": .int(other), "max_speed": -1]) == "invalid_params")
+            #expect(try code("set_speed", ["id": .int(other)]) == "invalid_params")
+            #expect(try code("enqueue", ["url": .string(origin.baseURL + "/bytes/1"), "max_speed": "fast"]) == "invalid_params")
+            #expect(try daemon.job(other)["url"]?.stringValue == origin.baseURL + "/bytes/10")
+        }
     }
 }
