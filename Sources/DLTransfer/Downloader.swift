@@ -165,7 +165,8 @@ public final class Downloader: Sendable {
             config.connectionPool.retryConnectionEstablishment = false
             config.timeout = .init(connect: configuration.connectTimeout, read: configuration.readTimeout)
             config.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = configuration.connectionsPerHost
-            config.http1_1ConnectionDebugInitializer = Self.largeReads
+            let limiter = self.limiter
+            config.http1_1ConnectionDebugInitializer = { channel in Self.largeReads(channel, limiter: limiter) }
             let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: config)
             clients.byKey[key] = client
             return client
@@ -179,11 +180,11 @@ public final class Downloader: Sendable {
 
     /// Reads of up to 1 MiB instead of NIO's 64 KiB: a fast body arrives in fewer chunks, so
     /// fewer wake-ups, pwrites and digest calls per byte. Memory stays bounded by the body
-    /// stream's backpressure.
-    @Sendable static func largeReads(_ channel: any Channel) -> EventLoopFuture<Void> {
+    /// stream's backpressure. While a speed limit is set, reads are cut to its `readCap`.
+    static func largeReads(_ channel: any Channel, limiter: SpeedLimiter) -> EventLoopFuture<Void> {
         channel.setOption(
             ChannelOptions.recvAllocator,
-            value: AdaptiveRecvByteBufferAllocator(minimum: 4096, initial: 64 << 10, maximum: 1 << 20))
+            value: LimitedReads(adaptive: AdaptiveRecvByteBufferAllocator(minimum: 4096, initial: 64 << 10, maximum: 1 << 20), limiter: limiter))
     }
 
     public func shutdown() async {

@@ -1,5 +1,6 @@
 import DLCore
 import Foundation
+import NIOCore
 import Synchronization
 
 /// The limits of every transfer of the daemon: `SpeedLimits` (pure) behind a lock, and the
@@ -21,6 +22,8 @@ public final class SpeedLimiter: Sendable {
     private let state = Mutex(State())
     /// `!limits.isUnlimited`, readable without the lock.
     private let limited = Atomic<Bool>(false)
+    /// The largest socket read while a limit is set (0: none), see `LimitedReads`.
+    private let cap = Atomic<Int>(0)
     private let origin = ContinuousClock.now
     /// Sleeps are cut into slices of at most this, so that a change wakes them.
     static let slice: Duration = .milliseconds(200)
@@ -61,8 +64,18 @@ public final class SpeedLimiter: Sendable {
             body(&s.limits, seconds())
             if s.limits != before { s.generation += 1 }
             limited.store(!s.limits.isUnlimited, ordering: .relaxed)
+            let rates = (s.limits.global.map { [$0.rate] } ?? []) + s.limits.jobs.values.map(\.rate)
+            cap.store(rates.min().map { Self.readCap(forRate: $0) } ?? 0, ordering: .relaxed)
         }
     }
+
+    /// A twentieth of a second of `rate`, from 4 KiB to 1 MiB.
+    static func readCap(forRate rate: Double) -> Int {
+        Int(min(max(rate / 20, 4096), 1_048_576))
+    }
+
+    /// The largest socket read while some limit is set; 0: no limit, reads as large as they come.
+    var readCap: Int { cap.load(ordering: .relaxed) }
 
     /// The global rate in force (0: none) and the jobs' own, for `status` and tests.
     public var globalRate: Int64 {
@@ -75,4 +88,30 @@ public final class SpeedLimiter: Sendable {
 
     /// Bytes counted by `take` while some limit was set.
     public var bytesLimited: Int64 { state.withLock { $0.passed } }
+}
+
+/// Socket reads no larger than a twentieth of a second at the lowest limit in force, so that a
+/// limited transfer takes its bytes (and TCP opens its window to the server) in small steps,
+/// not in bursts of a megabyte followed by a second of silence. Without limits it is the
+/// adaptive allocator it wraps, pooled buffers and all. While capped it allocates each read
+/// (it reports that the size may grow, so a pooled buffer of the old size is not reused):
+/// that costs little at rates that are limited.
+struct LimitedReads: RecvByteBufferAllocator {
+    var adaptive: AdaptiveRecvByteBufferAllocator
+    let limiter: SpeedLimiter
+
+    func buffer(allocator: ByteBufferAllocator) -> ByteBuffer {
+        let cap = limiter.readCap
+        guard cap > 0 else { return adaptive.buffer(allocator: allocator) }
+        return allocator.buffer(capacity: min(cap, adaptive.nextBufferSize() ?? cap))
+    }
+
+    func nextBufferSize() -> Int? {
+        limiter.readCap > 0 ? nil : adaptive.nextBufferSize()
+    }
+
+    mutating func record(actualReadBytes: Int) -> Bool {
+        let mayGrow = adaptive.record(actualReadBytes: actualReadBytes)
+        return limiter.readCap > 0 ? true : mayGrow
+    }
 }
