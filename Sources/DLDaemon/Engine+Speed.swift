@@ -77,8 +77,8 @@ extension Engine {
             throw DLError(.invalidState, "job \(id): cannot \(verb) a job that is \(job.state.rawValue)")
         }
         if job.state == .running && running[id] == nil {
-            let where_ = job.worker.map { $0 == configuration.worker ? "is being completed" : "runs under the worker \($0)" } ?? "is being completed"
-            throw DLError(.invalidState, "job \(id): cannot \(verb) it now: it \(where_); pause it first")
+            let situation = job.worker.map { $0 == configuration.worker ? "is being completed" : "runs under the worker \($0)" } ?? "is being completed"
+            throw DLError(.invalidState, "job \(id): cannot \(verb) it now: it \(situation); pause it first")
         }
         return job
     }
@@ -117,17 +117,20 @@ extension Engine {
             if wasRunning, let stopped = await stopTransfer(id, intent: .pause) {
                 job = stopped
             }
+            let before = job
             if let url { job.url = url }
             if let headers { job.headers = headers }
             job.updatedAt = now()
-            if wasRunning {
-                // Still `running` under this worker: the row is saved with its new values (and
-                // the stopped transfer's checkpoint) and the transfer starts again from it.
+            // A running job stays `running` under this worker: its row is saved with the new
+            // values (and the stopped transfer's checkpoint) and the transfer starts again from it.
+            do throws(DLError) {
                 try await storage { try await store.save([job]) }
-                startTransfer(job)
-            } else {
-                try await storage { try await store.save([job]) }
+            } catch {
+                // Not changed: the transfer goes on as it was rather than stay stopped.
+                if wasRunning { startTransfer(before) }
+                throw error
             }
+            if wasRunning { startTransfer(job) }
             logger.notice("job changed", metadata: [
                 "job": "\(id)", "url": "\(URLRules.redacted(job.url))",
                 "headers": "\(job.headers.map(\.name).joined(separator: ","))", "restarted": "\(wasRunning)",
