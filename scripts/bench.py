@@ -14,6 +14,10 @@ small       --files N (default 2000) files of 16 KiB: dld per job, dld as one gr
             -j16, curl --parallel, wget (the tools that are installed); see bench_many.py.
 scale       --jobs N (default 100000) jobs in one daemon: enqueue, list, status latency,
             start-up, resume/pause/cancel all, SIGTERM, RSS; see bench_many.py.
+speed       A BENCH_SPEED_SECONDS (default 30) download from nginx (else dld-origin) with dld's
+            max_speed = BENCH_SPEED_LIMIT bytes/s (default 10000000): the rate achieved over the
+            whole run and over every 10 s window, against the limit; curl --limit-rate and
+            aria2c --max-download-limit (when installed) side by side; dld's peak RSS.
 postgres    the scale steps (--jobs N) with the job table in SQLite and in PostgreSQL, side by
             side (a PostgreSQL server is started on a Unix socket; skipped if not installed).
 
@@ -34,7 +38,9 @@ SIZE = int(os.environ.get("BENCH_SIZE_MIB", "1024")) << 20
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 CRASH_RATE = int(os.environ.get("BENCH_CRASH_RATE", "100000000"))
 KILL_EVERY = float(os.environ.get("BENCH_KILL_EVERY", "2"))
-PARTS = ("throughput", "crash", "small", "scale", "postgres", "fleet")
+SPEED_LIMIT = int(os.environ.get("BENCH_SPEED_LIMIT", "10000000"))
+SPEED_SECONDS = float(os.environ.get("BENCH_SPEED_SECONDS", "30"))
+PARTS = ("throughput", "crash", "speed", "small", "scale", "postgres", "fleet")
 
 
 def wait_for_socket(path, proc, timeout=20):
@@ -49,14 +55,15 @@ def wait_for_socket(path, proc, timeout=20):
     raise RuntimeError("dld did not start")
 
 
-def start_origin(work):
+def start_origin(work, size=None):
     """nginx serving a file when nginx is installed, else the test origin streaming one."""
+    size = size or SIZE
     if shutil.which("nginx"):
         docroot = os.path.join(work, "www")
         os.makedirs(docroot)
         with open(os.path.join(docroot, "file.bin"), "wb") as f:
             chunk = os.urandom(1 << 20)
-            for _ in range(SIZE >> 20):
+            for _ in range(size >> 20):
                 f.write(chunk)
         # nginx's workers drop to an unprivileged user: they must be able to read the file.
         os.chmod(os.path.join(docroot, "file.bin"), 0o644)
@@ -64,7 +71,7 @@ def start_origin(work):
         return proc, f"{base}/file.bin", "nginx"
     proc = subprocess.Popen([os.path.join(BIN, "dld-origin")], stdout=subprocess.PIPE, text=True)
     base = proc.stdout.readline().strip()
-    return proc, f"{base}/bytes/{SIZE}", "dld-origin"
+    return proc, f"{base}/bytes/{size}", "dld-origin"
 
 
 def run_curl(url, out):
@@ -184,6 +191,76 @@ def throughput(work):
         origin.wait(timeout=10)
 
 
+def speed(work):
+    """A download held to max_speed for SPEED_SECONDS: its rate over the run and each 10 s window."""
+    limit, seconds = SPEED_LIMIT, SPEED_SECONDS
+    size = (int(limit * seconds * 1.5) >> 20 << 20) + (64 << 20)
+    origin, url, origin_name = start_origin(work, size)
+    try:
+        print(f"speed: max_speed = {limit} B/s ({limit / 1e6:.1f} MB/s) for {seconds:g} s, from {origin_name} on loopback")
+        config = os.path.join(work, "speed.toml")
+        with open(config, "w") as f:
+            f.write(f"max_speed = {limit}\n")
+        state = os.path.join(work, "state-speed")
+        dl = os.path.join(work, "dl")
+        os.makedirs(dl, exist_ok=True)
+        sock = os.path.join(work, "s.sock")
+        env = dict(os.environ, XDG_CONFIG_HOME=os.path.join(work, "cfg"))
+        proc = subprocess.Popen([os.path.join(BIN, "dld"), "--socket", sock, "--state-dir", state, "--download-dir", dl,
+                                 "--log-level", "warning", "--config", config], env=env)
+        samples = []  # (seconds since the first byte, bytes received)
+        try:
+            client = wait_for_socket(sock, proc)
+            job = client.call("enqueue", {"url": url, "name": "speed.bin"})["job"]
+            start = None
+            while True:
+                job = client.call("status", {"id": job["id"]})
+                now = time.monotonic()
+                if job["state"] != "running" and job["state"] != "queued":
+                    sys.exit(f"bench: speed download ended early: {job['state']} {job['error']}")
+                if job["received"] > 0 and start is None:
+                    start = now
+                    samples.append((0.0, job["received"]))
+                elif start is not None:
+                    samples.append((now - start, job["received"]))
+                    if now - start >= seconds:
+                        break
+                time.sleep(0.05)
+            rss = peak_rss_kib(proc.pid)
+            client.call("cancel", {"id": job["id"]})
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+
+        def at(t):
+            """Bytes received at t seconds (the last sample at or before it)."""
+            return max((b for s, b in samples if s <= t), default=0)
+
+        total = (samples[-1][1] - samples[0][1]) / samples[-1][0]
+        print(f"  dld, whole run   {total / 1e6:8.3f} MB/s   {100 * (total / limit - 1):+6.2f} % vs the limit")
+        windows = [(t, (at(t + 10) - at(t)) / 10) for t in range(0, int(seconds) - 9)]
+        for t in range(0, int(seconds) - 9, 10):
+            rate = (at(t + 10) - at(t)) / 10
+            print(f"  dld, {t:3d}-{t + 10:3d} s   {rate / 1e6:8.3f} MB/s   {100 * (rate / limit - 1):+6.2f} %")
+        worst = max(windows, key=lambda w: abs(w[1] / limit - 1))
+        print(f"  dld, worst 10 s window (1 s steps): {worst[0]}-{worst[0] + 10} s, {100 * (worst[1] / limit - 1):+.2f} %   (target within ±5 %)")
+        print(f"  dld peak RSS     {rss / 1024:.1f} MiB")
+        out = os.path.join(work, "curl.bin")
+        subprocess.run(["curl", "-s", "--limit-rate", str(limit), "--max-time", str(seconds), "-o", out, url])
+        got = os.path.getsize(out) if os.path.exists(out) else 0
+        print(f"  curl --limit-rate, whole run   {got / seconds / 1e6:8.3f} MB/s   {100 * (got / seconds / limit - 1):+6.2f} %")
+        if os.path.exists(out):
+            os.unlink(out)
+        if shutil.which("aria2c"):
+            subprocess.run(["timeout", "-s", "INT", str(seconds), "aria2c", "-q", "--max-download-limit", str(limit),
+                            "--file-allocation=none", "--allow-overwrite=true", "-d", work, "-o", "aria.bin", url])
+            got = os.path.getsize(os.path.join(work, "aria.bin")) if os.path.exists(os.path.join(work, "aria.bin")) else 0
+            print(f"  aria2c --max-download-limit    {got / seconds / 1e6:8.3f} MB/s   {100 * (got / seconds / limit - 1):+6.2f} %")
+    finally:
+        origin.send_signal(signal.SIGTERM)
+        origin.wait(timeout=10)
+
+
 def main():
     parser = argparse.ArgumentParser(description="dld benchmarks (figures, never assertions)")
     parser.add_argument("parts", nargs="*", metavar="PART",
@@ -204,10 +281,10 @@ def main():
         if i:
             print()
         started = time.monotonic()
-        if part in ("throughput", "crash"):
+        if part in ("throughput", "crash", "speed"):
             work = tempfile.mkdtemp(prefix="dld-bench-")
             try:
-                throughput(work) if part == "throughput" else crash_cycle(work)
+                {"throughput": throughput, "crash": crash_cycle, "speed": speed}[part](work)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
         elif part == "small":

@@ -96,8 +96,13 @@ public struct JobOptions: Sendable, Equatable, Codable {
     /// The job's own TLS settings; nil: the daemon's. Optional, so that options stored by an
     /// older dld (without them) still decode.
     public var tls: JobTLS?
+    /// The job's own speed limit in bytes per second (`max_speed`); nil: none. Inside the
+    /// global one. Optional, like `tls`, so that older rows decode.
+    public var maxSpeed: Int64?
 
-    public init(automaticName: Bool = false, renameIfTaken: Bool = false, insecure: Bool = false, tls: JobTLS? = nil) {
+    public init(automaticName: Bool = false, renameIfTaken: Bool = false, insecure: Bool = false, tls: JobTLS? = nil,
+                maxSpeed: Int64? = nil) {
+        self.maxSpeed = maxSpeed
         self.automaticName = automaticName
         self.renameIfTaken = renameIfTaken
         self.insecure = insecure

@@ -65,6 +65,9 @@ public struct DaemonConfig: Sendable, Equatable {
     public var proxy: String?
     /// Hosts reached directly (curl's `no_proxy` syntax), instead of the environment's `no_proxy`.
     public var noProxy: String?
+    /// The global speed limit in bytes per second (0: none), and limits by time of day over it.
+    public var maxSpeed: Int64 = 0
+    public var speedSchedule = SpeedSchedule.empty
     /// The file that was read, if any.
     public var configFile: String?
 
@@ -151,7 +154,8 @@ public struct DaemonConfig: Sendable, Equatable {
         "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections", "min_free",
         "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
         "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size", "worker_name", "lease",
-        "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy", "keep_finished", "keep_failed",
+        "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy", "keep_finished", "keep_failed", "max_speed",
+        "speed_schedule",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -289,6 +293,17 @@ public struct DaemonConfig: Sendable, Equatable {
         case "checkpoint_interval":
             checkpointInterval = try seconds()
             guard checkpointInterval >= 0.05 else { throw DaemonError("checkpoint_interval must be at least 0.05 seconds") }
+        case "max_speed":
+            switch value {
+            case .integer(let i) where (0...(1 << 40)).contains(i): maxSpeed = i
+            case .string(let s) where ByteRate.parse(s) != nil: maxSpeed = ByteRate.parse(s) ?? 0
+            default: throw DaemonError("max_speed must be bytes per second: an integer, or a string such as \"2M\" or \"512K\" (0: no limit)")
+            }
+        case "speed_schedule":
+            switch SpeedSchedule.parse(try string()) {
+            case .success(let schedule): speedSchedule = schedule
+            case .failure(let error): throw DaemonError("speed_schedule: \(error.description)")
+            }
         case "disk_recheck":
             diskRecheck = try seconds()
             guard diskRecheck >= 0.1 else { throw DaemonError("disk_recheck must be at least 0.1 seconds") }
@@ -357,6 +372,8 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("database_pool_size = \(databasePoolSize)")
         lines.append("worker_name = \(quote(workerName))")
         lines.append("lease = \(number(lease))")
+        lines.append("max_speed = \(maxSpeed == 0 ? "0" : quote(ByteRate.format(maxSpeed)))")
+        if !speedSchedule.isEmpty { lines.append("speed_schedule = \(quote(speedSchedule.text))") }
         if let caFile { lines.append("ca_file = \(quote(caFile))") }
         if let caDir { lines.append("ca_dir = \(quote(caDir))") }
         if let clientCert { lines.append("client_cert = \(quote(clientCert))") }

@@ -151,6 +151,8 @@ public enum Daemon {
         configuration.netrcPath = config.effectiveNetrc
         configuration.maxPerHost = config.maxPerHost
         configuration.retention = RetentionPolicy(keepFinished: config.keepFinished, keepFailed: config.keepFailed)
+        configuration.speed.maxSpeed = config.maxSpeed
+        configuration.speed.schedule = config.speedSchedule
     }
 
     /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not

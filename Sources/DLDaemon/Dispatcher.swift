@@ -102,7 +102,10 @@ public struct Dispatcher: Sendable {
         return Subscription(id: id, filter: filter, since: try params.int("since", in: 0...Int64.max))
     }
 
-    public static let methods = ["enqueue", "pause", "resume", "cancel", "remove", "status", "list", "stats", "queue", "subscribe", "version", "shutdown"]
+    public static let methods = [
+        "enqueue", "pause", "resume", "cancel", "remove", "status", "list", "stats", "queue", "subscribe", "version", "shutdown",
+        "set_speed", "change",
+    ]
 
     func call(_ method: String, _ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
         switch method {
@@ -172,7 +175,12 @@ public struct Dispatcher: Sendable {
                 "worker": .string(stats.worker),
                 "workers": .array(stats.workers.map { ["id": .string($0.id), "seen_at": JobJSON.timestamp($0.seenAt)] }),
                 "database_bytes": .int(stats.databaseBytes),
+                "max_speed": Self.speedReply(await engine.speedView),
             ]
+        case "set_speed":
+            return try await setSpeed(raw)
+        case "change":
+            return try await change(raw)
         case "queue":
             let params = try Params(raw, allowed: ["paused"])
             let reason: String?
@@ -226,7 +234,7 @@ public struct Dispatcher: Sendable {
 
     static let jobKeys: Set<String> = [
         "url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused", "checksum", "size",
-        "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key",
+        "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key", "max_speed",
     ]
 
     /// RFC 9110 token characters, the only ones allowed in a header name.
@@ -380,6 +388,7 @@ public struct Dispatcher: Sendable {
         spec.insecure = try params.bool("insecure") ?? false
         spec.tls = try jobTLS(params)
         spec.paused = try params.bool("paused") ?? false
+        spec.maxSpeed = try Self.rate(params)
         return spec
     }
 
@@ -429,5 +438,56 @@ public struct Dispatcher: Sendable {
         }
         guard total <= limits.maxHeaderBytes else { throw .invalidParams("headers are larger than \(limits.maxHeaderBytes) bytes") }
         return fields
+    }
+}
+
+// MARK: set_speed, change
+
+extension Dispatcher {
+    /// `max_speed`: bytes per second, 0…1 TiB; 0 is no limit. Nil when absent or null.
+    static func rate(_ params: Params) throws(DLError) -> Int64? {
+        try params.int("max_speed", in: 0...(1 << 40))
+    }
+
+    /// The global limit as `stats` and `set_speed` show it.
+    static func speedReply(_ view: Engine.SpeedView) -> JSONValue {
+        [
+            "limit": .int(view.limit),
+            "source": .string(view.source),
+            "config": .int(view.maxSpeed),
+            "schedule": view.schedule.isEmpty ? .null : .string(view.schedule),
+            "next_change_at": view.nextChange.map(JobJSON.timestamp) ?? .null,
+        ]
+    }
+
+    func setSpeed(_ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
+        let params = try Params(raw, allowed: ["id", "global", "max_speed"])
+        guard params.values.keys.contains("max_speed") else {
+            throw .invalidParams("missing param \"max_speed\" (bytes per second; 0 for no limit; null with \"global\" to go back to the config file's)")
+        }
+        let rate = try Self.rate(params)
+        let global = try params.bool("global")
+        let id = try params.int("id", in: 1...Int64.max)
+        switch (id, global) {
+        case (let id?, nil):
+            return try await engine.setJobSpeed(id, rate)
+        case (nil, true?):
+            return Self.speedReply(await engine.setGlobalSpeed(rate))
+        case (nil, false?):
+            throw .invalidParams("param \"global\" must be true when given")
+        default:
+            throw .invalidParams("give \"id\" (a job) or \"global\": true, not both")
+        }
+    }
+
+    /// `change`: `url` and `headers` are checked as `enqueue` checks them, with its errors.
+    func change(_ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
+        let params = try Params(raw, allowed: ["id", "url", "headers"])
+        guard let id = try params.int("id", in: 1...Int64.max) else { throw .invalidParams("missing param \"id\"") }
+        let url = try params.string("url")
+        if let url, case .failure(let error) = URLRules.checked(url) { throw error }
+        let headers = params.has("headers") ? try headers(params) : nil
+        guard url != nil || headers != nil else { throw .invalidParams("give \"url\", \"headers\" or both") }
+        return try await engine.change(id, url: url, headers: headers)
     }
 }

@@ -60,7 +60,9 @@ extension Engine {
                         headers: spec.headers, overwrite: spec.overwrite, state: spec.paused ? .paused : .queued,
                         checksum: spec.checksum, expectedSize: spec.size)
                     new.host = host
-                    new.options = JobOptions(automaticName: resolved.automatic, renameIfTaken: spec.onExists == .rename, insecure: spec.insecure, tls: spec.tls)
+                    new.options = JobOptions(
+                        automaticName: resolved.automatic, renameIfTaken: spec.onExists == .rename, insecure: spec.insecure, tls: spec.tls,
+                        maxSpeed: spec.maxSpeed)
                     news.append(new)
                 } catch {
                     if specs.count == 1 { throw error }
@@ -296,7 +298,7 @@ extension Engine {
     /// The counters of the job's running transfer, if it runs here.
     private func liveProgress(of id: JobID) -> LiveProgress? {
         guard let live = running[id]?.progress.snapshot else { return nil }
-        return LiveProgress(received: live.received, size: live.size, speed: live.speed)
+        return LiveProgress(received: live.received, size: live.size, speed: live.speed, startedOver: live.startedOver)
     }
 
     /// A command that changed tens of thousands of rows read their ids and events through

@@ -13,6 +13,7 @@ extension Engine {
     /// are queued again, and resume from their committed offset. The table is read a page at
     /// a time, and only the rows that can have files on disk.
     public func start() async throws(DLError) {
+        applySpeedLimits()
         try await serial { () async throws(DLError) in
             // First, so that members of a group whose move a crash interrupted have their
             // files in place before the rows are checked against the disk.
@@ -198,6 +199,7 @@ extension Engine {
                 wakeTask?.cancel()
                 progressTask?.cancel()
                 retentionTask?.cancel()
+                speedTask?.cancel()
                 stopFleet()
                 let ready = toPublish
                 toPublish = []

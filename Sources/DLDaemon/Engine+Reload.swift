@@ -7,6 +7,7 @@ extension Engine {
     public func reconfigure(_ update: @escaping @Sendable (inout EngineConfiguration) -> Void) async throws(DLError) {
         try await serial { () async throws(DLError) in
             update(&configuration)
+            applySpeedLimits()
             try await schedule()
             try await flush()
         }

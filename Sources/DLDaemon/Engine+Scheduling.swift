@@ -90,12 +90,16 @@ extension Engine {
         }
         let store = self.store
         let downloader = self.downloader
+        // Set before the transfer starts, removed when it has ended (a restart awaits the end
+        // of the transfer it replaces, so the two never overlap).
+        downloader.limiter.setJob(started.id, started.options.maxSpeed)
         let worker = configuration.worker
         let shared = store.sharesQueue
         let logger = self.logger
         let id = started.id
         let task = Task {
-            await downloader.run(request, progress: progress) { checkpoint in
+            defer { downloader.limiter.setJob(id, nil) }
+            return await downloader.run(request, progress: progress) { checkpoint in
                 let written: Bool
                 do {
                     written = try await store.checkpoint(
@@ -244,6 +248,7 @@ extension Engine {
             job.progressAt = now()
         }
         job.received = checkpoint.received
+        if let startedOver = checkpoint.startedOver { job.error = startedOver }
         job.size = checkpoint.size
         job.validators = checkpoint.validators
         if let finalURL = checkpoint.finalURL { job.finalURL = finalURL }

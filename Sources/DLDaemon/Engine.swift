@@ -27,6 +27,8 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var tls: JobTLS?
     /// `URLRules.hostKey(url)` when the caller has checked the URL already.
     public var host: String?
+    /// The job's own speed limit, bytes per second (`max_speed`; nil or 0: none).
+    public var maxSpeed: Int64?
 
     public init(url: String) { self.url = url }
 }
@@ -57,6 +59,8 @@ public struct EngineConfiguration: Sendable {
     public var lease: TimeInterval = 30
     /// How long finished records are kept.
     public var retention = RetentionPolicy()
+    /// `max_speed` and `speed_schedule` of the config file (a `set_speed` on top is the engine's).
+    public var speed = GlobalSpeedPolicy()
 
     public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
                 diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
@@ -162,6 +166,10 @@ public actor Engine {
     var changesTask: Task<Void, Never>?
     /// When this worker last renewed its leases (shared table).
     var renewedAt: Date?
+    /// The global rate set by `set_speed`, over the config file's; nil: the config's.
+    var speedOverride: Int64?
+    /// Applies the schedule's next rate when it is due.
+    var speedTask: Task<Void, Never>?
 
     public init(
         store: any JobTable, downloader: Downloader, configuration: EngineConfiguration, logger: Logger,

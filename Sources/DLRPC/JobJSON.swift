@@ -7,8 +7,11 @@ public struct LiveProgress: Sendable, Equatable {
     public var size: Int64?
     /// Bytes per second over the last second or so.
     public var speed: Double
+    /// The transfer dropped the job's bytes and started over: shown as the job's `error`.
+    public var startedOver: JobError?
 
-    public init(received: Int64, size: Int64?, speed: Double) {
+    public init(received: Int64, size: Int64?, speed: Double, startedOver: JobError? = nil) {
+        self.startedOver = startedOver
         self.received = received
         self.size = size
         self.speed = speed
@@ -39,12 +42,14 @@ public enum JobJSON {
     /// in this order.
     static let keys = [
         "attempts", "checksum", "created_at", "digest", "error", "final_url", "finished_at", "group", "headers", "id",
-        "insecure", "key", "meta", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "received",
+        "insecure", "key", "max_speed", "meta", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "received",
         "sha256", "size", "speed", "state", "tls", "updated_at", "url", "wait_reason", "worker",
     ]
 
     private static func values(_ job: Job, live: LiveProgress?) -> [JSONValue] {
-        let received = max(live?.received ?? job.received, job.received)
+        // A transfer that started over has fewer bytes than the row's committed offset.
+        let received = live?.startedOver != nil ? (live?.received ?? 0) : max(live?.received ?? job.received, job.received)
+        let error = live?.startedOver ?? job.error
         let size = live?.size ?? job.size
         let progress: JSONValue
         if let size, size > 0 {
@@ -57,7 +62,7 @@ public enum JobJSON {
             job.checksum.map { .string($0.description) } ?? .null,
             timestamp(job.createdAt),
             job.digest.map { .string($0) } ?? .null,
-            job.error.map { ["code": .string($0.code), "message": .string($0.message)] } ?? .null,
+            error.map { ["code": .string($0.code), "message": .string($0.message)] } ?? .null,
             job.finalURL.map { .string(URLRules.redacted($0)) } ?? .null,
             job.finishedAt.map(timestamp) ?? .null,
             job.groupID.map { .int($0) } ?? .null,
@@ -68,6 +73,7 @@ public enum JobJSON {
             .int(job.id),
             .bool(job.options.insecure),
             job.key.map { .string($0) } ?? .null,
+            job.options.maxSpeed.map { .int($0) } ?? .null,
             job.meta.flatMap { try? JSONValue.parse(Data($0.utf8)) } ?? .null,
             .string(job.name),
             job.nextAttemptAt.map(timestamp) ?? .null,

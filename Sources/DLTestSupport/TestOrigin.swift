@@ -15,6 +15,9 @@
 //   /close                        no answer: the connection is closed after the request.
 //   /fail_first/<M>/bytes/<N>     503 + Retry-After: 1 for the first M requests to that path.
 //   /_stats                       {"bytes_served": N}: body bytes served so far (not counting itself).
+//
+// `bytesServed(uri:)` counts the body bytes of one path+query, so a test can tell what a
+// resume fetched from each URL.
 //   anything else                 404.
 //
 // With `tls`, the same routes are served over https with the given certificate (self-signed, or
@@ -172,6 +175,11 @@ public final class TestOrigin: Sendable {
         state.box.withLockedValue { $0.bytesServed }
     }
 
+    /// Body bytes written for requests of exactly this path+query.
+    public func bytesServed(uri: String) -> Int64 {
+        state.box.withLockedValue { $0.servedByURI[uri] ?? 0 }
+    }
+
     /// From now on every `/bytes` response carries this ETag (nil: back to the default), as
     /// when the file changes on the server between two requests.
     public func setETag(_ etag: String?) {
@@ -269,6 +277,7 @@ enum Pattern {
 final class OriginState: Sendable {
     struct Values {
         var bytesServed: Int64 = 0
+        var servedByURI: [String: Int64] = [:]
         var requests: [RecordedRequest] = []
         var pathCounts: [String: Int] = [:]
         var isShutdown = false
@@ -287,8 +296,11 @@ final class OriginState: Sendable {
         box.withLockedValue { $0.requests.append(request) }
     }
 
-    func addServed(_ n: Int) {
-        box.withLockedValue { $0.bytesServed += Int64(n) }
+    func addServed(_ n: Int, uri: String) {
+        box.withLockedValue {
+            $0.bytesServed += Int64(n)
+            $0.servedByURI[uri, default: 0] += Int64(n)
+        }
     }
 
     /// Counts one more request to `path`; returns the count including this one.
@@ -336,6 +348,8 @@ private struct BodyStream {
     var rate: Int64?
     var rateStart: NIODeadline?
     var stalled = false
+    /// The request's path+query, for `bytesServed(uri:)`.
+    var uri = ""
 
     func chunk(length: Int) -> ByteBuffer? {
         switch source {
@@ -701,6 +715,7 @@ final class OriginHandler: ChannelInboundHandler {
         let head = HTTPResponseHead(version: request.version, status: status, headers: headers)
         lastWrite = context.write(wrapOutboundOut(.head(head)))
         body = stream
+        body?.uri = request.uri
         pump(context: context)
     }
 
@@ -765,8 +780,9 @@ final class OriginHandler: ChannelInboundHandler {
             body = stream
             let count = Int(n)
             let state = self.state
+            let uri = stream.uri
             let written = context.write(wrapOutboundOut(.body(.byteBuffer(chunk))))
-            written.whenSuccess { state.addServed(count) }
+            written.whenSuccess { state.addServed(count, uri: uri) }
             lastWrite = written
             unflushed += 1
             if unflushed >= 4 {

@@ -61,6 +61,8 @@ public struct TransferCheckpoint: Sendable, Equatable {
     /// For a downloaded file: the name to publish it under first (the job's path, or the
     /// server's proposed name in the same folder).
     public var publishTarget: String?
+    /// Set when the attempt had bytes and had to start over from 0: why (`started_over`).
+    public var startedOver: JobError?
 
     public init(received: Int64, size: Int64?, validators: Validators, finalURL: String?,
                 sha256: String? = nil, digest: String? = nil, proposedName: String? = nil) {
@@ -121,6 +123,8 @@ public final class Downloader: Sendable {
     public let configuration: DownloaderConfiguration
     private let clients = NIOLockedValueBox(Clients())
     private let logger: Logger
+    /// The speed limits every transfer of this downloader keeps to (`max_speed`).
+    public let limiter = SpeedLimiter()
 
     private struct ClientKey: Hashable {
         var tls: TLSSettings
@@ -161,7 +165,8 @@ public final class Downloader: Sendable {
             config.connectionPool.retryConnectionEstablishment = false
             config.timeout = .init(connect: configuration.connectTimeout, read: configuration.readTimeout)
             config.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = configuration.connectionsPerHost
-            config.http1_1ConnectionDebugInitializer = Self.largeReads
+            let limiter = self.limiter
+            config.http1_1ConnectionDebugInitializer = { channel in Self.largeReads(channel, limiter: limiter) }
             let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: config)
             clients.byKey[key] = client
             return client
@@ -175,11 +180,11 @@ public final class Downloader: Sendable {
 
     /// Reads of up to 1 MiB instead of NIO's 64 KiB: a fast body arrives in fewer chunks, so
     /// fewer wake-ups, pwrites and digest calls per byte. Memory stays bounded by the body
-    /// stream's backpressure.
-    @Sendable static func largeReads(_ channel: any Channel) -> EventLoopFuture<Void> {
+    /// stream's backpressure. While a speed limit is set, reads are cut to its `readCap`.
+    static func largeReads(_ channel: any Channel, limiter: SpeedLimiter) -> EventLoopFuture<Void> {
         channel.setOption(
             ChannelOptions.recvAllocator,
-            value: AdaptiveRecvByteBufferAllocator(minimum: 4096, initial: 64 << 10, maximum: 1 << 20))
+            value: LimitedReads(adaptive: AdaptiveRecvByteBufferAllocator(minimum: 4096, initial: 64 << 10, maximum: 1 << 20), limiter: limiter))
     }
 
     public func shutdown() async {
@@ -284,10 +289,40 @@ public final class Downloader: Sendable {
         var target: Target?
         /// The proxy the request in flight goes through, if any.
         var proxy: ProxyServer?
+        var startedOver: JobError?
         var checkpoint: TransferCheckpoint {
-            TransferCheckpoint(received: received, size: size, validators: validators, finalURL: finalURL.map(URLRules.redacted),
-                               proposedName: proposedName)
+            var checkpoint = TransferCheckpoint(
+                received: received, size: size, validators: validators, finalURL: finalURL.map(URLRules.redacted),
+                proposedName: proposedName)
+            checkpoint.startedOver = startedOver
+            return checkpoint
         }
+    }
+
+    /// The bytes on disk cannot be continued: says why (the job's `error`, `started_over`, live
+    /// in `status` and kept if the attempt ends early), before the caller cuts the file to 0.
+    private func startingOver(_ reason: String, state: inout AttemptState, progress: TransferProgress, job: JobID) {
+        guard state.received > 0 else { return }
+        let error = JobError(
+            code: "started_over", message: "downloading again from byte 0 from \(hostName(state)) (\(state.received) bytes dropped): \(reason)")
+        logger.notice("starting over", metadata: ["job": "\(job)", "reason": "\(reason)"])
+        state.startedOver = error
+        progress.note(error)
+    }
+
+    /// Why a range answer does not continue the bytes on disk, or nil when its validators agree
+    /// with the ones they were fetched under: the strong ETag when both have one, else
+    /// Last-Modified (the total is compared by the caller).
+    static func validatorMismatch(_ headers: HTTPHeaders, _ stored: Validators) -> String? {
+        let etag = headers.first(name: "etag").flatMap { $0.hasPrefix("W/") ? nil : $0 }
+        if let old = stored.etag {
+            if let etag, etag != old { return "the server's ETag is \(etag.prefix(80)), the bytes on disk came with \(old.prefix(80))" }
+            if etag != nil { return nil }
+        }
+        if let old = stored.lastModified, let new = headers.first(name: "last-modified"), new != old {
+            return "the server's Last-Modified is \(new.prefix(60)), the bytes on disk came with \(old.prefix(60))"
+        }
+        return nil
     }
 
     /// The job's path, or the server's proposed name in the same folder when the job's name
@@ -315,6 +350,8 @@ public final class Downloader: Sendable {
         }
         // A resume needs a validator (If-Range), else the bytes could belong to another version.
         if state.received > 0 && (!state.validators.acceptsRanges || state.validators.ifRange == nil) {
+            startingOver("the server gave no ETag or Last-Modified, or no byte ranges, so the bytes on disk cannot be proven to be the same file",
+                         state: &state, progress: progress, job: request.jobID)
             try file.truncate(to: 0)
             state.received = 0
         }
@@ -326,12 +363,15 @@ public final class Downloader: Sendable {
         case 206:
             let range = ContentRange(headers.first(name: "content-range"))
             let total = range?.total ?? state.size
-            if let range, range.start == state.received, state.size == nil || total == state.size {
+            let mismatch = Self.validatorMismatch(headers, state.validators)
+            if let range, range.start == state.received, state.size == nil || total == state.size, mismatch == nil {
                 state.size = total
                 break
             }
-            // The server sent another part, or disagrees on the total: start over.
-            logger.info("range answer does not continue the file; starting over", metadata: ["job": "\(request.jobID)"])
+            // The server sent another part, disagrees on the total, or on the validators: start over.
+            startingOver(
+                mismatch ?? "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) does not continue the \(state.size.map { "\($0)-byte " } ?? "")file at byte \(state.received)",
+                state: &state, progress: progress, job: request.jobID)
             try file.truncate(to: 0)
             state.received = 0
             state.size = nil
@@ -342,6 +382,10 @@ public final class Downloader: Sendable {
         case 200:
             if state.received > 0 {
                 // Range ignored, or the validators changed: start over from zero.
+                startingOver(
+                    Self.validatorMismatch(headers, state.validators).map { "the file changed: " + $0 }
+                        ?? "the server sent the whole file instead of the rest (it ignored the range, or the file changed)",
+                    state: &state, progress: progress, job: request.jobID)
                 try file.truncate(to: 0)
                 state.received = 0
             }
@@ -353,6 +397,7 @@ public final class Downloader: Sendable {
                 try digests.rebuild(from: file, upTo: state.received)
                 return
             }
+            startingOver("the server refused the range from byte \(state.received) (416)", state: &state, progress: progress, job: request.jobID)
             try file.truncate(to: 0)
             state.received = 0
             state.validators = Validators()
@@ -380,6 +425,9 @@ public final class Downloader: Sendable {
         var inFlight: Task<Void, any Error>? = nil
         do {
             for try await chunk in response.body {
+                // The one place a transfer meets the speed limits: it sleeps here (reading
+                // nothing more) while it is ahead of them.
+                try await limiter.take(chunk.readableBytes, job: request.jobID)
                 try chunk.withUnsafeReadableBytes { bytes throws(TransferFailure) in
                     try file.write(bytes, at: offset)
                     digests.update(bytes)

@@ -10,6 +10,8 @@ public final class TransferProgress: Sendable {
         public var size: Int64?
         /// Bytes per second over the last window.
         public var speed: Double
+        /// Why this transfer dropped its bytes and started over, if it did.
+        public var startedOver: JobError? = nil
     }
 
     private struct State {
@@ -18,6 +20,7 @@ public final class TransferProgress: Sendable {
         var speed: Double = 0
         var windowStart: ContinuousClock.Instant
         var windowBytes: Int64
+        var startedOver: JobError?
     }
 
     /// Speed is measured over windows of this length.
@@ -47,7 +50,12 @@ public final class TransferProgress: Sendable {
         }
     }
 
+    /// The transfer dropped its bytes and starts over, for this reason.
+    public func note(_ startedOver: JobError) {
+        state.withLock { $0.startedOver = startedOver }
+    }
+
     public var snapshot: Snapshot {
-        state.withLock { Snapshot(received: $0.received, size: $0.size, speed: $0.speed) }
+        state.withLock { Snapshot(received: $0.received, size: $0.size, speed: $0.speed, startedOver: $0.startedOver) }
     }
 }

@@ -11,7 +11,7 @@ struct DLCtl: ParsableCommand {
         abstract: "Control the dld download daemon.",
         discussion: "Talks to dld over its Unix socket ($DLD_SOCKET, else the default path). --socket and --json may come before the command too (dlctl --socket S status). Exit status: 0 success, 1 the daemon refused, 64 a usage error, 69 no daemon answers; `wait` also 124 on timeout.",
         version: "dlctl \(DLDVersion.current) (protocol \(DLDVersion.protocolVersion))",
-        subcommands: [Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self, Version.self, Shutdown.self])
+        subcommands: [Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self, Speed.self, SetURL.self, Version.self, Shutdown.self])
 
     /// The options of every command are taken before the command too, as git and systemctl
     /// take theirs: `dlctl --socket S status` is `dlctl status --socket S`.
@@ -153,9 +153,11 @@ struct Enqueue: ParsableCommand {
     @Option(name: .customLong("ca-file"), help: "Also trust the certificates in this PEM file (an internal CA, a self-signed server).") var caFile: String?
     @Option(name: .customLong("client-cert"), help: "A PEM client certificate for servers that ask for one (with --client-key).") var clientCert: String?
     @Option(name: .customLong("client-key"), help: "The unencrypted PEM private key of --client-cert.") var clientKey: String?
+    @Option(name: .customLong("max-speed"), help: "This job's own speed limit, bytes per second (2M, 512K; 0: none).") var maxSpeed: String?
     @OptionGroup var common: Common
 
     func validate() throws {
+        if let maxSpeed, ByteRate.parse(maxSpeed) == nil { throw ValidationError("--max-speed must be a rate such as 2M, 512K or 100000") }
         if urls.isEmpty && input == nil { throw ValidationError("give URLs, or -i FILE") }
         if (urls.count > 1 || input != nil) && (output != nil || name != nil || key != nil || checksum != nil || size != nil) {
             throw ValidationError("-o, --name, --key, --checksum and --size apply to one URL at a time")
@@ -226,6 +228,7 @@ struct Enqueue: ParsableCommand {
         addTLS(to: &base)
         if let checksum { base["checksum"] = .string(checksum) }
         if let size { base["size"] = .int(size) }
+        if let rate = maxSpeed.flatMap(ByteRate.parse) { base["max_speed"] = .int(rate) }
         var ids: [Int64] = []
         if entries.count == 1 && input == nil {
             var params = base
@@ -460,6 +463,7 @@ struct Stats: ParsableCommand {
                 active  \(result["active"]?.int64Value ?? 0) of \(result["max_active"]?.int64Value ?? 0) slots
                 speed   \(Format.speed(result["speed"]?.doubleValue ?? 0))
                 table   \(Format.bytes(Double(result["database_bytes"]?.int64Value ?? 0)))
+                limit   \(Speed.describe(result["max_speed"] ?? .null))
                 """ + (result["accepting"]?.boolValue == false ? "\nshutting down" : "")
                 + (result["queue_paused_reason"]?.stringValue.map { "\nqueue   paused: \($0)" } ?? "")
                 + workers(result)

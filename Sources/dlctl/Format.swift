@@ -114,7 +114,7 @@ enum Format {
             ("url", job["url"]?.stringValue ?? ""),
             ("path", job["path"]?.stringValue ?? ""),
             ("progress", "\(progress(job)) (\(bytes(job["received"]?.doubleValue ?? 0)) of \(size(job)))"),
-            ("speed", speed(job["speed"]?.doubleValue ?? 0)),
+            ("speed", speed(job["speed"]?.doubleValue ?? 0) + (job["max_speed"]?.doubleValue.map { " (limit \(bytes($0))/s)" } ?? "")),
             ("priority", job["priority"]?.serializedString() ?? "0"),
             ("attempts", job["attempts"]?.serializedString() ?? "0"),
             ("created", job["created_at"]?.stringValue ?? ""),

@@ -101,6 +101,25 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
         }
     }
 
+    /// A job's own speed limit (`max_speed`) is kept by both backends in the options column,
+    /// from the insert and from a save (`set_speed`), and a save without it clears it.
+    @Test(arguments: Backend.allCases)
+    func speedLimitRoundTrip(_ backend: Backend) async throws {
+        try await withStore(backend) { store, fixture in
+            var new = NewJob(url: "https://e.com/big.iso", path: "/tmp/x/big.iso")
+            new.options = JobOptions(renameIfTaken: true, maxSpeed: 2 << 20)
+            let inserted = try await store.insert([new], now: t0)
+            var job = inserted[0].job
+            #expect(try await fixture.open().fetch(job.id)?.options == JobOptions(renameIfTaken: true, maxSpeed: 2 << 20))
+            job.options.maxSpeed = 512
+            _ = try await store.save([job], publish: false)
+            #expect(try await fixture.open().fetch(job.id)?.options.maxSpeed == 512)
+            job.options.maxSpeed = nil
+            _ = try await store.save([job], publish: false)
+            #expect(try await fixture.open().fetch(job.id)?.options == JobOptions(renameIfTaken: true))
+        }
+    }
+
     /// A key that exists returns the existing job, in the same batch too; nothing is duplicated.
     @Test(arguments: Backend.allCases)
     func keyUniqueness(_ backend: Backend) async throws {

@@ -1,0 +1,141 @@
+import DLCore
+import DLRPC
+import DLTransfer
+import Foundation
+
+/// Speed limits (`max_speed`, `speed_schedule`, `set_speed`) and changing a job's URL and
+/// headers (`change`).
+extension Engine {
+    /// The global limit in force and where it comes from, for `stats` and `set_speed`.
+    public struct SpeedView: Sendable, Equatable {
+        /// Bytes per second; 0: no limit.
+        public var limit: Int64
+        /// `set_speed`, `schedule` or `max_speed`.
+        public var source: String
+        /// The config file's `max_speed` and `speed_schedule` (normalized; "" when none).
+        public var maxSpeed: Int64
+        public var schedule: String
+        /// When the schedule next changes the limit; nil: never by itself.
+        public var nextChange: Date?
+    }
+
+    /// Seconds since local midnight: the schedule is written in local time.
+    static func secondOfDay(_ date: Date) -> Int {
+        let parts = Calendar.current.dateComponents([.hour, .minute, .second], from: date)
+        return (parts.hour ?? 0) * 3600 + (parts.minute ?? 0) * 60 + (parts.second ?? 0)
+    }
+
+    var speedPolicy: GlobalSpeedPolicy {
+        var policy = configuration.speed
+        policy.override = speedOverride
+        return policy
+    }
+
+    public var speedView: SpeedView {
+        let at = now()
+        let second = Self.secondOfDay(at)
+        let policy = speedPolicy
+        return SpeedView(
+            limit: policy.limit(atSecondOfDay: second), source: policy.source(atSecondOfDay: second),
+            maxSpeed: configuration.speed.maxSpeed, schedule: configuration.speed.schedule.text,
+            nextChange: policy.secondsUntilChange(fromSecondOfDay: second).map { at.addingTimeInterval(Double($0)) })
+    }
+
+    /// Hands the global limit in force to the transfers, and wakes up when the schedule changes
+    /// it. Called at start, after a reload and after `set_speed`.
+    func applySpeedLimits() {
+        speedTask?.cancel()
+        speedTask = nil
+        let view = speedView
+        downloader.limiter.setGlobal(view.limit)
+        guard let next = view.nextChange, accepting else { return }
+        // At most a minute at a time: the local clock may jump (daylight saving, a manual set).
+        let delay = min(max(next.timeIntervalSince(now()), 0.5), 60)
+        speedTask = Task { [weak self] in
+            try? await Task.sleep(for: .milliseconds(Int64(delay * 1000)))
+            guard !Task.isCancelled else { return }
+            await self?.applySpeedLimits()
+        }
+    }
+
+    /// `set_speed` with `global`: a rate over the config file's (0: no limit), or nil to go back
+    /// to `max_speed` and the schedule. Not kept across a restart.
+    public func setGlobalSpeed(_ rate: Int64?) -> SpeedView {
+        speedOverride = rate
+        applySpeedLimits()
+        logger.notice("global speed limit", metadata: ["limit": "\(speedView.limit)", "source": "\(speedView.source)"])
+        return speedView
+    }
+
+    /// A job that is `running` in the table but has no transfer here is finishing (its file
+    /// being published) or runs under another worker: commands that change it wait.
+    private func unfinishedHere(_ id: JobID, verb: String) async throws(DLError) -> Job {
+        guard let job = try await storage({ try await store.fetch(id) }) else {
+            throw DLError(.jobNotFound, "no job with id \(id)")
+        }
+        if job.state == .completed || job.state == .canceled {
+            throw DLError(.invalidState, "job \(id): cannot \(verb) a job that is \(job.state.rawValue)")
+        }
+        if job.state == .running && running[id] == nil {
+            let situation = job.worker.map { $0 == configuration.worker ? "is being completed" : "runs under the worker \($0)" } ?? "is being completed"
+            throw DLError(.invalidState, "job \(id): cannot \(verb) it now: it \(situation); pause it first")
+        }
+        return job
+    }
+
+    /// `set_speed` with `id`: the job's own limit (nil or 0: none), kept in its row; a running
+    /// transfer keeps to it from its next chunk.
+    public func setJobSpeed(_ id: JobID, _ rate: Int64?) async throws(DLError) -> JSONValue {
+        try await serial { () async throws(DLError) in
+            try requireAccepting()
+            var job = try await unfinishedHere(id, verb: "set the speed of")
+            let value = rate.flatMap { $0 > 0 ? $0 : nil }
+            if let entry = running[id] {
+                // The outcome of the transfer is recorded over the row it started with: it
+                // carries the new limit too.
+                job = entry.job
+                running[id]?.job.options.maxSpeed = value
+            }
+            job.options.maxSpeed = value
+            try await storage { try await store.save([job]) }
+            if running[id] != nil { downloader.limiter.setJob(id, value) }
+            logger.notice("job speed limit", metadata: ["job": "\(id)", "limit": "\(value ?? 0)"])
+            return view(job)
+        }
+    }
+
+    /// `change`: new URL and/or headers for a job that is not completed or canceled. A running
+    /// transfer stops (its bytes synced and committed) and starts again at once with them; the
+    /// next response decides whether the bytes on disk are kept (its validators match the
+    /// ones they came with, `If-Range`) or dropped with the reason in the job's `error`
+    /// (`started_over`). Other states stay as they are.
+    public func change(_ id: JobID, url: String?, headers: [HeaderField]?) async throws(DLError) -> JSONValue {
+        try await serial { () async throws(DLError) in
+            try requireAccepting()
+            var job = try await unfinishedHere(id, verb: "change")
+            let wasRunning = running[id] != nil
+            if wasRunning, let stopped = await stopTransfer(id, intent: .pause) {
+                job = stopped
+            }
+            let before = job
+            if let url { job.url = url }
+            if let headers { job.headers = headers }
+            job.updatedAt = now()
+            // A running job stays `running` under this worker: its row is saved with the new
+            // values (and the stopped transfer's checkpoint) and the transfer starts again from it.
+            do throws(DLError) {
+                try await storage { try await store.save([job]) }
+            } catch {
+                // Not changed: the transfer goes on as it was rather than stay stopped.
+                if wasRunning { startTransfer(before) }
+                throw error
+            }
+            if wasRunning { startTransfer(job) }
+            logger.notice("job changed", metadata: [
+                "job": "\(id)", "url": "\(URLRules.redacted(job.url))",
+                "headers": "\(job.headers.map(\.name).joined(separator: ","))", "restarted": "\(wasRunning)",
+            ])
+            return view(job)
+        }
+    }
+}
