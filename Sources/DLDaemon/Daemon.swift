@@ -140,6 +140,8 @@ public enum Daemon {
         configuration.maxQueued = config.maxQueued
         configuration.netrcPath = config.effectiveNetrc
         configuration.maxPerHost = config.maxPerHost
+        configuration.segments = config.segments
+        configuration.segmentMinSize = config.segmentMinSize
     }
 
     /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not

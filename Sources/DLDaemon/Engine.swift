@@ -25,6 +25,8 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var insecure = false
     /// The job's own TLS files (`ca_file`, `ca_dir`, `client_cert`, `client_key`), checked.
     public var tls: JobTLS?
+    /// Ranges fetched at once for this job; nil: the config's `segments`.
+    public var segments: Int?
     /// `URLRules.hostKey(url)` when the caller has checked the URL already.
     public var host: String?
 
@@ -55,6 +57,10 @@ public struct EngineConfiguration: Sendable {
     public var worker = "local/dld"
     /// Seconds a claim holds without renewal (a shared table's workers renew every third).
     public var lease: TimeInterval = 30
+    /// Ranges a job fetches at once (segmented downloads), unless the job says; 1 turns them off.
+    public var segments = 4
+    /// Files with less than this left to fetch are one stream.
+    public var segmentMinSize: Int64 = 4 << 20
 
     public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
                 diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
@@ -97,6 +103,9 @@ public actor Engine {
         var job: Job
         var progress: TransferProgress
         var task: Task<TransferResult, Never>
+        /// Connections it may hold to its host: 1, or its ranges of a segmented download. They
+        /// count against `max_per_host` with other jobs' transfers.
+        var slots = 1
         /// Set when a command stops the transfer; the command then handles its outcome.
         var stop: StopIntent?
     }
@@ -218,7 +227,7 @@ public actor Engine {
             }
             let claimed = pending.launches
             pending = Pending()
-            if accepting { for job in claimed { startTransfer(job) } }
+            if accepting { startTransfers(claimed) }
         }
         return try await body()
     }
@@ -254,12 +263,12 @@ public actor Engine {
             lost = try await save(batch.saves, owned: batch.owned, publish: true).lost
         } catch {
             // The claims are committed whatever became of the other rows.
-            for job in batch.launches { startTransfer(job) }
+            startTransfers(batch.launches)
             throw error
         }
         // Rows that became `waiting` are committed now: the wake-up can see them.
         try await armWakeUp()
-        for job in batch.launches { startTransfer(job) }
+        startTransfers(batch.launches)
         for notice in batch.notices where notice.jobID.map({ !lost.contains($0) }) ?? true { onFinished?(notice) }
     }
 
