@@ -38,6 +38,32 @@ public struct SegmentLayout: Sendable, Equatable {
         segments = [Segment(start: 0, done: min(max(0, prefix), self.size), end: self.size)]
     }
 
+    /// A segmented download from `prefix` on: the rest cut into ranges of `piece` bytes that
+    /// workers take in file order, so that the contiguous prefix (and the digest over it)
+    /// advances while the file downloads, and what is read back to be hashed was written
+    /// moments before. The first range continues the stream that wrote `prefix`.
+    public init(size: Int64, prefix: Int64, piece: Int64) {
+        self.init(size: size, prefix: prefix)
+        let piece = max(1, piece)
+        var segments: [Segment] = []
+        var start: Int64 = 0
+        var end = min(self.size, max(prefix, 0) + piece)
+        segments.append(Segment(start: 0, done: min(max(0, prefix), self.size), end: end))
+        while end < self.size {
+            start = end
+            end = min(self.size, start + piece)
+            segments.append(Segment(start: start, done: start, end: end))
+        }
+        self.segments = segments
+    }
+
+    /// The range size for `workers` on a file of `size` bytes: about four ranges per worker
+    /// (enough for the prefix to move while they run), between `minPiece` and 32 MiB (each
+    /// range is one request on a kept-alive connection).
+    public static func pieceSize(size: Int64, workers: Int, minPiece: Int64) -> Int64 {
+        max(minPiece, min(32 << 20, size / Int64(4 * max(1, workers))))
+    }
+
     /// Checked: nil unless the segments are sorted, adjacent, cover `[0, size)`, and each has
     /// `start <= done <= end`.
     public init?(size: Int64, segments: [Segment]) {
@@ -76,13 +102,15 @@ public struct SegmentLayout: Sendable, Equatable {
         return copy
     }
 
-    /// Finished ranges merged into the range after them: the stored form stays short however
-    /// often ranges were split.
+    /// Finished ranges merged into the range after them, and untouched ranges into one: the
+    /// stored form stays short however the file was cut.
     public var compacted: SegmentLayout {
         var merged: [Segment] = []
         for segment in segments {
             if let last = merged.last, last.isFinished {
                 merged[merged.count - 1] = Segment(start: last.start, done: segment.done, end: segment.end)
+            } else if let last = merged.last, last.done == last.start, segment.done == segment.start {
+                merged[merged.count - 1] = Segment(start: last.start, done: last.start, end: segment.end)
             } else {
                 merged.append(segment)
             }

@@ -65,7 +65,9 @@ extension Engine {
     /// Transfers by host: running, and about to start in this turn.
     func hostLoad() -> [String: Int] {
         var load: [String: Int] = [:]
-        for entry in running.values { load[URLRules.hostKey(entry.job.url), default: 0] += entry.slots }
+        // A transfer counts the connections it may use: its ranges, until it knows it is one
+        // stream (TransferProgress.connections).
+        for entry in running.values { load[URLRules.hostKey(entry.job.url), default: 0] += entry.progress.connections }
         for job in pending.launches { load[URLRules.hostKey(job.url), default: 0] += 1 }
         return load
     }
@@ -88,6 +90,7 @@ extension Engine {
     /// connections to its host.
     func startTransfer(_ started: Job, slots: Int = 1) {
         let progress = TransferProgress(received: started.received, size: started.size)
+        progress.connections = slots
         var request = TransferRequest(
             jobID: started.id, url: started.url, headers: started.headers, path: started.downloadPath,
             overwrite: started.overwrite, offset: started.received, size: started.size, validators: started.validators,
@@ -128,7 +131,7 @@ extension Engine {
                 guard written else { throw TransferFailure(.transient(.retry), "lease_lost", "job \(id) is no longer this worker's") }
             }
         }
-        running[id] = Running(job: started, progress: progress, task: task, slots: max(1, slots), stop: nil)
+        running[id] = Running(job: started, progress: progress, task: task, stop: nil)
         // The watcher hands a transfer that ends by itself to the serial queue. A transfer
         // stopped by a command is handled by that command, and the queue finds it gone.
         Task { [weak self] in

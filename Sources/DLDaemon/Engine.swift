@@ -103,9 +103,6 @@ public actor Engine {
         var job: Job
         var progress: TransferProgress
         var task: Task<TransferResult, Never>
-        /// Connections it may hold to its host: 1, or its ranges of a segmented download. They
-        /// count against `max_per_host` with other jobs' transfers.
-        var slots = 1
         /// Set when a command stops the transfer; the command then handles its outcome.
         var stop: StopIntent?
     }

@@ -396,9 +396,18 @@ public final class Downloader: Sendable {
 
         let workers = Self.segmentable(state.validators, size: state.size, received: state.received, settings: request.segmentation)
             ? request.segmentation.count : 1
+        // The host's other slots are given back at once when the file is one stream.
+        progress.connections = workers
+        let layout: SegmentLayout
+        if workers > 1, let size = state.size {
+            layout = SegmentLayout(
+                size: size, prefix: state.received,
+                piece: SegmentLayout.pieceSize(size: size - state.received, workers: workers, minPiece: request.segmentation.minPiece))
+        } else {
+            layout = SegmentLayout(size: state.size ?? Int64.max, prefix: state.received)
+        }
         try await streamExplained(
-            request, file: file, state: &state, digests: digests,
-            layout: SegmentLayout(size: state.size ?? Int64.max, prefix: state.received), workers: workers, first: response,
+            request, file: file, state: &state, digests: digests, layout: layout, workers: workers, first: response,
             progress: progress, checkpoint: checkpoint)
     }
 

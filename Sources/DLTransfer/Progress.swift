@@ -18,6 +18,7 @@ public final class TransferProgress: Sendable {
         var speed: Double = 0
         var windowStart: ContinuousClock.Instant
         var windowBytes: Int64
+        var connections = 1
     }
 
     /// Speed is measured over windows of this length.
@@ -45,6 +46,14 @@ public final class TransferProgress: Sendable {
                 s.windowStart = now
             }
         }
+    }
+
+    /// Connections the transfer holds or may open to its host: the ranges it was allowed until
+    /// it knows how many it uses (one when the file is one stream). The engine counts them
+    /// against `max_per_host`.
+    public var connections: Int {
+        get { state.withLock { $0.connections } }
+        set { state.withLock { $0.connections = max(1, newValue) } }
     }
 
     public var snapshot: Snapshot {

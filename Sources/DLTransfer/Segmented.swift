@@ -135,6 +135,7 @@ extension Downloader {
                 throw TransferFailure(.permanent, "size_mismatch", "\(hostName(state)) announces \(announced) bytes, expected \(expected) (size)")
             }
             progress.update(received: 0, size: state.size)
+            progress.connections = 1
             try reserveSpace(request, file: file, state: state)
             try await stream(request, file: file, state: &state, digests: digests,
                              layout: SegmentLayout(size: state.size ?? Int64.max, prefix: 0), workers: 1, first: response,
@@ -179,29 +180,34 @@ extension Downloader {
         while true {
             let slot: Int
             let body: HTTPClientResponse.Body
+            var announcedEnd: Int64? = nil
             if let opened = next {
                 slot = opened.0
                 body = opened.1.body
                 next = nil
             } else {
                 guard let taken = run.state.withLock({ $0.planner.take() }) else { return }
-                guard let response = try await rangeRequest(taken, run: run, request: request, template: template) else {
+                guard let answer = try await rangeRequest(taken, run: run, request: request, template: template) else {
                     return  // retired: the host refused one more connection; the others go on
                 }
                 slot = taken
-                body = response.body
+                body = answer.0.body
+                announcedEnd = answer.1
             }
-            try await receive(body, slot: slot, run: run, request: request, host: template.target?.host ?? "the server",
-                              base: base, progress: progress, checkpoint: checkpoint)
+            try await receive(body, slot: slot, announcedEnd: announcedEnd, run: run, request: request,
+                              host: template.target?.host ?? "the server", base: base, progress: progress, checkpoint: checkpoint)
             run.state.withLock { $0.planner.release(slot) }
             if run.size == nil { return }
         }
     }
 
-    /// Asks for the unwritten part of range `slot` (If-Range: the same file, or all of it).
-    /// Nil when this worker should stop: the server refused one more connection for now while
-    /// other workers still fetch (they take its range when theirs is done).
-    private func rangeRequest(_ slot: Int, run: StreamRun, request: TransferRequest, template: AttemptState) async throws -> HTTPClientResponse? {
+    /// Asks for the unwritten part of range `slot` (If-Range: the same file, or all of it);
+    /// returns the answer and the end of the bytes it announces (a server may send less than
+    /// was asked). Nil when this worker should stop: the server refused one more connection for
+    /// now while other workers still fetch (they take its range when theirs is done).
+    private func rangeRequest(
+        _ slot: Int, run: StreamRun, request: TransferRequest, template: AttemptState
+    ) async throws -> (HTTPClientResponse, Int64?)? {
         let segment = run.state.withLock { $0.planner.segment(slot) }
         var local = template
         let response: HTTPClientResponse
@@ -218,7 +224,7 @@ extension Downloader {
             guard let range, range.start == segment.done, range.total == run.size else {
                 throw SegmentFallback(response: nil, reason: "\(host) answered a range request with another range")
             }
-            return response
+            return (response, range.end.map { $0 + 1 })
         case 200:
             var answered = AttemptState(received: 0, size: nil, validators: Validators(), finalURL: nil, target: nil)
             take(response.headers, into: &answered)
@@ -250,9 +256,10 @@ extension Downloader {
 
     /// The receive loop of every range: each chunk is written at its offset, hashed when it
     /// continues the contiguous prefix, and counted; checkpoints start from here. Returns when
-    /// the range is written to its end (which a split may lower while it runs).
+    /// the range is written to its end (which a split may lower while it runs), or to
+    /// `announcedEnd`, where a 206 said its bytes end (the rest of the range is asked again).
     private func receive(
-        _ body: HTTPClientResponse.Body, slot: Int, run: StreamRun, request: TransferRequest, host: String,
+        _ body: HTTPClientResponse.Body, slot: Int, announcedEnd: Int64?, run: StreamRun, request: TransferRequest, host: String,
         base: TransferCheckpoint, progress: TransferProgress, checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
         for try await chunk in body {
@@ -269,9 +276,12 @@ extension Downloader {
                 }
             }
             let now = run.clock.now
-            let (written, due, failure) = run.state.withLock { state -> (Int64, TransferCheckpoint?, (any Error)?) in
+            let (due, failure) = run.state.withLock { state -> (TransferCheckpoint?, (any Error)?) in
                 state.planner.commit(slot)
                 let written = state.planner.written
+                // Under the planner's lock, so that the live count never goes back when
+                // workers report in another order than they committed.
+                progress.update(received: written, size: run.size)
                 var due: TransferCheckpoint? = nil
                 if !state.checkpointing, state.failure == nil,
                    request.checkpoints.isDue(elapsed: (now - state.lastCheckpoint).seconds, bytesSince: written - state.checkpointed) {
@@ -280,12 +290,11 @@ extension Downloader {
                     state.checkpointed = written
                     due = StreamRun.checkpoint(base, layout: state.planner.layout, size: run.size)
                 }
-                return (written, due, state.failure)
+                return (due, state.failure)
             }
             if let failure { throw failure }
             // Only the bytes of this range: the rest of the chunk may be past its end.
             try hashContiguous(run, chunk: granted > 0 ? (offset: offset, buffer: chunk.getSlice(at: chunk.readerIndex, length: Int(granted)) ?? ByteBuffer()) : nil)
-            progress.update(received: written, size: run.size)
             if let due {
                 startCheckpoint(due, run: run, commit: checkpoint)
                 try checkFloor(request)
@@ -300,6 +309,7 @@ extension Downloader {
             }
         }
         let segment = run.state.withLock { $0.planner.segment(slot) }
+        if let announcedEnd, segment.done >= announcedEnd { return }
         if let size = run.size, !segment.isFinished {
             let written = run.state.withLock { $0.planner.written }
             throw TransferFailure(.transient(.network), "truncated", "the connection to \(host) ended after \(written) of \(size) bytes")

@@ -113,6 +113,26 @@ import Testing
         #expect(planner.written == 7 * mib)
     }
 
+    /// A fresh layout is cut into pieces taken in file order: the prefix moves while the file
+    /// downloads; untouched pieces are stored as one range.
+    @Test func piecesAreTakenInFileOrder() throws {
+        let piece = SegmentLayout.pieceSize(size: 64 * mib, workers: 4, minPiece: mib)
+        #expect(piece == 4 * mib)
+        #expect(SegmentLayout.pieceSize(size: 4 * mib, workers: 4, minPiece: mib) == mib)
+        #expect(SegmentLayout.pieceSize(size: 8 << 30, workers: 4, minPiece: mib) == 32 * mib)
+        let layout = SegmentLayout(size: 18 * mib, prefix: mib, piece: piece)
+        #expect(layout.segments.map(\.end) == [5 * mib, 9 * mib, 13 * mib, 17 * mib, 18 * mib])
+        #expect(layout.segments[0].done == mib)
+        #expect(layout.encoded == "0-\(mib)-\(5 * mib),\(5 * mib)-\(5 * mib)-\(18 * mib)")
+        var planner = SegmentPlanner(layout, minPiece: mib)
+        var starts: [Int64] = []
+        for _ in 0..<3 { starts.append(planner.segment(try take(&planner)).start) }
+        #expect(starts == [0, 5 * mib, 9 * mib])
+        #expect(reserve(&planner, 0, count: 4 * mib) == 4 * mib)
+        planner.commit(0)
+        #expect(planner.prefix == 5 * mib)
+    }
+
     /// The stored form round-trips, compacts finished ranges, and rejects anything that is not
     /// a layout of the file.
     @Test func encodingRoundTripsAndRejectsGarbage() throws {
