@@ -57,6 +57,28 @@ public struct SegmentLayout: Sendable, Equatable {
         self.segments = segments
     }
 
+    /// Untouched ranges longer than `piece` cut into pieces: a resumed download takes them in
+    /// file order, as a fresh one does (its stored form merged them).
+    public func cut(piece: Int64) -> SegmentLayout {
+        guard piece > 0 else { return self }
+        var pieces: [Segment] = []
+        for segment in segments {
+            guard segment.done == segment.start, segment.end - segment.start > piece else {
+                pieces.append(segment)
+                continue
+            }
+            var start = segment.start
+            while start < segment.end {
+                let end = min(segment.end, start + piece)
+                pieces.append(Segment(start: start, done: start, end: end))
+                start = end
+            }
+        }
+        var copy = self
+        copy.segments = pieces
+        return copy
+    }
+
     /// The range size for `workers` on a file of `size` bytes: about four ranges per worker
     /// (enough for the prefix to move while they run), between `minPiece` and 32 MiB (each
     /// range is one request on a kept-alive connection).

@@ -420,8 +420,14 @@ public final class Downloader: Sendable {
         // Durability rule 3, per range: bytes past a range's synced offset are overwritten by
         // its next request; a file shorter than a range's offset lowers it.
         let onDisk = try file.size()
-        let layout = stored.clamped(toFileSize: onDisk)
+        var layout = stored.clamped(toFileSize: onDisk)
         if onDisk > layout.furthest { try file.truncate(to: layout.furthest) }
+        // The ranges nobody started are taken in file order again, as in a fresh download.
+        let workers = max(1, request.segmentation.count)
+        if workers > 1 {
+            layout = layout.cut(piece: SegmentLayout.pieceSize(
+                size: layout.size - layout.written, workers: workers, minPiece: request.segmentation.minPiece))
+        }
         state.received = layout.written
         state.segments = layout.encoded
         progress.update(received: state.received, size: state.size)
@@ -429,7 +435,7 @@ public final class Downloader: Sendable {
         // The digests continue over the contiguous prefix, read back once per attempt.
         try digests.rebuild(from: file, upTo: layout.prefix)
         try await streamExplained(
-            request, file: file, state: &state, digests: digests, layout: layout, workers: max(1, request.segmentation.count),
+            request, file: file, state: &state, digests: digests, layout: layout, workers: workers,
             first: nil, progress: progress, checkpoint: checkpoint)
     }
 

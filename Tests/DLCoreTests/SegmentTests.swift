@@ -131,6 +131,9 @@ import Testing
         #expect(reserve(&planner, 0, count: 4 * mib) == 4 * mib)
         planner.commit(0)
         #expect(planner.prefix == 5 * mib)
+        // Resumed from the stored form, the untouched ranges are cut again.
+        let resumed = try #require(SegmentLayout(encoded: layout.encoded, size: 18 * mib)).cut(piece: piece)
+        #expect(resumed == layout)
     }
 
     /// The stored form round-trips, compacts finished ranges, and rejects anything that is not
