@@ -20,6 +20,12 @@ speed       A BENCH_SPEED_SECONDS (default 30) download from nginx (else dld-ori
             aria2c --max-download-limit (when installed) side by side; dld's peak RSS.
 postgres    the scale steps (--jobs N) with the job table in SQLite and in PostgreSQL, side by
             side (a PostgreSQL server is started on a Unix socket; skipped if not installed).
+segments    Segmented downloads. BENCH_SEG_MIB (default 200) MiB from nginx with `limit_rate
+            40m` (each connection throttled to 40 MB/s): dld with its defaults, dld with
+            segments=1, `aria2c -x4 -s4` and `curl -o`, side by side with ratios; then
+            BENCH_SIZE_MIB (1024) MiB unthrottled: dld with its defaults against `curl -o`, with
+            dld's peak RSS. Needs nginx (the test origin's throttle is per response too, but
+            nginx is what the figures are compared on).
 
 Run through `make bench`, which builds release binaries first. BENCH_SIZE_MIB (default 1024)
 and BENCH_RUNS (default 3, the best run of each is reported) change the work of the first two;
@@ -40,7 +46,8 @@ CRASH_RATE = int(os.environ.get("BENCH_CRASH_RATE", "100000000"))
 KILL_EVERY = float(os.environ.get("BENCH_KILL_EVERY", "2"))
 SPEED_LIMIT = int(os.environ.get("BENCH_SPEED_LIMIT", "10000000"))
 SPEED_SECONDS = float(os.environ.get("BENCH_SPEED_SECONDS", "30"))
-PARTS = ("throughput", "crash", "speed", "small", "scale", "postgres", "fleet")
+SEG_SIZE = int(os.environ.get("BENCH_SEG_MIB", "200")) << 20
+PARTS = ("throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments")
 
 
 def wait_for_socket(path, proc, timeout=20):
@@ -139,8 +146,8 @@ def crash_cycle(work):
         proc.wait(timeout=10)
 
 
-def run_dld(work, url, name, extra=()):
-    """Starts a fresh dld, downloads url once, returns (seconds, peak RSS KiB)."""
+def run_dld(work, url, name, extra=(), params=None):
+    """Starts a fresh dld, downloads url once, returns (seconds, peak RSS KiB, path)."""
     state = os.path.join(work, "state-" + name)
     dl = os.path.join(work, "dl")
     os.makedirs(dl, exist_ok=True)
@@ -151,7 +158,7 @@ def run_dld(work, url, name, extra=()):
     try:
         client = wait_for_socket(sock, proc)
         start = time.monotonic()
-        job = client.call("enqueue", {"url": url, "name": name})["job"]
+        job = client.call("enqueue", {"url": url, "name": name, **(params or {})})["job"]
         while True:
             job = client.call("status", {"id": job["id"]})
             if job["state"] in ("completed", "failed", "canceled"):
@@ -261,6 +268,110 @@ def speed(work):
         origin.wait(timeout=10)
 
 
+def write_file(path, size):
+    with open(path, "wb") as f:
+        chunk = os.urandom(1 << 20)
+        for _ in range(size >> 20):
+            f.write(chunk)
+    os.chmod(path, 0o644)
+
+
+def timed(argv):
+    start = time.monotonic()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.monotonic() - start
+
+
+def sha256_file(path):
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def best_of(label, runs, size, ref=None):
+    best = min(runs)
+    ratio = f"   {best / ref:5.2f}x" if ref else ""
+    print(f"  {label:<22} {best:7.3f} s {size / best / 1e6:8.1f} MB/s{ratio}   (runs: {', '.join(f'{t:.3f}' for t in runs)})")
+    return best
+
+
+def segments(work):
+    """Segmented downloads against one throttled connection, aria2c and curl."""
+    if not shutil.which("nginx"):
+        print("segments: nginx is not installed; skipped")
+        return
+    docroot = os.path.join(work, "www")
+    os.makedirs(docroot)
+    write_file(os.path.join(docroot, "seg.bin"), SEG_SIZE)
+    expected = sha256_file(os.path.join(docroot, "seg.bin"))
+    dl = os.path.join(work, "dl")
+    os.makedirs(dl, exist_ok=True)
+
+    def dld_run(url, name, params=None):
+        seconds, peak, path = run_dld(work, url, name, params=params)
+        if sha256_file(path) != expected_for[url]:
+            sys.exit(f"bench: dld's {name} differs from the served file")
+        os.unlink(path)
+        return seconds, peak
+
+    def tool_run(argv, out):
+        seconds = timed(argv)
+        if sha256_file(out) != expected_for[url]:
+            sys.exit(f"bench: {argv[0]}'s file differs from the served file")
+        os.unlink(out)
+        return seconds
+
+    proc, base = start_nginx(work, docroot, "limit_rate 40m;")
+    url = f"{base}/seg.bin"
+    expected_for = {url: expected}
+    try:
+        print(f"segments: {SEG_SIZE >> 20} MiB from nginx with limit_rate 40m (per connection), best of {RUNS}")
+        default, one, aria, curl = [], [], [], []
+        for i in range(RUNS):
+            default.append(dld_run(url, f"seg-{i}.bin")[0])
+            one.append(dld_run(url, f"one-{i}.bin", {"segments": 1})[0])
+            out = os.path.join(dl, "aria.bin")
+            if shutil.which("aria2c"):
+                aria.append(tool_run(["aria2c", "-q", "-x4", "-s4", "--allow-overwrite=true", "--file-allocation=none",
+                                      "-d", dl, "-o", "aria.bin", url], out))
+            out = os.path.join(dl, "curl.bin")
+            curl.append(tool_run(["curl", "-s", "-o", out, url], out))
+        d = best_of("dld (defaults)", default, SEG_SIZE)
+        o = best_of("dld segments=1", one, SEG_SIZE, d)
+        a = best_of("aria2c -x4 -s4", aria, SEG_SIZE, d) if aria else None
+        best_of("curl -o", curl, SEG_SIZE, d)
+        print(f"  dld (defaults) / aria2c -x4 -s4   {d / a:.2f}   (target ≤ 1.0)" if a else "  aria2c is not installed")
+        print(f"  dld segments=1 / dld (defaults)   {o / d:.2f}   (target ≥ 3.5)")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+    os.unlink(os.path.join(docroot, "seg.bin"))
+    write_file(os.path.join(docroot, "big.bin"), SIZE)
+    proc, base = start_nginx(work, docroot)
+    url = f"{base}/big.bin"
+    expected_for[url] = sha256_file(os.path.join(docroot, "big.bin"))
+    try:
+        print(f"  {SIZE >> 20} MiB from nginx, no limit, best of {RUNS}")
+        dld_times, curl_times, rss = [], [], 0
+        for i in range(RUNS):
+            out = os.path.join(dl, "curl.bin")
+            curl_times.append(tool_run(["curl", "-s", "-o", out, url], out))
+            seconds, peak = dld_run(url, f"big-{i}.bin")
+            dld_times.append(seconds)
+            rss = max(rss, peak)
+        c = best_of("curl -o", curl_times, SIZE)
+        d = best_of("dld (defaults)", dld_times, SIZE, c)
+        print(f"  dld / curl -o   {d / c:.2f}   (target ≤ 1.0)")
+        print(f"  dld peak RSS    {rss / 1024:.1f} MiB   (target ≤ 64 MiB)")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
 def main():
     parser = argparse.ArgumentParser(description="dld benchmarks (figures, never assertions)")
     parser.add_argument("parts", nargs="*", metavar="PART",
@@ -281,10 +392,10 @@ def main():
         if i:
             print()
         started = time.monotonic()
-        if part in ("throughput", "crash", "speed"):
+        if part in ("throughput", "crash", "speed", "segments"):
             work = tempfile.mkdtemp(prefix="dld-bench-")
             try:
-                {"throughput": throughput, "crash": crash_cycle, "speed": speed}[part](work)
+                {"throughput": throughput, "crash": crash_cycle, "speed": speed, "segments": segments}[part](work)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
         elif part == "small":

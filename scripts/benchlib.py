@@ -231,8 +231,9 @@ def start_dld_origin(host="127.0.0.1"):
     return proc, base
 
 
-def start_nginx(work, docroot):
+def start_nginx(work, docroot, server_extra=""):
     """nginx serving `docroot` on a free loopback port, or None when nginx is not installed.
+    `server_extra` goes into the server block (`limit_rate 40m;`: each connection throttled).
 
     nginx's workers drop to an unprivileged user when run as root: every folder on the way to
     the files must be searchable and the files readable by others."""
@@ -246,7 +247,7 @@ def start_nginx(work, docroot):
     with open(conf, "w") as f:
         f.write(f"""daemon off; worker_processes 1; pid {work}/nginx.pid; error_log {work}/nginx.err;
 events {{}}
-http {{ access_log off; sendfile on; server {{ listen 127.0.0.1:{port}; root {docroot}; }} }}
+http {{ access_log off; sendfile on; server {{ listen 127.0.0.1:{port}; root {docroot}; {server_extra} }} }}
 """)
     proc = subprocess.Popen([nginx, "-c", conf, "-p", work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # Bounded wait until nginx listens.

@@ -99,10 +99,13 @@ public struct JobOptions: Sendable, Equatable, Codable {
     /// The job's own speed limit in bytes per second (`max_speed`); nil: none. Inside the
     /// global one. Optional, like `tls`, so that older rows decode.
     public var maxSpeed: Int64?
+    /// Ranges fetched at once (segmented downloads); nil: the daemon's `segments`.
+    public var segments: Int?
 
     public init(automaticName: Bool = false, renameIfTaken: Bool = false, insecure: Bool = false, tls: JobTLS? = nil,
-                maxSpeed: Int64? = nil) {
+                maxSpeed: Int64? = nil, segments: Int? = nil) {
         self.maxSpeed = maxSpeed
+        self.segments = segments
         self.automaticName = automaticName
         self.renameIfTaken = renameIfTaken
         self.insecure = insecure
@@ -143,8 +146,12 @@ public struct Job: Sendable, Equatable {
     public var priority: Int
     /// Total size in bytes; nil while unknown.
     public var size: Int64?
-    /// Bytes committed: on disk, synced, and recorded. The resume offset.
+    /// Bytes committed: on disk, synced, and recorded. Without `segments`, the resume offset;
+    /// with them, the sum of the ranges' written bytes.
     public var received: Int64
+    /// The ranges of a segmented download (`SegmentLayout.encoded`), each synced up to its own
+    /// offset; nil when the file is one stream of `received` bytes from the start.
+    public var segments: String?
     public var error: JobError?
     /// Attempts since the last progress (reset whenever bytes arrive).
     public var attempts: Int
@@ -191,8 +198,9 @@ public struct Job: Sendable, Equatable {
         overwrite: Bool = false, finalURL: String? = nil, validators: Validators = Validators(),
         checksum: Checksum? = nil, expectedSize: Int64? = nil, sha256: String? = nil, digest: String? = nil,
         progressAt: Date? = nil, groupID: GroupID? = nil, stagingPath: String? = nil, options: JobOptions = JobOptions(),
-        worker: String? = nil, leaseUntil: Date? = nil
+        worker: String? = nil, leaseUntil: Date? = nil, segments: String? = nil
     ) {
+        self.segments = segments
         self.options = options
         self.worker = worker
         self.leaseUntil = leaseUntil

@@ -31,6 +31,11 @@ public struct DaemonConfig: Sendable, Equatable {
     public var keepFinished: Double = RetentionPolicy.defaultKeepFinished
     /// Seconds failed records are kept; 0 keeps them forever.
     public var keepFailed: Double = RetentionPolicy.defaultKeepFailed
+    /// Ranges one job fetches at once when its server takes ranges (segmented downloads); they
+    /// count against `max_per_host`. 1 turns segmented downloads off.
+    public var segments: Int = 4
+    /// Files with less than this many bytes left to fetch are one stream.
+    public var segmentMinSize: Int64 = 4 << 20
     /// Hook commands (argv lists, run without a shell) and their time limit in seconds.
     public var onComplete: [String]?
     public var onError: [String]?
@@ -155,7 +160,7 @@ public struct DaemonConfig: Sendable, Equatable {
         "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
         "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size", "worker_name", "lease",
         "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy", "keep_finished", "keep_failed", "max_speed",
-        "speed_schedule",
+        "speed_schedule", "segments", "segment_min_size",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -212,6 +217,8 @@ public struct DaemonConfig: Sendable, Equatable {
         case "max_per_host": maxPerHost = try int(1...64)
         case "keep_finished": keepFinished = try duration()
         case "keep_failed": keepFailed = try duration()
+        case "segments": segments = try int(1...16)
+        case "segment_min_size": segmentMinSize = Int64(try int(1...Int64.max))
         case "max_queued": maxQueued = try int(1...100_000_000)
         case "idle_timeout": idleTimeout = try int(1...86_400)
         case "netrc":
@@ -360,6 +367,8 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("max_per_host = \(maxPerHost)")
         lines.append("keep_finished = \"\(DurationText.describe(keepFinished))\"")
         lines.append("keep_failed = \"\(DurationText.describe(keepFailed))\"")
+        lines.append("segments = \(segments)")
+        lines.append("segment_min_size = \(segmentMinSize)")
         lines.append("hook_timeout = \(hookTimeout)")
         if let onComplete { lines.append("on_complete = [\(onComplete.map(quote).joined(separator: ", "))]") }
         if let onError { lines.append("on_error = [\(onError.map(quote).joined(separator: ", "))]") }

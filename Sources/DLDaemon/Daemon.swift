@@ -153,6 +153,8 @@ public enum Daemon {
         configuration.retention = RetentionPolicy(keepFinished: config.keepFinished, keepFailed: config.keepFailed)
         configuration.speed.maxSpeed = config.maxSpeed
         configuration.speed.schedule = config.speedSchedule
+        configuration.segments = config.segments
+        configuration.segmentMinSize = config.segmentMinSize
     }
 
     /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not

@@ -234,7 +234,7 @@ public struct Dispatcher: Sendable {
 
     static let jobKeys: Set<String> = [
         "url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused", "checksum", "size",
-        "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key", "max_speed",
+        "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key", "max_speed", "segments",
     ]
 
     /// RFC 9110 token characters, the only ones allowed in a header name.
@@ -242,6 +242,7 @@ public struct Dispatcher: Sendable {
 
     static let groupKeys: Set<String> = [
         "group", "jobs", "priority", "headers", "overwrite", "paused", "insecure", "ca_file", "ca_dir", "client_cert", "client_key",
+        "segments",
     ]
     static let memberKeys: Set<String> = ["url", "name", "path", "checksum", "size", "meta"]
 
@@ -280,7 +281,8 @@ public struct Dispatcher: Sendable {
             name: name, dir: dir, priority: Int(try params.int("priority", in: -1000...1000) ?? 0),
             headers: try headers(params), overwrite: try params.bool("overwrite") ?? false,
             paused: try params.bool("paused") ?? false,
-            options: JobOptions(insecure: try params.bool("insecure") ?? false, tls: try jobTLS(params)), members: members)
+            options: JobOptions(insecure: try params.bool("insecure") ?? false, tls: try jobTLS(params), segments: try segments(params)),
+            members: members)
         let summary = GroupSummary.summarize(created, members: jobs, active: false)
         return [
             "group": JobJSON.encodeGroup(created, summary), "count": .int(Int64(jobs.count)),
@@ -387,9 +389,15 @@ public struct Dispatcher: Sendable {
         }
         spec.insecure = try params.bool("insecure") ?? false
         spec.tls = try jobTLS(params)
+        spec.segments = try segments(params)
         spec.paused = try params.bool("paused") ?? false
         spec.maxSpeed = try Self.rate(params)
         return spec
+    }
+
+    /// `segments`: ranges fetched at once for this job (1 turns segmented downloads off).
+    private func segments(_ params: Params) throws(DLError) -> Int? {
+        try params.int("segments", in: 1...16).map(Int.init)
     }
 
     /// `ca_file`, `ca_dir`, `client_cert`, `client_key`: absolute paths to files dld can read

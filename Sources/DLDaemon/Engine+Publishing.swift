@@ -13,6 +13,8 @@ struct PublishItem: Sendable {
     var checkpoint: TransferCheckpoint
     /// The offset committed before this attempt: all that is durable until the file is synced.
     var committed: Int64
+    /// The ranges committed with `committed`, for a segmented download.
+    var committedSegments: String? = nil
 }
 
 /// Finished files, in batches: a small file gives its slot back as soon as its last byte is
@@ -95,6 +97,7 @@ extension Engine {
             var job = item.job
             if let failure = syncFailures[item.partialPath] {
                 job.received = item.committed
+                job.segments = item.committedSegments
                 fail(job, failure)
                 continue
             }

@@ -108,7 +108,33 @@ extension Engine {
         case .running, .queued, .paused, .waiting, .failed:
             if job.state == .running { fixed.state = .queued }
             var info = stat()
-            if lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG {
+            if let stored = job.segments {
+                // A segmented download: each range keeps its own synced offset; the file is cut
+                // back to the furthest (bytes past a range's offset inside the file are
+                // overwritten by its next request). Ranges past the file's end are lowered; a
+                // layout that cannot be read, or no file, starts over.
+                let onDisk: Int64? = lstat(job.partialPath, &info) == 0 && (info.st_mode & S_IFMT) == S_IFREG ? Int64(info.st_size) : nil
+                let layout = job.size.flatMap { SegmentLayout(encoded: stored, size: $0) }
+                if let onDisk, let layout {
+                    let clamped = layout.clamped(toFileSize: onDisk)
+                    if clamped != layout {
+                        fixed.received = clamped.written
+                        fixed.segments = clamped.encoded
+                    }
+                    if onDisk > clamped.furthest, let file = try? PartialFile(path: job.partialPath) {
+                        try? file.truncate(to: clamped.furthest)
+                        try? file.syncData()
+                        logger.info("cut partial file back to its furthest committed range", metadata: ["job": "\(job.id)", "from": "\(onDisk)", "to": "\(clamped.furthest)"])
+                    }
+                } else {
+                    fixed.received = 0
+                    fixed.segments = nil
+                    if onDisk != nil, let file = try? PartialFile(path: job.partialPath) {
+                        try? file.truncate(to: 0)
+                        try? file.syncData()
+                    }
+                }
+            } else if lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG {
                 let onDisk = Int64(info.st_size)
                 if onDisk > job.received {
                     if let file = try? PartialFile(path: job.partialPath) {

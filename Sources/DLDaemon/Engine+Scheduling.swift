@@ -65,14 +65,32 @@ extension Engine {
     /// Transfers by host: running, and about to start in this turn.
     func hostLoad() -> [String: Int] {
         var load: [String: Int] = [:]
-        for entry in running.values { load[URLRules.hostKey(entry.job.url), default: 0] += 1 }
+        // A transfer counts the connections it may use: its ranges, until it knows it is one
+        // stream (TransferProgress.connections).
+        for entry in running.values { load[URLRules.hostKey(entry.job.url), default: 0] += entry.progress.connections }
         for job in pending.launches { load[URLRules.hostKey(job.url), default: 0] += 1 }
         return load
     }
 
-    /// Starts the transfer of a job whose `running` row is committed.
-    func startTransfer(_ started: Job) {
+    /// Starts the transfers of claimed jobs whose `running` rows are committed. Each may take
+    /// more of its host's slots for ranges (segmented downloads), but never those that the
+    /// jobs after it in the batch need: every claimed job gets at least its one.
+    func startTransfers(_ jobs: [Job]) {
+        var waiting: [String: Int] = [:]
+        for job in jobs { waiting[URLRules.hostKey(job.url), default: 0] += 1 }
+        for job in jobs {
+            let host = URLRules.hostKey(job.url)
+            waiting[host, default: 1] -= 1
+            let free = configuration.maxPerHost - (hostLoad()[host] ?? 0) - (waiting[host] ?? 0)
+            startTransfer(job, slots: SegmentAllowance.slots(wanted: job.options.segments ?? configuration.segments, free: free))
+        }
+    }
+
+    /// Starts the transfer of a job whose `running` row is committed, with up to `slots`
+    /// connections to its host.
+    func startTransfer(_ started: Job, slots: Int = 1) {
         let progress = TransferProgress(received: started.received, size: started.size)
+        progress.connections = slots
         var request = TransferRequest(
             jobID: started.id, url: started.url, headers: started.headers, path: started.downloadPath,
             overwrite: started.overwrite, offset: started.received, size: started.size, validators: started.validators,
@@ -80,6 +98,8 @@ extension Engine {
         request.expectedSize = started.expectedSize
         request.diskSpace = configuration.diskSpace
         request.checkpoints = configuration.checkpoints
+        request.segmentation = SegmentSettings(count: slots, minSize: configuration.segmentMinSize)
+        request.segmentLayout = started.segments
         request.options = started.options
         if started.groupID != nil { request.options.automaticName = false }
         if let netrc = configuration.netrcPath, let text = try? String(contentsOfFile: netrc, encoding: .utf8) {
@@ -104,7 +124,7 @@ extension Engine {
                 do {
                     written = try await store.checkpoint(
                         id, received: checkpoint.received, size: checkpoint.size, validators: checkpoint.validators,
-                        finalURL: checkpoint.finalURL, now: Date(), owner: worker)
+                        finalURL: checkpoint.finalURL, segments: checkpoint.segments, now: Date(), owner: worker)
                 } catch where shared {
                     // A shared table that cannot be reached: the transfer goes on (its lease
                     // holds for a while, see `fence`) and the next checkpoint commits.
@@ -162,7 +182,9 @@ extension Engine {
         switch result {
         case .downloaded(let checkpoint):
             apply(checkpoint, to: &job, startedAt: started.received)
-            enqueuePublish(PublishItem(job: job, partialPath: started.partialPath, checkpoint: checkpoint, committed: started.received))
+            enqueuePublish(PublishItem(
+                job: job, partialPath: started.partialPath, checkpoint: checkpoint, committed: started.received,
+                committedSegments: started.segments))
         case .stopped(let checkpoint):
             apply(checkpoint, to: &job, startedAt: started.received)
             job.state = .queued
@@ -233,6 +255,7 @@ extension Engine {
                 checkpoint.publishTarget = nil
             } else {
                 checkpoint.received = entry.job.received
+                checkpoint.segments = entry.job.segments
             }
             apply(checkpoint, to: &job, startedAt: entry.job.received)
         }
@@ -249,6 +272,7 @@ extension Engine {
         }
         job.received = checkpoint.received
         if let startedOver = checkpoint.startedOver { job.error = startedOver }
+        job.segments = checkpoint.segments
         job.size = checkpoint.size
         job.validators = checkpoint.validators
         if let finalURL = checkpoint.finalURL { job.finalURL = finalURL }

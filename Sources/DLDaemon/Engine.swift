@@ -25,6 +25,8 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var insecure = false
     /// The job's own TLS files (`ca_file`, `ca_dir`, `client_cert`, `client_key`), checked.
     public var tls: JobTLS?
+    /// Ranges fetched at once for this job; nil: the config's `segments`.
+    public var segments: Int?
     /// `URLRules.hostKey(url)` when the caller has checked the URL already.
     public var host: String?
     /// The job's own speed limit, bytes per second (`max_speed`; nil or 0: none).
@@ -61,6 +63,10 @@ public struct EngineConfiguration: Sendable {
     public var retention = RetentionPolicy()
     /// `max_speed` and `speed_schedule` of the config file (a `set_speed` on top is the engine's).
     public var speed = GlobalSpeedPolicy()
+    /// Ranges a job fetches at once (segmented downloads), unless the job says; 1 turns them off.
+    public var segments = 4
+    /// Files with less than this left to fetch are one stream.
+    public var segmentMinSize: Int64 = 4 << 20
 
     public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
                 diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
@@ -237,7 +243,7 @@ public actor Engine {
             }
             let claimed = pending.launches
             pending = Pending()
-            if accepting { for job in claimed { startTransfer(job) } }
+            if accepting { startTransfers(claimed) }
         }
         return try await body()
     }
@@ -273,12 +279,12 @@ public actor Engine {
             lost = try await save(batch.saves, owned: batch.owned, publish: true).lost
         } catch {
             // The claims are committed whatever became of the other rows.
-            for job in batch.launches { startTransfer(job) }
+            startTransfers(batch.launches)
             throw error
         }
         // Rows that became `waiting` are committed now: the wake-up can see them.
         try await armWakeUp()
-        for job in batch.launches { startTransfer(job) }
+        startTransfers(batch.launches)
         for notice in batch.notices where notice.jobID.map({ !lost.contains($0) }) ?? true { onFinished?(notice) }
     }
 

@@ -42,7 +42,7 @@ public enum JobJSON {
     /// in this order.
     static let keys = [
         "attempts", "checksum", "created_at", "digest", "error", "final_url", "finished_at", "group", "headers", "id",
-        "insecure", "key", "max_speed", "meta", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "received",
+        "insecure", "key", "max_speed", "meta", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "ranges", "received",
         "sha256", "size", "speed", "state", "tls", "updated_at", "url", "wait_reason", "worker",
     ]
 
@@ -81,6 +81,7 @@ public enum JobJSON {
             .string(job.path),
             .int(Int64(job.priority)),
             progress,
+            ranges(job),
             .int(received),
             job.sha256.map { .string($0) } ?? .null,
             size.map { .int($0) } ?? .null,
@@ -92,6 +93,12 @@ public enum JobJSON {
             job.waitReason.map { .string($0.rawValue) } ?? .null,
             job.state == .running ? job.worker.map { .string($0) } ?? .null : .null,
         ]
+    }
+
+    /// A segmented download's committed ranges, `[start, done, end]` each; null for one stream.
+    private static func ranges(_ job: Job) -> JSONValue {
+        guard let stored = job.segments, let size = job.size, let layout = SegmentLayout(encoded: stored, size: size) else { return .null }
+        return .array(layout.segments.map { .array([.int($0.start), .int($0.done), .int($0.end)]) })
     }
 
     /// A job's own TLS files; the ones it did not give are null.

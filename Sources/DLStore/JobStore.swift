@@ -263,6 +263,11 @@ public final class JobStore: JobTable {
                 CREATE INDEX jobs_standalone_queue ON jobs(priority DESC, id) WHERE state = 'queued' AND group_id IS NULL
                 """)
         }
+        migrator.registerMigration("v9-segments") { db in
+            // A segmented download's ranges, each synced up to its own offset (SegmentLayout's
+            // stored form); NULL for one stream of `received` bytes.
+            try db.execute(sql: "ALTER TABLE jobs ADD COLUMN segments TEXT")
+        }
         return migrator
     }
 
@@ -466,7 +471,8 @@ public final class JobStore: JobTable {
                     received = ?, error_code = ?, error_message = ?, attempts = ?, updated_at = ?,
                     finished_at = ?, next_attempt_at = ?, key = ?, meta = ?, headers = ?, overwrite = ?,
                     final_url = ?, etag = ?, last_modified = ?, accepts_ranges = ?, checksum = ?, expected_size = ?,
-                    sha256 = ?, digest = ?, progress_at = ?, staging_path = ?, options = ?, worker = ?, lease_until = ?
+                    sha256 = ?, digest = ?, progress_at = ?, staging_path = ?, options = ?, worker = ?, lease_until = ?,
+                    segments = ?
                 WHERE id = ?
                 """
         ).execute(
@@ -479,7 +485,7 @@ public final class JobStore: JobTable {
                 job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.stagingPath, encodeOptions(job.options),
                 // A worker holds a job only while it runs it.
                 job.state == .running ? job.worker : nil,
-                job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil, job.id,
+                job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil, job.segments, job.id,
             ])
     }
 
@@ -489,7 +495,7 @@ public final class JobStore: JobTable {
         id, url, path, state, wait_reason, priority, size, received, error_code, error_message, attempts, \
         created_at, updated_at, finished_at, next_attempt_at, key, meta, headers, overwrite, final_url, etag, \
         last_modified, accepts_ranges, checksum, expected_size, sha256, digest, progress_at, group_id, \
-        staging_path, options, worker, lease_until
+        staging_path, options, worker, lease_until, segments
         """
 
     /// The jobs a `SELECT \(jobColumns) …` statement returns, read with SQLite's C API:
@@ -547,7 +553,7 @@ public final class JobStore: JobTable {
             checksum: row.text(23).flatMap { try? Checksum.parse($0).get() }, expectedSize: row.int(24),
             sha256: row.text(25), digest: row.text(26), progressAt: date(27),
             groupID: row.int(28), stagingPath: row.text(29), options: decodeOptions(row.text(30)),
-            worker: row.text(31), leaseUntil: date(32))
+            worker: row.text(31), leaseUntil: date(32), segments: row.text(33))
     }
 
     // The JSON columns hold their empty values for almost every job: those skip the coder,
@@ -555,9 +561,9 @@ public final class JobStore: JobTable {
 
     static func encodeOptions(_ options: JobOptions) -> String {
         if options == JobOptions() { return "{}" }
-        if options.tls != nil || options.maxSpeed != nil {
-            // Rare (a job with its own TLS files or speed limit): the coder writes it, and an older dld that
-            // reads the row ignores the key it does not know.
+        if options.tls != nil || options.maxSpeed != nil || options.segments != nil {
+            // Rare (a job with its own TLS files, speed limit or `segments`): the coder writes
+            // it, and an older dld that reads the row ignores the key it does not know.
             return (try? JSONEncoder().encode(options)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
         }
         return "{\"automaticName\":\(options.automaticName),\"renameIfTaken\":\(options.renameIfTaken),\"insecure\":\(options.insecure)}"
@@ -609,18 +615,19 @@ extension JobStore {
     /// small transaction. Callers sync the bytes first (durability rule 2).
     @discardableResult
     public func checkpoint(
-        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date, owner: String?
+        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, segments: String?, now: Date,
+        owner: String?
     ) async throws -> Bool {
         try await pool.write { db in
             try db.execute(
                 sql: """
                     UPDATE jobs SET progress_at = CASE WHEN ? > received THEN ? ELSE progress_at END,
                         received = ?, size = ?, etag = ?, last_modified = ?, accepts_ranges = ?,
-                        final_url = COALESCE(?, final_url)
+                        final_url = COALESCE(?, final_url), segments = ?
                     WHERE id = ? AND state = 'running' AND (? IS NULL OR worker = ?)
                     """,
                 arguments: [received, now.timeIntervalSince1970, received, size, validators.etag, validators.lastModified,
-                            validators.acceptsRanges, finalURL, id, owner, owner])
+                            validators.acceptsRanges, finalURL, segments, id, owner, owner])
             return db.changesCount > 0
         }
     }

@@ -57,13 +57,14 @@ public protocol JobTable: Sendable {
     /// With `publish: false` the events are returned instead of published.
     @discardableResult
     func save(_ jobs: [Job], publish: Bool) async throws -> [StoredEvent]
-    /// Records a running transfer's synced progress (counters and validators) while the row
-    /// is still `running` (and, when `owner` is given, still `owner`'s: a worker whose lease
-    /// was taken never writes over the new owner's offset). Returns whether the row was
-    /// written. Callers sync the bytes first (durability rule 2).
+    /// Records a running transfer's synced progress (counters, validators, and a segmented
+    /// download's ranges) while the row is still `running` (and, when `owner` is given, still
+    /// `owner`'s: a worker whose lease was taken never writes over the new owner's offset).
+    /// Returns whether the row was written. Callers sync the bytes first (durability rule 2).
     @discardableResult
     func checkpoint(
-        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date, owner: String?
+        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, segments: String?, now: Date,
+        owner: String?
     ) async throws -> Bool
     /// Applies `command` to every selected job in a state it changes, with one event each;
     /// `first` rows are written in the same transaction, before the command.
@@ -242,12 +243,20 @@ extension JobTable {
     }
 
     public func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?) async throws {
-        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, now: Date(), owner: nil)
+        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: Date(), owner: nil)
     }
 
     /// A checkpoint of a daemon that does not claim (no owner check).
     public func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date) async throws {
-        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, now: now, owner: nil)
+        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: now, owner: nil)
+    }
+
+    /// A checkpoint of one stream (no ranges), for a worker that owns the job.
+    @discardableResult
+    public func checkpoint(
+        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date, owner: String?
+    ) async throws -> Bool {
+        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: now, owner: owner)
     }
 
     @discardableResult

@@ -199,13 +199,15 @@ extension PostgresJobStore {
 
     @discardableResult
     public func checkpoint(
-        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date, owner: String?
+        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, segments: String?, now: Date,
+        owner: String?
     ) async throws -> Bool {
         try await !rows(
             """
             UPDATE jobs SET progress_at = CASE WHEN \(received)::bigint > received THEN \(now.timeIntervalSince1970) ELSE progress_at END,
                 received = \(received), size = \(size), etag = \(text: validators.etag), last_modified = \(text: validators.lastModified),
-                accepts_ranges = \(validators.acceptsRanges), final_url = COALESCE(\(text: finalURL), final_url)
+                accepts_ranges = \(validators.acceptsRanges), final_url = COALESCE(\(text: finalURL), final_url),
+                segments = \(text: segments)
             WHERE id = \(id) AND state = 'running' AND (\(text: owner)::text IS NULL OR worker = \(text: owner))
             RETURNING id
             """).isEmpty

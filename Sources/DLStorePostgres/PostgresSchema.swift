@@ -105,6 +105,11 @@ enum PostgresSchema {
             "CREATE INDEX jobs_running_by_worker ON jobs (worker) WHERE state = 'running'",
             "CREATE INDEX jobs_running_by_lease ON jobs (lease_until) WHERE state = 'running'",
         ]),
+        ("v3-segments", [
+            // A segmented download's ranges, each synced up to its own offset (SegmentLayout's
+            // stored form); NULL for one stream of `received` bytes.
+            "ALTER TABLE jobs ADD COLUMN segments text",
+        ]),
     ]
 
     /// Applies the migrations this database lacks, in one transaction, under an advisory lock:

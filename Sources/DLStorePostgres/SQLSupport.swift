@@ -156,7 +156,7 @@ enum Columns {
         id, url, path, state, wait_reason, priority, size, received, error_code, error_message, attempts, \
         created_at, updated_at, finished_at, next_attempt_at, key, meta, headers, overwrite, final_url, etag, \
         last_modified, accepts_ranges, checksum, expected_size, sha256, digest, progress_at, group_id, \
-        staging_path, options, worker, lease_until
+        staging_path, options, worker, lease_until, segments
         """
 
     static let group = "id, name, dir, staging, priority, closed, error_code, error_message, created_at, updated_at, finished_at"
@@ -192,7 +192,8 @@ enum Columns {
             groupID: try cells[28].decode(Int64?.self), stagingPath: try cells[29].decode(String?.self),
             options: ColumnCoding.options(from: try cells[30].decode(String.self)),
             worker: try cells[31].decode(String?.self),
-            leaseUntil: try cells[32].decode(Double?.self).map(Date.init(timeIntervalSince1970:)))
+            leaseUntil: try cells[32].decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
+            segments: try cells[33].decode(String?.self))
     }
 
     static func group(_ row: PostgresRow) throws -> JobGroup {

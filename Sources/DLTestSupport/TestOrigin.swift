@@ -8,7 +8,10 @@
 //                                 linger=MS (a drop closes MS after its last byte, not at once),
 //                                 nolength (no Content-Length: chunked, the size is unknown),
 //                                 overlong=K (a 206 body runs K bytes past the total its
-//                                 Content-Range announces; Content-Length covers them).
+//                                 Content-Range announces; Content-Length covers them),
+//                                 ranges_for=K (Range is honoured for the first K ranged
+//                                 requests to that path, then ignored: 200 and the whole body).
+//                                 `rate` (bytes/s) throttles each response, so each connection.
 //   /status/<CODE>                that status and a short text body; query retry_after.
 //   /redirect/<K>?to=<url>        302 chain of K more hops, then Location: <url>.
 //   /loop                         302 Location: /loop, forever.
@@ -597,7 +600,7 @@ final class OriginHandler: ChannelInboundHandler {
 
     private func serveBytes(context: ChannelHandlerContext, request: HTTPRequestHead, size: Int64, query: Query) {
         var numbers: [String: Int64] = [:]
-        for key in ["rate", "drop_after", "stall_after", "length", "overlong", "linger"] {
+        for key in ["rate", "drop_after", "stall_after", "length", "overlong", "linger", "ranges_for"] {
             switch query.int(key) {
             case .absent:
                 continue
@@ -639,6 +642,10 @@ final class OriginHandler: ChannelInboundHandler {
             if let ifRange = request.headers.first(name: "if-range") {
                 let v = ifRange.trimmingCharacters(in: .whitespaces)
                 apply = v == etag || v == lastModifiedValue
+            }
+            if let honoured = numbers["ranges_for"] {
+                let path = request.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? request.uri
+                if state.hit("ranges:" + path) > honoured { apply = false }
             }
             if apply {
                 switch parseRange(rangeValue, size: size) {

@@ -29,6 +29,11 @@ public struct TransferRequest: Sendable {
     public var netrc: [NetrcEntry] = []
     public var diskSpace = DiskSpacePolicy()
     public var checkpoints = CheckpointPolicy()
+    /// How many ranges at once, from what size (segmented downloads).
+    public var segmentation = SegmentSettings()
+    /// The ranges a segmented download had synced (`SegmentLayout.encoded`); nil: one stream
+    /// of `offset` bytes.
+    public var segmentLayout: String?
 
     public init(jobID: JobID, url: String, headers: [HeaderField], path: String, overwrite: Bool,
                 offset: Int64, size: Int64?, validators: Validators, checksum: Checksum? = nil) {
@@ -48,8 +53,10 @@ public struct TransferRequest: Sendable {
 
 /// What a transfer knows that the job table should record.
 public struct TransferCheckpoint: Sendable, Equatable {
-    /// Bytes on disk and synced.
+    /// Bytes on disk and synced (with `segments`, in all ranges together).
     public var received: Int64
+    /// The ranges of a segmented download that is not finished; nil for one stream.
+    public var segments: String?
     public var size: Int64?
     public var validators: Validators
     public var finalURL: String?
@@ -122,7 +129,7 @@ public struct DownloaderConfiguration: Sendable {
 public final class Downloader: Sendable {
     public let configuration: DownloaderConfiguration
     private let clients = NIOLockedValueBox(Clients())
-    private let logger: Logger
+    let logger: Logger
     /// The speed limits every transfer of this downloader keeps to (`max_speed`).
     public let limiter = SpeedLimiter()
 
@@ -245,6 +252,7 @@ public final class Downloader: Sendable {
                 try file.syncData()
             } catch let syncFailure {
                 state.received = 0
+                state.segments = nil
                 return .failed(syncFailure, state.checkpoint)
             }
             if Task.isCancelled { return .stopped(state.checkpoint) }
@@ -279,8 +287,10 @@ public final class Downloader: Sendable {
         return Self.classify(error, target: target, timeouts: configuration)
     }
 
-    private struct AttemptState {
+    struct AttemptState {
         var received: Int64
+        /// A segmented download's ranges (stored form); nil for one stream of `received` bytes.
+        var segments: String?
         var size: Int64?
         var validators: Validators
         var finalURL: String?
@@ -295,13 +305,14 @@ public final class Downloader: Sendable {
                 received: received, size: size, validators: validators, finalURL: finalURL.map(URLRules.redacted),
                 proposedName: proposedName)
             checkpoint.startedOver = startedOver
+            checkpoint.segments = segments
             return checkpoint
         }
     }
 
     /// The bytes on disk cannot be continued: says why (the job's `error`, `started_over`, live
     /// in `status` and kept if the attempt ends early), before the caller cuts the file to 0.
-    private func startingOver(_ reason: String, state: inout AttemptState, progress: TransferProgress, job: JobID) {
+    func startingOver(_ reason: String, state: inout AttemptState, progress: TransferProgress, job: JobID) {
         guard state.received > 0 else { return }
         let error = JobError(
             code: "started_over", message: "downloading again from byte 0 from \(hostName(state)) (\(state.received) bytes dropped): \(reason)")
@@ -340,6 +351,17 @@ public final class Downloader: Sendable {
         progress: TransferProgress,
         checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
+        if let stored = request.segmentLayout {
+            if let size = state.size, let layout = SegmentLayout(encoded: stored, size: size),
+               state.validators.acceptsRanges, state.validators.ifRange != nil {
+                try await resumeRanges(request, layout: layout, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
+                return
+            }
+            // Ranges that cannot be read back prove nothing: the file starts over.
+            logger.info("stored ranges unusable; starting over", metadata: ["job": "\(request.jobID)"])
+            try file.truncate(to: 0)
+            state.received = 0
+        }
         // Durability rule 3: the partial file is cut back to the committed offset; bytes past
         // it were never recorded and may be garbage.
         let onDisk = try file.size()
@@ -415,68 +437,80 @@ public final class Downloader: Sendable {
         // Digests continue over the bytes already on disk, read back once per attempt.
         try digests.rebuild(from: file, upTo: state.received)
 
-        let clock = ContinuousClock()
-        var lastCheckpoint = clock.now
-        var checkpointed = state.received
-        var offset = state.received
-        // A checkpoint syncs and commits on a pool thread while the body keeps streaming, so
-        // the disk flushes while the network delivers. At most one is in flight; it is always
-        // awaited before this function returns, because it uses the file descriptor.
-        var inFlight: Task<Void, any Error>? = nil
+        let workers = Self.segmentable(state.validators, size: state.size, received: state.received, settings: request.segmentation)
+            ? request.segmentation.count : 1
+        // The host's other slots are given back at once when the file is one stream.
+        progress.connections = workers
+        let layout: SegmentLayout
+        if workers > 1, let size = state.size {
+            layout = SegmentLayout(
+                size: size, prefix: state.received,
+                piece: SegmentLayout.pieceSize(size: size - state.received, workers: workers, minPiece: request.segmentation.minPiece))
+        } else {
+            layout = SegmentLayout(size: state.size ?? Int64.max, prefix: state.received)
+        }
+        try await streamExplained(
+            request, file: file, state: &state, digests: digests, layout: layout, workers: workers, first: response,
+            progress: progress, checkpoint: checkpoint)
+    }
+
+    /// A segmented download resumed: every range continues from its own synced offset, each
+    /// with its own ranged request (If-Range: the same file, or the whole of it).
+    private func resumeRanges(
+        _ request: TransferRequest, layout stored: SegmentLayout, file: PartialFile, state: inout AttemptState, digests: Digests,
+        progress: TransferProgress, checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
+    ) async throws {
+        // Durability rule 3, per range: bytes past a range's synced offset are overwritten by
+        // its next request; a file shorter than a range's offset lowers it.
+        let onDisk = try file.size()
+        var layout = stored.clamped(toFileSize: onDisk)
+        if onDisk > layout.furthest { try file.truncate(to: layout.furthest) }
+        // The ranges nobody started are taken in file order again, as in a fresh download.
+        let workers = max(1, request.segmentation.count)
+        if workers > 1 {
+            layout = layout.cut(piece: SegmentLayout.pieceSize(
+                size: layout.size - layout.written, workers: workers, minPiece: request.segmentation.minPiece))
+        }
+        state.received = layout.written
+        state.segments = layout.encoded
+        progress.update(received: state.received, size: state.size)
+        try reserveSpace(request, file: file, state: state, from: layout.prefix)
+        // The digests continue over the contiguous prefix, read back once per attempt.
+        try digests.rebuild(from: file, upTo: layout.prefix)
+        try await streamExplained(
+            request, file: file, state: &state, digests: digests, layout: layout, workers: workers,
+            first: nil, progress: progress, checkpoint: checkpoint)
+    }
+
+    /// `stream`, with the client's errors told as a user needs them: a body cut short is
+    /// `truncated`, whatever way the client reports it.
+    private func streamExplained(
+        _ request: TransferRequest, file: PartialFile, state: inout AttemptState, digests: Digests, layout: SegmentLayout,
+        workers: Int, first: HTTPClientResponse?, progress: TransferProgress,
+        checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
+    ) async throws {
         do {
-            for try await chunk in response.body {
-                // The one place a transfer meets the speed limits: it sleeps here (reading
-                // nothing more) while it is ahead of them.
-                try await limiter.take(chunk.readableBytes, job: request.jobID)
-                try chunk.withUnsafeReadableBytes { bytes throws(TransferFailure) in
-                    try file.write(bytes, at: offset)
-                    digests.update(bytes)
-                }
-                offset += Int64(chunk.readableBytes)
-                if let size = state.size, offset > size {
-                    state.received = size
-                    throw TransferFailure(.transient(.retry), "length_mismatch", "\(hostName(state)) sent more than the \(size) bytes it announced")
-                }
-                state.received = offset
-                progress.update(received: offset, size: state.size)
-                let now = clock.now
-                let elapsed = now - lastCheckpoint
-                if request.checkpoints.isDue(elapsed: elapsed.seconds, bytesSince: offset - checkpointed) {
-                    try await inFlight?.value
-                    let (fd, path, snapshot) = (file.descriptor, file.path, state.checkpoint)
-                    inFlight = Task { try await PartialFile.syncData(fd: fd, path: path, snapshot, then: checkpoint) }
-                    lastCheckpoint = now
-                    checkpointed = offset
-                    try checkFloor(request)
-                }
-            }
+            try await stream(request, file: file, state: &state, digests: digests, layout: layout, workers: workers, first: first,
+                             progress: progress, checkpoint: checkpoint)
         } catch {
-            _ = try? await inFlight?.value
             if error is TransferFailure || error is CancellationError || Task.isCancelled { throw error }
-            // The client reports a body cut short in several ways; what matters to the user is
-            // that the server stopped before the announced length.
             let classified = await explain(error, request: request, target: state.target, proxy: state.proxy)
             if let size = state.size, state.received < size, classified.error.code != "timeout", classified.kind != .permanent {
                 throw TransferFailure(.transient(.network), "truncated", "the connection to \(hostName(state)) ended after \(state.received) of \(size) bytes (\(classified.error.message))")
             }
             throw classified
         }
-        try await inFlight?.value
-        if let size = state.size, state.received != size {
-            throw TransferFailure(.transient(.network), "truncated", "the connection to \(hostName(state)) ended after \(state.received) of \(size) bytes")
-        }
-        state.size = state.received
-        progress.update(received: state.received, size: state.size)
     }
 
     static func digestFailure(_ path: String) -> TransferFailure {
         TransferFailure(.permanent, "digest_error", "OpenSSL's libcrypto could not start a digest for \(path); check dld's OpenSSL installation (libssl)")
     }
 
-    private func hostName(_ state: AttemptState) -> String { state.target?.host ?? "the server" }
+    func hostName(_ state: AttemptState) -> String { state.target?.host ?? "the server" }
 
     /// Sends the request for `from` onwards, following redirects ourselves.
-    private func fetch(_ request: TransferRequest, state: inout AttemptState, rangeFrom offset: Int64) async throws -> HTTPClientResponse {
+    /// With `rangeEnd`, asks for `[offset, rangeEnd)` only (a range of a segmented download).
+    func fetch(_ request: TransferRequest, state: inout AttemptState, rangeFrom offset: Int64, rangeEnd: Int64? = nil) async throws -> HTTPClientResponse {
         var current = request.url
         var hops = 0
         let origin = URL(string: request.url)?.host?.lowercased()
@@ -515,8 +549,9 @@ public final class Downloader: Sendable {
                 http.headers.replaceOrAdd(name: "Authorization", value: "Basic \(basic)")
             }
             http.headers.replaceOrAdd(name: "Accept-Encoding", value: "identity")
-            if offset > 0 {
-                http.headers.replaceOrAdd(name: "Range", value: "bytes=\(offset)-")
+            if offset > 0 || rangeEnd != nil {
+                let last = rangeEnd.map { String($0 - 1) } ?? ""
+                http.headers.replaceOrAdd(name: "Range", value: "bytes=\(offset)-\(last)")
                 if let validator = state.validators.ifRange {
                     http.headers.replaceOrAdd(name: "If-Range", value: validator)
                 }
@@ -542,20 +577,21 @@ public final class Downloader: Sendable {
 
     /// Before the body: the low-space floor plus what the job still needs must be free, and a
     /// known size is reserved with fallocate, so a full disk shows now and not at 99 %.
-    private func reserveSpace(_ request: TransferRequest, file: PartialFile, state: AttemptState) throws {
+    func reserveSpace(_ request: TransferRequest, file: PartialFile, state: AttemptState, from start: Int64? = nil) throws {
         let remaining = state.size.map { $0 - state.received }
         let folder = (request.path as NSString).deletingLastPathComponent
         if let free = FileSystem.freeBytes(folder), !request.diskSpace.allows(free: free, remaining: remaining) {
             throw TransferFailure(.transient(.diskSpace), "disk_space",
                 "\(folder) has \(free) bytes free; this job needs \(remaining.map(String.init) ?? "an unknown number of") more and \(request.diskSpace.minFree) must stay free")
         }
-        if let size = state.size, size > state.received {
-            try file.reserve(from: state.received, length: size - state.received)
+        let from = start ?? state.received
+        if let size = state.size, size > from {
+            try file.reserve(from: from, length: size - from)
         }
     }
 
     /// While the body streams: the floor must hold (another program may fill the disk).
-    private func checkFloor(_ request: TransferRequest) throws {
+    func checkFloor(_ request: TransferRequest) throws {
         let folder = (request.path as NSString).deletingLastPathComponent
         if let free = FileSystem.freeBytes(folder), free < request.diskSpace.minFree {
             throw TransferFailure(.transient(.diskSpace), "disk_space",
@@ -563,12 +599,12 @@ public final class Downloader: Sendable {
         }
     }
 
-    private func expect200(_ response: HTTPClientResponse, host: String) throws {
+    func expect200(_ response: HTTPClientResponse, host: String) throws {
         let status = Int(response.status.code)
         guard status == 200 else { throw statusFailure(status, response.status.reasonPhrase, response.headers, host: host) }
     }
 
-    private func take(_ headers: HTTPHeaders, into state: inout AttemptState) {
+    func take(_ headers: HTTPHeaders, into state: inout AttemptState) {
         state.size = headers.first(name: "content-length").flatMap { Int64($0) }
         if let disposition = headers.first(name: "content-disposition"), let name = ContentDisposition.filename(disposition) {
             // Untrusted: no separators, control or bidi characters, leading dots, or .part.
@@ -581,7 +617,7 @@ public final class Downloader: Sendable {
         state.validators = validators
     }
 
-    private func statusFailure(_ status: Int, _ reason: String, _ headers: HTTPHeaders, host: String) -> TransferFailure {
+    func statusFailure(_ status: Int, _ reason: String, _ headers: HTTPHeaders, host: String) -> TransferFailure {
         TransferFailure(
             HTTPFailurePolicy.kind(forStatus: status), "http_status",
             HTTPFailurePolicy.message(host: host, status: status, reason: reason),

@@ -70,6 +70,45 @@ public final class PartialFile {
         }
     }
 
+    /// The descriptor and name, for the workers of a segmented download: each writes its own
+    /// range with `pwrite`, which needs no shared position.
+    var writer: Writer { Writer(fd: fd, path: path) }
+
+    /// Positioned I/O on a partial file that its owner keeps open while any copy is in use.
+    struct Writer: Sendable {
+        let fd: Int32
+        let path: String
+
+        func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(TransferFailure) {
+            var done = 0
+            while done < bytes.count {
+                let n = pwrite(fd, bytes.baseAddress.map { $0 + done }, bytes.count - done, off_t(offset) + off_t(done))
+                if n < 0 {
+                    if errno == EINTR { continue }
+                    throw PartialFile.failure("write", path, errno)
+                }
+                done += n
+            }
+        }
+
+        /// Reads `range` in blocks of up to 1 MiB into `buffer` (kept by the caller, so that a
+        /// reader allocates once).
+        func read(_ range: Range<Int64>, buffer: inout [UInt8], _ body: (UnsafeRawBufferPointer) -> Void) throws(TransferFailure) {
+            var offset = range.lowerBound
+            while offset < range.upperBound {
+                let want = Int(min(Int64(buffer.count), range.upperBound - offset))
+                let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress, want, off_t(offset)) }
+                if n < 0 {
+                    if errno == EINTR { continue }
+                    throw PartialFile.failure("read", path, errno)
+                }
+                if n == 0 { throw TransferFailure(.permanent, "file_error", "\(path) is shorter than the \(range.upperBound) bytes written to it") }
+                buffer.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
+                offset += Int64(n)
+            }
+        }
+    }
+
     /// Reserves blocks for the rest of a known size without changing the file's size (so the
     /// size still says how far the data goes). Filesystems without fallocate are left alone.
     public func reserve(from offset: Int64, length: Int64) throws(TransferFailure) {

@@ -21,6 +21,7 @@ public final class TransferProgress: Sendable {
         var windowStart: ContinuousClock.Instant
         var windowBytes: Int64
         var startedOver: JobError?
+        var connections = 1
     }
 
     /// Speed is measured over windows of this length.
@@ -53,6 +54,14 @@ public final class TransferProgress: Sendable {
     /// The transfer dropped its bytes and starts over, for this reason.
     public func note(_ startedOver: JobError) {
         state.withLock { $0.startedOver = startedOver }
+    }
+
+    /// Connections the transfer holds or may open to its host: the ranges it was allowed until
+    /// it knows how many it uses (one when the file is one stream). The engine counts them
+    /// against `max_per_host`.
+    public var connections: Int {
+        get { state.withLock { $0.connections } }
+        set { state.withLock { $0.connections = max(1, newValue) } }
     }
 
     public var snapshot: Snapshot {

@@ -154,6 +154,7 @@ struct Enqueue: ParsableCommand {
     @Option(name: .customLong("client-cert"), help: "A PEM client certificate for servers that ask for one (with --client-key).") var clientCert: String?
     @Option(name: .customLong("client-key"), help: "The unencrypted PEM private key of --client-cert.") var clientKey: String?
     @Option(name: .customLong("max-speed"), help: "This job's own speed limit, bytes per second (2M, 512K; 0: none).") var maxSpeed: String?
+    @Option(help: "Byte ranges of a big file fetched at once (1...16; 1: one stream; default: the daemon's segments).") var segments: Int?
     @OptionGroup var common: Common
 
     func validate() throws {
@@ -303,8 +304,10 @@ struct Enqueue: ParsableCommand {
         if wait, let groupID { try waitFor(common: common, ids: [], group: String(groupID), timeout: nil, showProgress: true) }
     }
 
-    /// The TLS files given on the command line, as absolute paths (for a job or a group).
+    /// The TLS files given on the command line, as absolute paths, and `--segments` (for a job
+    /// or a group).
     private func addTLS(to params: inout [String: JSONValue]) {
+        if let segments { params["segments"] = .int(Int64(segments)) }
         if let caFile { params["ca_file"] = .string(absolute(caFile)) }
         if let clientCert { params["client_cert"] = .string(absolute(clientCert)) }
         if let clientKey { params["client_key"] = .string(absolute(clientKey)) }

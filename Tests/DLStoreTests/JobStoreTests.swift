@@ -210,6 +210,44 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
         }
     }
 
+    /// A segmented download's ranges are kept by checkpoints and saves, and cleared by a
+    /// checkpoint of one stream and by a resume that starts the file over.
+    @Test(arguments: Backend.allCases)
+    func segmentsAreKeptAndCleared(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            _ = try await store.insert([NewJob(url: "https://e.com/1", path: "/tmp/1")], now: t0)
+            var job = try #require(try await store.fetch(1))
+            job.state = .running
+            try await store.save(job)
+            let validators = Validators(etag: "\"v\"", acceptsRanges: true)
+            let ranges = "0-40-50,50-80-100"
+            #expect(try await store.checkpoint(1, received: 70, size: 100, validators: validators, finalURL: nil, segments: ranges,
+                                               now: t0, owner: nil))
+            var saved = try #require(try await store.fetch(1))
+            #expect(saved.segments == ranges)
+            #expect(saved.received == 70)
+            // A whole-row save keeps them (a pause, say).
+            saved.state = .paused
+            try await store.save(saved)
+            #expect(try await store.fetch(1)?.segments == ranges)
+            // A checksum mismatch, then resume: the file starts over, ranges and all.
+            saved = try #require(try await store.fetch(1))
+            saved.state = .failed
+            saved.error = JobError(code: "checksum_mismatch", message: "x")
+            try await store.save(saved)
+            _ = try await store.apply(.resume, to: .ids([1]), now: t0)
+            let resumed = try #require(try await store.fetch(1))
+            #expect(resumed.segments == nil)
+            #expect(resumed.received == 0)
+            // One stream writes no ranges.
+            var running = resumed
+            running.state = .running
+            try await store.save(running)
+            try await store.checkpoint(1, received: 10, size: 100, validators: validators, finalURL: nil, now: t0, owner: nil)
+            #expect(try await store.fetch(1)?.segments == nil)
+        }
+    }
+
     /// A save writes one event for each row whose state changed (with its reason and error),
     /// none for a row whose state stayed; events are numbered from 1, in order.
     @Test(arguments: Backend.allCases)

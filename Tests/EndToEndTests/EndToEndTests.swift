@@ -49,13 +49,14 @@ func expectOriginBytes(at path: String, count: Int, sourceLocation: SourceLocati
     }
 
     /// Pause keeps the bytes; resume asks only for the rest (Range + If-Range) and completes.
+    /// One stream (`segments: 1`); SegmentedTests pauses a download of several ranges.
     @Test func pauseAndResume() async throws {
         try await withOrigin { origin in
             let daemon = try DaemonHarness()
             try daemon.start()
             defer { daemon.stop() }
             let size = 6 << 20
-            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?rate=3000000"), "name": "slow.bin"])
+            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?rate=3000000"), "name": "slow.bin", "segments": 1])
             try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 512 << 10 }
             let paused = try daemon.dlctl(["pause", "\(id)"])
             #expect(paused.status == 0, "\(paused.stderr)")

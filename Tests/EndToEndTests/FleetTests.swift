@@ -141,6 +141,8 @@ import Testing
             let size = 8 << 20
             let id = try fleet[0].enqueue([
                 "url": .string("\(origin.baseURL)/bytes/\(size)?rate=1000000"), "dir": .string(shared), "name": "slow.bin",
+                // One connection: ranges would finish it before the pause can be seen.
+                "segments": 1,
             ])
             let running = try fleet[0].waitForJob(id) { $0["state"] == "running" && $0["worker"]?.stringValue != nil }
             let runner = try #require(running["worker"]?.stringValue)

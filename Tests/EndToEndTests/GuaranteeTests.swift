@@ -43,13 +43,14 @@ func stagingFolders(in folder: String) throws -> [String] {
 
     /// SIGTERM during a transfer: the job is left `queued` with its bytes synced and committed
     /// (no checkpoint runs in this test, so the offset can only come from the shutdown), and at
-    /// the next start it continues with one range request from exactly that offset.
+    /// the next start it continues with one range request from exactly that offset. One stream
+    /// (`segments: 1`): SegmentedTests shows the same for ranges.
     @Test func sigtermDuringTransferKeepsItsBytes() async throws {
         try await withOrigin { origin in
             let daemon = try DaemonHarness(config: "checkpoint_interval = 600\nmin_free = 0\n")
             try daemon.start()
             let size = 4 << 20
-            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?rate=1000000"), "name": "term.bin"])
+            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?rate=1000000"), "name": "term.bin", "segments": 1])
             try daemon.waitForJob(id) { $0["state"] == "running" && ($0["received"]?.int64Value ?? 0) > 300_000 }
             #expect(daemon.stop() == 0, "\(daemon.log.suffix(2000))")
             let partial = daemon.downloadDir + "/term.bin.part"

@@ -81,7 +81,8 @@ import Testing
             // Slow enough never to finish during the test, however slow the machine.
             let size = 64 << 20
             let slow = (0..<3).map { n -> JSONValue in
-                ["url": .string("\(origin.baseURL)/bytes/\(size)?rate=200000"), "name": .string("slow\(n)")]
+                // One stream each: the partial file's size is then its committed bytes.
+                ["url": .string("\(origin.baseURL)/bytes/\(size)?rate=200000"), "name": .string("slow\(n)"), "segments": 1]
             }
             _ = try daemon.call("enqueue", ["jobs": .array(slow)])
             for part in 0..<2 {

@@ -100,13 +100,15 @@ import Testing
 
     /// A running job gets a new URL whose server has the same strong ETag: the transfer starts
     /// again from the bytes it had (a range with If-Range), and the new URL serves only the rest.
+    /// One stream (`segments: 1`), so that the rest is one request (segmented resumes are
+    /// SegmentedTests' subject).
     @Test func changedURLWithSameValidatorsKeepsTheBytes() async throws {
         try await withOrigin { origin in
             let daemon = try DaemonHarness()
             try daemon.start()
             defer { daemon.stop() }
             let id = try daemon.enqueue([
-                "url": .string("\(origin.baseURL)/bytes/\(Self.size)?token=old"), "name": "kept.bin", "max_speed": 262144,
+                "url": .string("\(origin.baseURL)/bytes/\(Self.size)?token=old"), "name": "kept.bin", "max_speed": 262144, "segments": 1,
             ])
             try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) >= 300_000 }
             let newURI = "/bytes/\(Self.size)?token=new"
@@ -137,7 +139,7 @@ import Testing
             try daemon.start()
             defer { daemon.stop() }
             let id = try daemon.enqueue([
-                "url": .string("\(origin.baseURL)/bytes/\(Self.size)?etag=first"), "name": "again.bin", "max_speed": 262144,
+                "url": .string("\(origin.baseURL)/bytes/\(Self.size)?etag=first"), "name": "again.bin", "max_speed": 262144, "segments": 1,
             ])
             try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) >= 300_000 }
             let newURI = "/bytes/\(Self.size)?etag=second"
@@ -156,7 +158,7 @@ import Testing
 
             // Paused, then changed: the next start finds another ETag and starts over.
             let paused = try daemon.enqueue([
-                "url": .string("\(origin.baseURL)/bytes/\(Self.size)?etag=one"), "name": "paused.bin", "max_speed": 262144,
+                "url": .string("\(origin.baseURL)/bytes/\(Self.size)?etag=one"), "name": "paused.bin", "max_speed": 262144, "segments": 1,
             ])
             try daemon.waitForJob(paused) { ($0["received"]?.int64Value ?? 0) >= 300_000 }
             _ = try daemon.call("pause", ["id": .int(paused)])

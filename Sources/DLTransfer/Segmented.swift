@@ -1,0 +1,367 @@
+import AsyncHTTPClient
+import DLCore
+import Foundation
+import NIOCore
+import Synchronization
+
+/// How many byte ranges one job fetches at once (segmented downloads), and from what size.
+public struct SegmentSettings: Sendable, Equatable {
+    /// Ranges fetched at once, at most; 1 fetches one stream. The engine lowers it while the
+    /// host is busy: every range holds one of the host's `max_per_host` slots.
+    public var count: Int
+    /// A file with less than this left to fetch is one stream: a range costs a request.
+    public var minSize: Int64
+    /// No range is split into pieces smaller than this.
+    public var minPiece: Int64
+
+    public init(count: Int = 1, minSize: Int64 = 4 << 20, minPiece: Int64 = 1 << 20) {
+        self.count = count
+        self.minSize = minSize
+        self.minPiece = minPiece
+    }
+}
+
+/// A ranged request was answered with the whole file (200: the server no longer honours
+/// ranges, or the file changed and If-Range said so), or with a range it was not asked for.
+/// The attempt goes on as one stream from the start; bytes already written are not trusted.
+struct SegmentFallback: Error {
+    /// The 200 answer, whose body is the whole file; nil when a new request is needed.
+    var response: HTTPClientResponse?
+    var reason: String
+}
+
+/// The digests of an attempt, handed between the workers of a segmented download. Only the
+/// worker that holds the planner's hashing role touches them, and the role passes through the
+/// planner's mutex, which orders one holder's updates before the next one's.
+final class DigestRole: @unchecked Sendable {
+    let digests: Digests
+    init(_ digests: Digests) { self.digests = digests }
+}
+
+/// What the workers of one attempt share: the planner and the checkpoint in flight.
+final class StreamRun: Sendable {
+    struct State {
+        var planner: SegmentPlanner
+        var lastCheckpoint: ContinuousClock.Instant
+        var checkpointed: Int64
+        /// A sync and commit running off the cooperative threads; at most one.
+        var inFlight: Task<Void, any Error>?
+        var checkpointing = false
+        /// A checkpoint that failed (a lost lease, a failed sync): every worker stops.
+        var failure: (any Error)?
+    }
+
+    let state: Mutex<State>
+    let file: PartialFile.Writer
+    let digests: DigestRole
+    /// The file's size; nil when the server did not say (one stream, to its end).
+    let size: Int64?
+    let clock = ContinuousClock()
+
+    init(planner: SegmentPlanner, file: PartialFile.Writer, digests: DigestRole, size: Int64?) {
+        state = Mutex(State(planner: planner, lastCheckpoint: ContinuousClock.now, checkpointed: planner.written))
+        self.file = file
+        self.digests = digests
+        self.size = size
+    }
+
+    var planner: SegmentPlanner { state.withLock { $0.planner } }
+
+    /// The transfer's checkpoint for these ranges: ranges are stored only while they are not
+    /// one stream from the start.
+    static func checkpoint(_ base: TransferCheckpoint, layout: SegmentLayout, size: Int64?) -> TransferCheckpoint {
+        var checkpoint = base
+        checkpoint.received = layout.written
+        let compact = layout.compacted
+        checkpoint.segments = compact.segments.count > 1 ? compact.encoded : nil
+        if size != nil { checkpoint.size = layout.size }
+        return checkpoint
+    }
+}
+
+extension Downloader {
+    /// Whether the rest of this file is fetched as several ranges: the server takes ranges,
+    /// a validator guards them (If-Range), the size is known and enough is left.
+    static func segmentable(_ validators: Validators, size: Int64?, received: Int64, settings: SegmentSettings) -> Bool {
+        guard settings.count > 1, let size, validators.acceptsRanges, validators.ifRange != nil else { return false }
+        return size - received >= settings.minSize
+    }
+
+    /// Streams the file into its partial file with up to `workers` ranges at once, from
+    /// `layout` on: `first` is an answer already open at the first unfinished byte (its body
+    /// is the first range's stream), else every range starts with a request of its own.
+    /// On return `state` holds what is written (not yet synced: the caller syncs).
+    func stream(
+        _ request: TransferRequest, file: PartialFile, state: inout AttemptState, digests: Digests, layout: SegmentLayout,
+        workers: Int, first: HTTPClientResponse?, progress: TransferProgress,
+        checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
+    ) async throws {
+        let run = StreamRun(
+            planner: SegmentPlanner(layout, minPiece: request.segmentation.minPiece), file: file.writer,
+            digests: DigestRole(digests), size: state.size)
+        let template = state
+        let base = state.checkpoint
+        do {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                let firstSlot = first == nil ? nil : run.state.withLock { $0.planner.take() }
+                for worker in 0..<max(1, workers) {
+                    let opened: (Int, HTTPClientResponse)? = worker == 0 ? firstSlot.flatMap { slot in first.map { (slot, $0) } } : nil
+                    group.addTask {
+                        try await self.work(opened, run: run, request: request, template: template, base: base,
+                                            progress: progress, checkpoint: checkpoint)
+                    }
+                }
+                try await group.waitForAll()
+            }
+        } catch let fallback as SegmentFallback {
+            _ = try? await run.state.withLock({ $0.inFlight })?.value
+            let reason = fallback.reason
+            logger.notice("segmented download falls back to one stream from the start", metadata: ["job": "\(request.jobID)", "reason": "\(reason)"])
+            // Nothing written so far is trusted: the file starts over, and so do the digests.
+            record(run, into: &state)
+            startingOver(reason, state: &state, progress: progress, job: request.jobID)
+            try file.truncate(to: 0)
+            state.received = 0
+            state.segments = nil
+            digests.sha256.reset()
+            digests.requested?.reset()
+            let response: HTTPClientResponse
+            if let answered = fallback.response {
+                response = answered
+            } else {
+                response = try await fetch(request, state: &state, rangeFrom: 0)
+            }
+            try expect200(response, host: hostName(state))
+            take(response.headers, into: &state)
+            if let expected = request.expectedSize, let announced = state.size, expected != announced {
+                throw TransferFailure(.permanent, "size_mismatch", "\(hostName(state)) announces \(announced) bytes, expected \(expected) (size)")
+            }
+            progress.update(received: 0, size: state.size)
+            progress.connections = 1
+            try reserveSpace(request, file: file, state: state)
+            try await stream(request, file: file, state: &state, digests: digests,
+                             layout: SegmentLayout(size: state.size ?? Int64.max, prefix: 0), workers: 1, first: response,
+                             progress: progress, checkpoint: checkpoint)
+            return
+        } catch {
+            _ = try? await run.state.withLock({ $0.inFlight })?.value
+            record(run, into: &state)
+            throw error
+        }
+        try await run.state.withLock({ $0.inFlight })?.value
+        if let failure = run.state.withLock({ $0.failure }) {
+            record(run, into: &state)
+            throw failure
+        }
+        // The last bytes may have joined the prefix while another worker held the role.
+        try hashContiguous(run, chunk: nil)
+        record(run, into: &state)
+        let planner = run.planner
+        if let size = state.size, !planner.isComplete || planner.hashed != size {
+            throw TransferFailure(.transient(.network), "truncated", "the connections to \(hostName(state)) ended after \(planner.written) of \(size) bytes")
+        }
+        if state.size == nil { state.size = planner.written }
+        progress.update(received: state.received, size: state.size)
+    }
+
+    /// Copies what the workers wrote into the attempt's state.
+    private func record(_ run: StreamRun, into state: inout AttemptState) {
+        let layout = run.planner.layout
+        let checkpoint = StreamRun.checkpoint(state.checkpoint, layout: layout, size: run.size)
+        state.received = checkpoint.received
+        state.segments = checkpoint.segments
+    }
+
+    /// One worker: streams its first range, then takes more (a range nobody fetches, or half of
+    /// the largest one left) until nothing is worth a request.
+    private func work(
+        _ opened: (Int, HTTPClientResponse)?, run: StreamRun, request: TransferRequest, template: AttemptState,
+        base: TransferCheckpoint, progress: TransferProgress, checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
+    ) async throws {
+        var next = opened
+        while true {
+            let slot: Int
+            let body: HTTPClientResponse.Body
+            var announcedEnd: Int64? = nil
+            if let opened = next {
+                slot = opened.0
+                body = opened.1.body
+                next = nil
+            } else {
+                guard let taken = run.state.withLock({ $0.planner.take() }) else { return }
+                guard let answer = try await rangeRequest(taken, run: run, request: request, template: template) else {
+                    return  // retired: the host refused one more connection; the others go on
+                }
+                slot = taken
+                body = answer.0.body
+                announcedEnd = answer.1
+            }
+            try await receive(body, slot: slot, announcedEnd: announcedEnd, run: run, request: request,
+                              host: template.target?.host ?? "the server", base: base, progress: progress, checkpoint: checkpoint)
+            run.state.withLock { $0.planner.release(slot) }
+            if run.size == nil { return }
+        }
+    }
+
+    /// Asks for the unwritten part of range `slot` (If-Range: the same file, or all of it);
+    /// returns the answer and the end of the bytes it announces (a server may send less than
+    /// was asked). Nil when this worker should stop: the server refused one more connection for
+    /// now while other workers still fetch (they take its range when theirs is done).
+    private func rangeRequest(
+        _ slot: Int, run: StreamRun, request: TransferRequest, template: AttemptState
+    ) async throws -> (HTTPClientResponse, Int64?)? {
+        let segment = run.state.withLock { $0.planner.segment(slot) }
+        var local = template
+        let response: HTTPClientResponse
+        do {
+            response = try await fetch(request, state: &local, rangeFrom: segment.done, rangeEnd: segment.end)
+        } catch {
+            run.state.withLock { $0.planner.release(slot) }
+            throw error
+        }
+        let host = local.target?.host ?? "the server"
+        switch Int(response.status.code) {
+        case 206:
+            let range = ContentRange(response.headers.first(name: "content-range"))
+            guard let range, range.start == segment.done, range.total == run.size else {
+                throw SegmentFallback(response: nil, reason: "\(host) answered a range request with another range")
+            }
+            return (response, range.end.map { $0 + 1 })
+        case 200:
+            var answered = AttemptState(received: 0, size: nil, validators: Validators(), finalURL: nil, target: nil)
+            take(response.headers, into: &answered)
+            let changed = answered.validators.ifRange != template.validators.ifRange
+            throw SegmentFallback(
+                response: response,
+                reason: changed ? "the file on \(host) changed (its validators differ): starting over"
+                    : "\(host) stopped honouring ranges")
+        case 416:
+            throw SegmentFallback(response: nil, reason: "\(host) refused a range of the file (416): the file may have changed")
+        default:
+            let failure = statusFailure(Int(response.status.code), response.status.reasonPhrase, response.headers, host: host)
+            _ = try? await response.body.collect(upTo: 64 << 10)
+            if failure.kind != .permanent {
+                let retired = run.state.withLock { state in
+                    guard state.planner.activeCount > 1 else { return false }
+                    state.planner.release(slot)
+                    return true
+                }
+                if retired {
+                    logger.debug("a range worker stops: the server refused one more connection", metadata: ["job": "\(request.jobID)", "status": "\(response.status.code)"])
+                    return nil
+                }
+            }
+            run.state.withLock { $0.planner.release(slot) }
+            throw failure
+        }
+    }
+
+    /// The receive loop of every range: each chunk is written at its offset, hashed when it
+    /// continues the contiguous prefix, and counted; checkpoints start from here. Returns when
+    /// the range is written to its end (which a split may lower while it runs), or to
+    /// `announcedEnd`, where a 206 said its bytes end (the rest of the range is asked again).
+    private func receive(
+        _ body: HTTPClientResponse.Body, slot: Int, announcedEnd: Int64?, run: StreamRun, request: TransferRequest, host: String,
+        base: TransferCheckpoint, progress: TransferProgress, checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
+    ) async throws {
+        for try await chunk in body {
+            // The one place a transfer meets the speed limits, for every range of every job: it
+            // sleeps here (reading nothing more) while it is ahead of them.
+            try await limiter.take(chunk.readableBytes, job: request.jobID)
+            let count = Int64(chunk.readableBytes)
+            let (offset, granted) = run.state.withLock { state in
+                let at = state.planner.segment(slot).done
+                return (at, state.planner.reserve(slot, count: count))
+            }
+            if granted > 0 {
+                try chunk.withUnsafeReadableBytes { bytes throws(TransferFailure) in
+                    try run.file.write(UnsafeRawBufferPointer(rebasing: bytes[..<Int(granted)]), at: offset)
+                }
+            }
+            let now = run.clock.now
+            let (due, failure) = run.state.withLock { state -> (TransferCheckpoint?, (any Error)?) in
+                state.planner.commit(slot)
+                let written = state.planner.written
+                // Under the planner's lock, so that the live count never goes back when
+                // workers report in another order than they committed.
+                progress.update(received: written, size: run.size)
+                var due: TransferCheckpoint? = nil
+                if !state.checkpointing, state.failure == nil,
+                   request.checkpoints.isDue(elapsed: (now - state.lastCheckpoint).seconds, bytesSince: written - state.checkpointed) {
+                    state.checkpointing = true
+                    state.lastCheckpoint = now
+                    state.checkpointed = written
+                    due = StreamRun.checkpoint(base, layout: state.planner.layout, size: run.size)
+                }
+                return (due, state.failure)
+            }
+            if let failure { throw failure }
+            // Only the bytes of this range: the rest of the chunk may be past its end.
+            try hashContiguous(run, chunk: granted > 0 ? (offset: offset, buffer: chunk.getSlice(at: chunk.readerIndex, length: Int(granted)) ?? ByteBuffer()) : nil)
+            if let due {
+                startCheckpoint(due, run: run, commit: checkpoint)
+                try checkFloor(request)
+            }
+            if granted < count {
+                let end = run.state.withLock { $0.planner.segment(slot).end }
+                if let size = run.size, end == size {
+                    throw TransferFailure(.transient(.retry), "length_mismatch", "\(host) sent more than the \(size) bytes it announced")
+                }
+                // The rest of this answer is another range's (a split lowered this one's end).
+                return
+            }
+        }
+        let segment = run.state.withLock { $0.planner.segment(slot) }
+        if let announcedEnd, segment.done >= announcedEnd { return }
+        if let size = run.size, !segment.isFinished {
+            let written = run.state.withLock { $0.planner.written }
+            throw TransferFailure(.transient(.network), "truncated", "the connection to \(host) ended after \(written) of \(size) bytes")
+        }
+    }
+
+    /// Syncs then commits `due` off the cooperative threads, while the bodies keep streaming.
+    private func startCheckpoint(_ due: TransferCheckpoint, run: StreamRun, commit: @escaping @Sendable (TransferCheckpoint) async throws -> Void) {
+        let file = run.file
+        run.state.withLock { state in
+            let previous = state.inFlight
+            state.inFlight = Task {
+                _ = try? await previous?.value
+                do {
+                    try await PartialFile.syncData(fd: file.fd, path: file.path, due, then: commit)
+                    run.state.withLock { $0.checkpointing = false }
+                } catch {
+                    run.state.withLock { state in
+                        state.checkpointing = false
+                        if state.failure == nil { state.failure = error }
+                    }
+                    throw error
+                }
+            }
+        }
+    }
+
+    /// Feeds the digests what joined the contiguous prefix, in order: from `chunk` when it is
+    /// the next piece (the usual case, nothing is read twice), else read back from the file,
+    /// where other ranges wrote it moments ago (still in the page cache). One worker at a time.
+    func hashContiguous(_ run: StreamRun, chunk: (offset: Int64, buffer: ByteBuffer)?) throws(TransferFailure) {
+        var buffer: [UInt8] = []
+        while let range = run.state.withLock({ $0.planner.startHashing() }) {
+            var at = range.lowerBound
+            do throws(TransferFailure) {
+                if let chunk, chunk.offset == at {
+                    let length = Int(min(Int64(chunk.buffer.readableBytes), range.upperBound - at))
+                    chunk.buffer.withUnsafeReadableBytes { run.digests.digests.update(UnsafeRawBufferPointer(rebasing: $0[..<length])) }
+                    at += Int64(length)
+                }
+                if at < range.upperBound {
+                    if buffer.isEmpty { buffer = [UInt8](repeating: 0, count: 1 << 20) }
+                    try run.file.read(at..<range.upperBound, buffer: &buffer) { run.digests.digests.update($0) }
+                }
+            } catch {
+                run.state.withLock { $0.planner.finishHashing(at: range.lowerBound) }
+                throw error
+            }
+            run.state.withLock { $0.planner.finishHashing(at: range.upperBound) }
+        }
+    }
+}
