@@ -31,6 +31,9 @@ public struct DaemonConfig: Sendable, Equatable {
     public var keepFinished: Double = RetentionPolicy.defaultKeepFinished
     /// Seconds failed records are kept; 0 keeps them forever.
     public var keepFailed: Double = RetentionPolicy.defaultKeepFailed
+    /// Whether jobs that do not say (`metered` at enqueue) may download while NetworkManager
+    /// says the connection is metered.
+    public var metered = true
     /// Hook commands (argv lists, run without a shell) and their time limit in seconds.
     public var onComplete: [String]?
     public var onError: [String]?
@@ -152,6 +155,7 @@ public struct DaemonConfig: Sendable, Equatable {
         "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
         "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size", "worker_name", "lease",
         "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy", "keep_finished", "keep_failed",
+        "metered",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -208,6 +212,9 @@ public struct DaemonConfig: Sendable, Equatable {
         case "max_per_host": maxPerHost = try int(1...64)
         case "keep_finished": keepFinished = try duration()
         case "keep_failed": keepFailed = try duration()
+        case "metered":
+            guard case .bool(let allowed) = value else { throw DaemonError("metered must be true or false") }
+            metered = allowed
         case "max_queued": maxQueued = try int(1...100_000_000)
         case "idle_timeout": idleTimeout = try int(1...86_400)
         case "netrc":
@@ -345,6 +352,7 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("max_per_host = \(maxPerHost)")
         lines.append("keep_finished = \"\(DurationText.describe(keepFinished))\"")
         lines.append("keep_failed = \"\(DurationText.describe(keepFailed))\"")
+        lines.append("metered = \(metered)")
         lines.append("hook_timeout = \(hookTimeout)")
         if let onComplete { lines.append("on_complete = [\(onComplete.map(quote).joined(separator: ", "))]") }
         if let onError { lines.append("on_error = [\(onError.map(quote).joined(separator: ", "))]") }

@@ -226,7 +226,7 @@ public struct Dispatcher: Sendable {
 
     static let jobKeys: Set<String> = [
         "url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused", "checksum", "size",
-        "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key",
+        "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key", "metered",
     ]
 
     /// RFC 9110 token characters, the only ones allowed in a header name.
@@ -234,6 +234,7 @@ public struct Dispatcher: Sendable {
 
     static let groupKeys: Set<String> = [
         "group", "jobs", "priority", "headers", "overwrite", "paused", "insecure", "ca_file", "ca_dir", "client_cert", "client_key",
+        "metered",
     ]
     static let memberKeys: Set<String> = ["url", "name", "path", "checksum", "size", "meta"]
 
@@ -272,7 +273,8 @@ public struct Dispatcher: Sendable {
             name: name, dir: dir, priority: Int(try params.int("priority", in: -1000...1000) ?? 0),
             headers: try headers(params), overwrite: try params.bool("overwrite") ?? false,
             paused: try params.bool("paused") ?? false,
-            options: JobOptions(insecure: try params.bool("insecure") ?? false, tls: try jobTLS(params)), members: members)
+            options: JobOptions(insecure: try params.bool("insecure") ?? false, tls: try jobTLS(params), metered: try params.bool("metered")),
+            members: members)
         let summary = GroupSummary.summarize(created, members: jobs, active: false)
         return [
             "group": JobJSON.encodeGroup(created, summary), "count": .int(Int64(jobs.count)),
@@ -379,6 +381,7 @@ public struct Dispatcher: Sendable {
         }
         spec.insecure = try params.bool("insecure") ?? false
         spec.tls = try jobTLS(params)
+        spec.metered = try params.bool("metered")
         spec.paused = try params.bool("paused") ?? false
         return spec
     }

@@ -60,7 +60,8 @@ extension Engine {
                         headers: spec.headers, overwrite: spec.overwrite, state: spec.paused ? .paused : .queued,
                         checksum: spec.checksum, expectedSize: spec.size)
                     new.host = host
-                    new.options = JobOptions(automaticName: resolved.automatic, renameIfTaken: spec.onExists == .rename, insecure: spec.insecure, tls: spec.tls)
+                    new.options = JobOptions(automaticName: resolved.automatic, renameIfTaken: spec.onExists == .rename, insecure: spec.insecure, tls: spec.tls,
+                        metered: spec.metered)
                     news.append(new)
                 } catch {
                     if specs.count == 1 { throw error }

@@ -25,6 +25,9 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var insecure = false
     /// The job's own TLS files (`ca_file`, `ca_dir`, `client_cert`, `client_key`), checked.
     public var tls: JobTLS?
+    /// `metered` at enqueue: whether the job may download on a metered connection; nil: the
+    /// config decides.
+    public var metered: Bool?
     /// `URLRules.hostKey(url)` when the caller has checked the URL already.
     public var host: String?
 
@@ -57,6 +60,8 @@ public struct EngineConfiguration: Sendable {
     public var lease: TimeInterval = 30
     /// How long finished records are kept.
     public var retention = RetentionPolicy()
+    /// Whether jobs that do not say may download on a metered connection (config `metered`).
+    public var meteredByDefault = true
 
     public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
                 diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
@@ -157,6 +162,8 @@ public actor Engine {
     var online = true
     /// Reads the route tables; a test may pass its own.
     let hasNetwork: @Sendable () -> Bool
+    /// Whether the connection is metered, as NetworkManager last said (`Engine+Network`).
+    var connectionMetered = false
     /// A compaction runs (one at a time).
     var compacting = false
     var changesTask: Task<Void, Never>?

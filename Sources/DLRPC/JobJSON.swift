@@ -39,7 +39,7 @@ public enum JobJSON {
     /// in this order.
     static let keys = [
         "attempts", "checksum", "created_at", "digest", "error", "final_url", "finished_at", "group", "headers", "id",
-        "insecure", "key", "meta", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "received",
+        "insecure", "key", "meta", "metered", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "received",
         "sha256", "size", "speed", "state", "tls", "updated_at", "url", "wait_reason", "worker",
     ]
 
@@ -69,6 +69,7 @@ public enum JobJSON {
             .bool(job.options.insecure),
             job.key.map { .string($0) } ?? .null,
             job.meta.flatMap { try? JSONValue.parse(Data($0.utf8)) } ?? .null,
+            job.options.metered.map { .bool($0) } ?? .null,
             .string(job.name),
             job.nextAttemptAt.map(timestamp) ?? .null,
             .bool(job.overwrite),

@@ -555,8 +555,8 @@ public final class JobStore: JobTable {
 
     static func encodeOptions(_ options: JobOptions) -> String {
         if options == JobOptions() { return "{}" }
-        if options.tls != nil {
-            // Rare (a job with its own TLS files): the coder writes it, and an older dld that
+        if options.tls != nil || options.metered != nil {
+            // Rare (a job with its own TLS files or metered setting): the coder writes it, and an older dld that
             // reads the row ignores the key it does not know.
             return (try? JSONEncoder().encode(options)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
         }

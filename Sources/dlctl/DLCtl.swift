@@ -153,6 +153,8 @@ struct Enqueue: ParsableCommand {
     @Option(name: .customLong("ca-file"), help: "Also trust the certificates in this PEM file (an internal CA, a self-signed server).") var caFile: String?
     @Option(name: .customLong("client-cert"), help: "A PEM client certificate for servers that ask for one (with --client-key).") var clientCert: String?
     @Option(name: .customLong("client-key"), help: "The unencrypted PEM private key of --client-cert.") var clientKey: String?
+    @Flag(inversion: .prefixedNo, help: "Download on a metered connection, or wait while the connection is metered (default: the daemon's `metered`).")
+    var metered: Bool?
     @OptionGroup var common: Common
 
     func validate() throws {
@@ -224,6 +226,7 @@ struct Enqueue: ParsableCommand {
         if overwrite { base["overwrite"] = true }
         if paused { base["paused"] = true }
         addTLS(to: &base)
+        if let metered { base["metered"] = .bool(metered) }
         if let checksum { base["checksum"] = .string(checksum) }
         if let size { base["size"] = .int(size) }
         var ids: [Int64] = []
@@ -292,6 +295,7 @@ struct Enqueue: ParsableCommand {
         if overwrite { params["overwrite"] = true }
         if paused { params["paused"] = true }
         addTLS(to: &params)
+        if let metered { params["metered"] = .bool(metered) }
         let result = try common.call("enqueue", params)
         let groupID = result["group"]?["id"]?.int64Value
         common.emit(result) {

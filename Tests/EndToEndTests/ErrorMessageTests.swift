@@ -133,6 +133,7 @@ func closedPort() throws -> Int {
             "tls_expired", "tls_not_yet_valid", "tls_hostname", "tls_client_cert", // TLSTests
             "disk_full", "digest_error", "network_error", "invalid_url", // TransferMessageTests
             "proxy_error", "proxy_auth", // ProxyTests
+            "metered", // MeteredTests
         ]
         let documented = try documentedJobErrorCodes()
         #expect(documented.count > 20)
