@@ -34,6 +34,9 @@ public enum WaitReason: String, Sendable, CaseIterable, Codable {
     case retry
     /// The network or the server could not be reached; retried with backoff.
     case network
+    /// The connection is metered and the job does not download on a metered connection
+    /// (`metered: false`); queued again when the connection is no longer metered.
+    case metered
     /// Not enough free space on the destination's filesystem.
     case diskSpace = "disk_space"
 }
@@ -101,15 +104,19 @@ public struct JobOptions: Sendable, Equatable, Codable {
     public var maxSpeed: Int64?
     /// Ranges fetched at once (segmented downloads); nil: the daemon's `segments`.
     public var segments: Int?
+    /// Whether the job may download on a metered connection (`metered` at enqueue); nil: the
+    /// config's `metered` decides, as it is when the job would start.
+    public var metered: Bool?
 
     public init(automaticName: Bool = false, renameIfTaken: Bool = false, insecure: Bool = false, tls: JobTLS? = nil,
-                maxSpeed: Int64? = nil, segments: Int? = nil) {
+                maxSpeed: Int64? = nil, segments: Int? = nil, metered: Bool? = nil) {
         self.maxSpeed = maxSpeed
         self.segments = segments
         self.automaticName = automaticName
         self.renameIfTaken = renameIfTaken
         self.insecure = insecure
         self.tls = tls
+        self.metered = metered
     }
 }
 

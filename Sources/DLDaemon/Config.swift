@@ -36,6 +36,9 @@ public struct DaemonConfig: Sendable, Equatable {
     public var segments: Int = 4
     /// Files with less than this many bytes left to fetch are one stream.
     public var segmentMinSize: Int64 = 4 << 20
+    /// Whether jobs that do not say (`metered` at enqueue) may download while NetworkManager
+    /// says the connection is metered.
+    public var metered = true
     /// Hook commands (argv lists, run without a shell) and their time limit in seconds.
     public var onComplete: [String]?
     public var onError: [String]?
@@ -160,7 +163,7 @@ public struct DaemonConfig: Sendable, Equatable {
         "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
         "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size", "worker_name", "lease",
         "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy", "keep_finished", "keep_failed", "max_speed",
-        "speed_schedule", "segments", "segment_min_size",
+        "speed_schedule", "segments", "segment_min_size", "metered",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -219,6 +222,9 @@ public struct DaemonConfig: Sendable, Equatable {
         case "keep_failed": keepFailed = try duration()
         case "segments": segments = try int(1...16)
         case "segment_min_size": segmentMinSize = Int64(try int(1...Int64.max))
+        case "metered":
+            guard case .bool(let allowed) = value else { throw DaemonError("metered must be true or false") }
+            metered = allowed
         case "max_queued": maxQueued = try int(1...100_000_000)
         case "idle_timeout": idleTimeout = try int(1...86_400)
         case "netrc":
@@ -369,6 +375,7 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("keep_failed = \"\(DurationText.describe(keepFailed))\"")
         lines.append("segments = \(segments)")
         lines.append("segment_min_size = \(segmentMinSize)")
+        lines.append("metered = \(metered)")
         lines.append("hook_timeout = \(hookTimeout)")
         if let onComplete { lines.append("on_complete = [\(onComplete.map(quote).joined(separator: ", "))]") }
         if let onError { lines.append("on_error = [\(onError.map(quote).joined(separator: ", "))]") }

@@ -155,6 +155,7 @@ public enum Daemon {
         configuration.speed.schedule = config.speedSchedule
         configuration.segments = config.segments
         configuration.segmentMinSize = config.segmentMinSize
+        configuration.meteredByDefault = config.metered
     }
 
     /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not
@@ -219,6 +220,11 @@ struct DaemonService: Service, CustomStringConvertible {
         closer.withLock { $0 = channel.channel }
         // The socket file of an adopted socket is systemd's: it stays for the next start.
         defer { if adoptedSocket == nil { unlink(config.socket) } }
+        // Read before the queue starts, so that no job starts on a metered connection that it
+        // may not use; changes are reported once the queue runs.
+        let metered = MeteredMonitor(logger: logger)
+        defer { metered.cancel() }
+        await engine.setConnectionMetered(metered.initiallyMetered)
         do {
             try await engine.start()
         } catch {
@@ -231,6 +237,16 @@ struct DaemonService: Service, CustomStringConvertible {
             Task { await engine.networkChanged() }
         }
         defer { routes?.cancel() }
+        // One consumer, so that the engine sees the changes in the order they happened.
+        let (meteredChanges, meteredReports) = AsyncStream.makeStream(of: Bool.self)
+        metered.start { meteredReports.yield($0) }
+        let meteredTask = Task {
+            for await isMetered in meteredChanges { await engine.meteredChanged(isMetered) }
+        }
+        defer {
+            meteredReports.finish()
+            meteredTask.cancel()
+        }
         let socketPath = adoptedSocket.flatMap(SocketActivation.path(of:)) ?? config.socket
         logger.info("dld \(DLDVersion.current) listening", metadata: [
             "socket": "\(socketPath)", "state_dir": "\(config.stateDir)", "socket_from": "\(adoptedSocket == nil ? "dld" : "systemd")",

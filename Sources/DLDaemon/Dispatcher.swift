@@ -234,7 +234,7 @@ public struct Dispatcher: Sendable {
 
     static let jobKeys: Set<String> = [
         "url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused", "checksum", "size",
-        "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key", "max_speed", "segments",
+        "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key", "max_speed", "segments", "metered",
     ]
 
     /// RFC 9110 token characters, the only ones allowed in a header name.
@@ -242,7 +242,7 @@ public struct Dispatcher: Sendable {
 
     static let groupKeys: Set<String> = [
         "group", "jobs", "priority", "headers", "overwrite", "paused", "insecure", "ca_file", "ca_dir", "client_cert", "client_key",
-        "segments",
+        "segments", "metered",
     ]
     static let memberKeys: Set<String> = ["url", "name", "path", "checksum", "size", "meta"]
 
@@ -281,7 +281,9 @@ public struct Dispatcher: Sendable {
             name: name, dir: dir, priority: Int(try params.int("priority", in: -1000...1000) ?? 0),
             headers: try headers(params), overwrite: try params.bool("overwrite") ?? false,
             paused: try params.bool("paused") ?? false,
-            options: JobOptions(insecure: try params.bool("insecure") ?? false, tls: try jobTLS(params), segments: try segments(params)),
+            options: JobOptions(
+                insecure: try params.bool("insecure") ?? false, tls: try jobTLS(params), segments: try segments(params),
+                metered: try params.bool("metered")),
             members: members)
         let summary = GroupSummary.summarize(created, members: jobs, active: false)
         return [
@@ -390,6 +392,7 @@ public struct Dispatcher: Sendable {
         spec.insecure = try params.bool("insecure") ?? false
         spec.tls = try jobTLS(params)
         spec.segments = try segments(params)
+        spec.metered = try params.bool("metered")
         spec.paused = try params.bool("paused") ?? false
         spec.maxSpeed = try Self.rate(params)
         return spec

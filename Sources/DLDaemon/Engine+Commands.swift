@@ -62,7 +62,7 @@ extension Engine {
                     new.host = host
                     new.options = JobOptions(
                         automaticName: resolved.automatic, renameIfTaken: spec.onExists == .rename, insecure: spec.insecure, tls: spec.tls,
-                        maxSpeed: spec.maxSpeed, segments: spec.segments)
+                        maxSpeed: spec.maxSpeed, segments: spec.segments, metered: spec.metered)
                     news.append(new)
                 } catch {
                     if specs.count == 1 { throw error }

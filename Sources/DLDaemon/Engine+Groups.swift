@@ -24,7 +24,8 @@ extension Engine {
             return
         }
         if counts[.queued, default: 0] > 0 || counts[.running, default: 0] > 0 || busy > 0 {
-            if want > 0, counts[.queued, default: 0] > 0 { try await claim(want, group: groupID) }
+            // Members held for a metered connection may leave it nothing to run: look again.
+            if want > 0, counts[.queued, default: 0] > 0, try await claim(want, group: groupID) > 0 { try await settle(groupID) }
             return
         }
         activeGroups.remove(groupID)

@@ -6,8 +6,18 @@ extension Engine {
     /// the running finish and starts fewer after them.
     public func reconfigure(_ update: @escaping @Sendable (inout EngineConfiguration) -> Void) async throws(DLError) {
         try await serial { () async throws(DLError) in
+            let meteredByDefault = configuration.meteredByDefault
             update(&configuration)
             applySpeedLimits()
+            if configuration.meteredByDefault != meteredByDefault, connectionMetered {
+                // The jobs that do not say follow the new default at once.
+                if configuration.meteredByDefault {
+                    try await requeueHeldForMetered()
+                } else {
+                    await holdRunningForMetered()
+                    try await flush()
+                }
+            }
             try await schedule()
             try await flush()
         }

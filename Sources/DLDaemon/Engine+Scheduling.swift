@@ -42,9 +42,12 @@ extension Engine {
     /// Claims up to `wanted` queued jobs (standalone, or members of `group`) for this turn,
     /// within the host limit: hosts at their limit are passed over, and while some host is
     /// near it, a claim takes no more than that host has room for (it might take all from it).
-    func claim(_ wanted: Int, group: GroupID?) async throws(DLError) {
+    /// Returns how many of the claimed jobs were held for a metered connection instead.
+    @discardableResult
+    func claim(_ wanted: Int, group: GroupID?) async throws(DLError) -> Int {
         let limit = configuration.maxPerHost
         var left = wanted
+        var held = 0
         while left > 0 {
             let load = hostLoad()
             let full = Set(load.filter { $0.value >= limit }.keys)
@@ -56,10 +59,19 @@ extension Engine {
                     limit: batch, worker: configuration.worker, leaseUntil: at.addingTimeInterval(configuration.lease),
                     excludingHosts: full, group: group, now: at)
             }
-            pending.launches += claimed
-            left -= claimed.count
-            if claimed.count < batch { return }
+            // Jobs that may not download on a metered connection wait instead of starting:
+            // committed at once, so that a group's next look sees them waiting.
+            let (starting, waiting) = holdForMetered(claimed)
+            pending.launches += starting
+            left -= starting.count
+            if !waiting.isEmpty {
+                _ = try await save(waiting, owned: Set(waiting.map(\.id)), publish: true)
+                wakeMayHaveChanged = true
+                held += waiting.count
+            }
+            if claimed.count < batch { return held }
         }
+        return held
     }
 
     /// Transfers by host: running, and about to start in this turn.

@@ -27,6 +27,9 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var tls: JobTLS?
     /// Ranges fetched at once for this job; nil: the config's `segments`.
     public var segments: Int?
+    /// `metered` at enqueue: whether the job may download on a metered connection; nil: the
+    /// config decides.
+    public var metered: Bool?
     /// `URLRules.hostKey(url)` when the caller has checked the URL already.
     public var host: String?
     /// The job's own speed limit, bytes per second (`max_speed`; nil or 0: none).
@@ -67,6 +70,8 @@ public struct EngineConfiguration: Sendable {
     public var segments = 4
     /// Files with less than this left to fetch are one stream.
     public var segmentMinSize: Int64 = 4 << 20
+    /// Whether jobs that do not say may download on a metered connection (config `metered`).
+    public var meteredByDefault = true
 
     public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
                 diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
@@ -167,6 +172,8 @@ public actor Engine {
     var online = true
     /// Reads the route tables; a test may pass its own.
     let hasNetwork: @Sendable () -> Bool
+    /// Whether the connection is metered, as NetworkManager last said (`Engine+Network`).
+    var connectionMetered = false
     /// A compaction runs (one at a time).
     var compacting = false
     var changesTask: Task<Void, Never>?

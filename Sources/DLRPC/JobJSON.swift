@@ -42,7 +42,8 @@ public enum JobJSON {
     /// in this order.
     static let keys = [
         "attempts", "checksum", "created_at", "digest", "error", "final_url", "finished_at", "group", "headers", "id",
-        "insecure", "key", "max_speed", "meta", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "ranges", "received",
+        "insecure", "key", "max_speed", "meta", "metered", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "ranges",
+        "received",
         "sha256", "size", "speed", "state", "tls", "updated_at", "url", "wait_reason", "worker",
     ]
 
@@ -75,6 +76,7 @@ public enum JobJSON {
             job.key.map { .string($0) } ?? .null,
             job.options.maxSpeed.map { .int($0) } ?? .null,
             job.meta.flatMap { try? JSONValue.parse(Data($0.utf8)) } ?? .null,
+            job.options.metered.map { .bool($0) } ?? .null,
             .string(job.name),
             job.nextAttemptAt.map(timestamp) ?? .null,
             .bool(job.overwrite),

@@ -155,6 +155,8 @@ struct Enqueue: ParsableCommand {
     @Option(name: .customLong("client-key"), help: "The unencrypted PEM private key of --client-cert.") var clientKey: String?
     @Option(name: .customLong("max-speed"), help: "This job's own speed limit, bytes per second (2M, 512K; 0: none).") var maxSpeed: String?
     @Option(help: "Byte ranges of a big file fetched at once (1...16; 1: one stream; default: the daemon's segments).") var segments: Int?
+    @Flag(inversion: .prefixedNo, help: "Download on a metered connection, or wait while the connection is metered (default: the daemon's `metered`).")
+    var metered: Bool?
     @OptionGroup var common: Common
 
     func validate() throws {
@@ -227,6 +229,7 @@ struct Enqueue: ParsableCommand {
         if overwrite { base["overwrite"] = true }
         if paused { base["paused"] = true }
         addTLS(to: &base)
+        if let metered { base["metered"] = .bool(metered) }
         if let checksum { base["checksum"] = .string(checksum) }
         if let size { base["size"] = .int(size) }
         if let rate = maxSpeed.flatMap(ByteRate.parse) { base["max_speed"] = .int(rate) }
@@ -296,6 +299,7 @@ struct Enqueue: ParsableCommand {
         if overwrite { params["overwrite"] = true }
         if paused { params["paused"] = true }
         addTLS(to: &params)
+        if let metered { params["metered"] = .bool(metered) }
         let result = try common.call("enqueue", params)
         let groupID = result["group"]?["id"]?.int64Value
         common.emit(result) {

@@ -130,6 +130,7 @@ enum Format {
         if let group = job["group"]?.int64Value { lines.append(("group", String(group))) }
         if let worker = job["worker"]?.stringValue { lines.append(("worker", worker)) }
         if job["insecure"] == true { lines.append(("tls", "NOT verified (insecure)")) }
+        if let metered = job["metered"]?.boolValue { lines.append(("metered", metered ? "may download on a metered connection" : "not on a metered connection")) }
         if let tls = job["tls"], !tls.isNull {
             for (key, label) in [("ca_file", "tls ca"), ("ca_dir", "tls ca dir"), ("client_cert", "tls cert"), ("client_key", "tls key")] {
                 if let path = tls[key]?.stringValue { lines.append((label, path)) }

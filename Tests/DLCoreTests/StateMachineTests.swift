@@ -275,3 +275,30 @@ func makeJob(_ state: JobState, attempts: Int = 0, clock: TestClock = TestClock(
         #expect(!Routes.hasNetwork(ipv4: "garbage", ipv6: "more garbage"))
     }
 }
+
+/// Downloads on a metered connection (`MeteredPolicy`), from NetworkManager's NMMetered values.
+@Suite struct MeteredPolicyTests {
+    /// Yes and guess-yes are metered; no, guess-no, unknown, no NetworkManager and values of a
+    /// newer NetworkManager are not.
+    @Test func networkManagerValues() {
+        #expect(MeteredPolicy.isMetered(1))
+        #expect(MeteredPolicy.isMetered(3))
+        for value in [0, 2, 4, 5, -1, nil] as [Int?] {
+            #expect(!MeteredPolicy.isMetered(value), "\(String(describing: value))")
+        }
+    }
+
+    /// A job that says `metered: false` waits while the connection is metered; a job that
+    /// says nothing follows the config; every job runs when the connection is not metered.
+    @Test func whoMayTransfer() {
+        #expect(!MeteredPolicy.mayTransfer(connectionMetered: true, job: false, allowedByDefault: true))
+        #expect(MeteredPolicy.mayTransfer(connectionMetered: true, job: true, allowedByDefault: false))
+        #expect(MeteredPolicy.mayTransfer(connectionMetered: true, job: nil, allowedByDefault: true))
+        #expect(!MeteredPolicy.mayTransfer(connectionMetered: true, job: nil, allowedByDefault: false))
+        for job in [true, false, nil] as [Bool?] {
+            for allowed in [true, false] {
+                #expect(MeteredPolicy.mayTransfer(connectionMetered: false, job: job, allowedByDefault: allowed))
+            }
+        }
+    }
+}

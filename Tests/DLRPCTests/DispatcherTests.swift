@@ -252,6 +252,21 @@ extension JSONValue {
             #expect(await f.request("enqueue", ["url": "https://127.0.0.1:9/j", "on_exists": "clobber"])?.stableCode == "invalid_params")
         }
     }
+
+    /// `metered` is stored with the job and shown; a job that does not say shows
+    /// null; it must be a boolean.
+    @Test func meteredIsKeptAndShown() async throws {
+        try await DispatcherFixture.with { f in
+            let held = try #require(await f.request("enqueue", ["url": "https://127.0.0.1:9/m", "paused": true, "metered": false]))
+            #expect(held["result"]?["job"]?["metered"] == false)
+            let id = try #require(held["result"]?["job"]?["id"]?.int64Value)
+            let status = try #require(await f.request("status", ["id": .int(id)]))
+            #expect(status["result"]?["metered"] == false, "\(status.serializedString())")
+            let plain = try #require(await f.request("enqueue", ["url": "https://127.0.0.1:9/n", "paused": true]))
+            #expect(plain["result"]?["job"]?["metered"] == .null)
+            #expect(await f.request("enqueue", ["url": "https://127.0.0.1:9/o", "metered": "no"])?.stableCode == "invalid_params")
+        }
+    }
 }
 
 @Suite struct ConfigTests {

@@ -134,6 +134,7 @@ func closedPort() throws -> Int {
             "disk_full", "digest_error", "network_error", "invalid_url", // TransferMessageTests
             "proxy_error", "proxy_auth", // ProxyTests
             "started_over", // SpeedTests
+            "metered", // MeteredTests
         ]
         let documented = try documentedJobErrorCodes()
         #expect(documented.count > 20)

@@ -28,3 +28,30 @@ int dld_rename_noreplace(const char *from, const char *to);
 /// notifications of links, addresses and routes (IPv4 and IPv6) coming and going. Returns the
 /// descriptor, or -1 with errno set.
 int dld_route_monitor_open(void);
+
+/// A watch on NetworkManager's `Metered` property over the system D-Bus, through sd-bus from
+/// libsystemd.so.0, loaded at run time (dlopen): building dld needs no libsystemd-dev, and a
+/// machine without libsystemd, without a system bus or without NetworkManager runs dld the
+/// same, as if never metered. `DBUS_SYSTEM_BUS_ADDRESS` names another bus (tests use a
+/// private one). Not thread-safe: one thread (or serial queue) uses a watch at a time.
+typedef struct dld_nm_watch dld_nm_watch;
+
+/// Loads libsystemd, connects to the system bus, subscribes to NetworkManager's property
+/// changes and to its name coming and going, and reads `Metered` once. Returns NULL, with the
+/// reason in `why` (NUL-terminated, cut to `why_size`), when libsystemd or the bus is missing.
+dld_nm_watch *dld_nm_open(char *why, unsigned long why_size);
+
+/// NetworkManager's `Metered` value as last read (NMMetered: 0 unknown, 1 yes, 2 no,
+/// 3 guess-yes, 4 guess-no), or -1 while NetworkManager is not on the bus.
+int dld_nm_metered(const dld_nm_watch *watch);
+
+/// The bus connection's descriptor: when it is readable, call `dld_nm_process`.
+int dld_nm_fd(const dld_nm_watch *watch);
+
+/// Handles everything the bus sent; when a signal said NetworkManager's properties or its
+/// owner changed, reads `Metered` again. Returns 0, or a negative errno when the connection
+/// to the bus is lost (the watch is then of no further use; close it).
+int dld_nm_process(dld_nm_watch *watch);
+
+/// Closes the connection and frees the watch. NULL is allowed.
+void dld_nm_close(dld_nm_watch *watch);
