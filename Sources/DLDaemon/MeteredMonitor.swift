@@ -66,15 +66,20 @@ final class MeteredMonitor: @unchecked Sendable {
 
     func cancel() {
         queue.sync {
-            if let source {
-                source.cancel()
-            } else if let watch {
-                dld_nm_close(watch)
-            }
-            source = nil
-            watch = nil
+            stopWatching()
             onChange = nil
         }
+    }
+
+    /// Closes the bus connection (through the source's cancel handler when there is one).
+    private func stopWatching() {
+        if let source {
+            source.cancel()
+        } else if let watch {
+            dld_nm_close(watch)
+        }
+        source = nil
+        watch = nil
     }
 
     private func process() {
@@ -107,13 +112,7 @@ final class MeteredMonitor: @unchecked Sendable {
         ])
         let wasMetered = MeteredPolicy.isMetered(value)
         value = nil
-        if let source {
-            source.cancel()
-        } else if let watch {
-            dld_nm_close(watch)
-        }
-        source = nil
-        watch = nil
+        stopWatching()
         if wasMetered { onChange?(false) }
     }
 }

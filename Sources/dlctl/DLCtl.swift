@@ -127,6 +127,20 @@ struct Selection: ParsableArguments {
     }
 }
 
+/// `-H "Name: value"` options as the `headers` param; a usage error (64) for one without a colon.
+func headerObject(_ headers: [String]) throws -> JSONValue {
+    var object: [String: JSONValue] = [:]
+    for header in headers {
+        guard let colon = header.firstIndex(of: ":") else {
+            printError("header \"\(header)\" must be \"Name: value\"")
+            throw ExitCode(64)
+        }
+        let name = header[..<colon].trimmingCharacters(in: .whitespaces)
+        object[name] = .string(header[header.index(after: colon)...].trimmingCharacters(in: .whitespaces))
+    }
+    return .object(object)
+}
+
 /// A group argument: a number is an id, anything else a name.
 func groupValue(_ text: String) -> JSONValue {
     Int64(text).map { .int($0) } ?? .string(text)
@@ -214,18 +228,7 @@ struct Enqueue: ParsableCommand {
             }
             base["meta"] = value
         }
-        if !headers.isEmpty {
-            var object: [String: JSONValue] = [:]
-            for header in headers {
-                guard let colon = header.firstIndex(of: ":") else {
-                    printError("header \"\(header)\" must be \"Name: value\"")
-                    throw ExitCode(64)
-                }
-                let name = header[..<colon].trimmingCharacters(in: .whitespaces)
-                object[name] = .string(header[header.index(after: colon)...].trimmingCharacters(in: .whitespaces))
-            }
-            base["headers"] = .object(object)
-        }
+        if !headers.isEmpty { base["headers"] = try headerObject(headers) }
         if overwrite { base["overwrite"] = true }
         if paused { base["paused"] = true }
         addTLS(to: &base)

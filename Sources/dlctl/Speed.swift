@@ -83,17 +83,7 @@ struct SetURL: ParsableCommand {
         var params: [String: JSONValue] = ["id": .int(id)]
         if let url { params["url"] = .string(url) }
         if clearHeaders { params["headers"] = .object([:]) }
-        if !headers.isEmpty {
-            var object: [String: JSONValue] = [:]
-            for header in headers {
-                guard let colon = header.firstIndex(of: ":") else {
-                    printError("header \"\(header)\" must be \"Name: value\"")
-                    throw ExitCode(64)
-                }
-                object[header[..<colon].trimmingCharacters(in: .whitespaces)] = .string(header[header.index(after: colon)...].trimmingCharacters(in: .whitespaces))
-            }
-            params["headers"] = .object(object)
-        }
+        if !headers.isEmpty { params["headers"] = try headerObject(headers) }
         let job = try common.call("change", params)
         common.emit(job) { Format.details(job) }
     }
