@@ -407,7 +407,7 @@ func sha256sum(_ path: String) throws -> String {
             #expect(!FileManager.default.fileExists(atPath: daemon.downloadDir + "/done.bin.part"))
             #expect(FileManager.default.fileExists(atPath: daemon.downloadDir + "/firefox.iso.part"))
             #expect(!FileManager.default.fileExists(atPath: orphan))
-            #expect(daemon.log.contains("removed the staging folder"))
+            #expect(daemon.waitForLog("removed the staging folder"))
             _ = try daemon.call("resume", ["id": .int(paused)])
             #expect(try daemon.waitForState(paused, ["completed", "failed"])["state"] == "completed")
             try expectOriginBytes(at: daemon.downloadDir + "/paused.bin", count: 4 << 20)

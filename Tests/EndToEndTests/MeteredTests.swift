@@ -21,7 +21,7 @@ import Testing
             daemon.extraEnvironment["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
             try daemon.start()
             defer { daemon.stop() }
-            #expect(daemon.log.contains("the connection is metered (NetworkManager)"), "\(daemon.log)")
+            #expect(daemon.waitForLog("the connection is metered (NetworkManager)"), "\(daemon.log)")
 
             // Metered: a job that may not use it waits without an attempt and without a
             // request; a job that says nothing (the config's default allows it) completes.

@@ -87,7 +87,7 @@ final class NetworkNamespace {
                 #expect(job["state"] == "completed", "\(job.serializedString())")
             }
             try expectOriginBytes(at: daemon.downloadDir + "/slow.bin", count: size)
-            #expect(daemon.log.contains("the network is back"), "the route monitor saw the link come back")
+            #expect(daemon.waitForLog("the network is back"), "the route monitor saw the link come back")
         }
     }
 }

@@ -148,7 +148,7 @@ import Testing
             let path = daemon.downloadDir + "/refused.bin"
             try expectOriginBytes(at: path, count: size)
             #expect(done["sha256"]?.stringValue == (try sha256sum(path)))
-            #expect(daemon.log.contains("stopped honouring ranges"), "\(daemon.log.suffix(3000))")
+            #expect(daemon.waitForLog("stopped honouring ranges"), "\(daemon.log.suffix(3000))")
             #expect(Self.rangedRequests(origin).count >= 3)
         }
     }
@@ -174,7 +174,7 @@ import Testing
             let path = daemon.downloadDir + "/changed.bin"
             try expectOriginBytes(at: path, count: Int(size))
             #expect(done["sha256"]?.stringValue == (try sha256sum(path)))
-            #expect(daemon.log.contains("changed (its validators differ)"), "\(daemon.log.suffix(3000))")
+            #expect(daemon.waitForLog("changed (its validators differ)"), "\(daemon.log.suffix(3000))")
             // Started over: the whole file was served again after the restart.
             #expect(origin.bytesServed - servedBefore >= size)
             daemon.stop()
