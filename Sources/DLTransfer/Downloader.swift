@@ -185,13 +185,15 @@ public final class Downloader: Sendable {
         configuration.tls.merged(insecure: request.options.insecure, job: request.options.tls)
     }
 
-    /// Reads of up to 1 MiB instead of NIO's 64 KiB: a fast body arrives in fewer chunks, so
+    /// Reads of up to 256 KiB instead of NIO's 64 KiB: a fast body arrives in fewer chunks, so
     /// fewer wake-ups, pwrites and digest calls per byte. Memory stays bounded by the body
-    /// stream's backpressure. While a speed limit is set, reads are cut to its `readCap`.
+    /// stream's backpressure. 1 MiB reads put a segmented download's peak RSS at 69–70 MiB
+    /// (four connections' buffers); 256 KiB: 53 MiB, as fast (docs/benchmarks.md). While a
+    /// speed limit is set, reads are cut to its `readCap`.
     static func largeReads(_ channel: any Channel, limiter: SpeedLimiter) -> EventLoopFuture<Void> {
         channel.setOption(
             ChannelOptions.recvAllocator,
-            value: LimitedReads(adaptive: AdaptiveRecvByteBufferAllocator(minimum: 4096, initial: 64 << 10, maximum: 1 << 20), limiter: limiter))
+            value: LimitedReads(adaptive: AdaptiveRecvByteBufferAllocator(minimum: 4096, initial: 64 << 10, maximum: 256 << 10), limiter: limiter))
     }
 
     public func shutdown() async {
