@@ -41,15 +41,7 @@ public final class PartialFile {
 
     /// Writes all of `bytes` at `offset`.
     public func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws(TransferFailure) {
-        var done = 0
-        while done < bytes.count {
-            let n = pwrite(fd, bytes.baseAddress.map { $0 + done }, bytes.count - done, off_t(offset) + off_t(done))
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw Self.failure("write", path, errno)
-            }
-            done += n
-        }
+        try writer.write(bytes, at: offset)
     }
 
     /// Reads the first `length` bytes in 1 MiB blocks.
