@@ -88,13 +88,19 @@ extension Engine {
     /// more of its host's slots for ranges (segmented downloads), but never those that the
     /// jobs after it in the batch need: every claimed job gets at least its one.
     func startTransfers(_ jobs: [Job]) {
+        guard !jobs.isEmpty else { return }
+        // The load is read once and kept up to date here, not recounted (every running job's
+        // URL parsed again) for each job of the batch.
+        var load = hostLoad()
+        let hosts = jobs.map { URLRules.hostKey($0.url) }
         var waiting: [String: Int] = [:]
-        for job in jobs { waiting[URLRules.hostKey(job.url), default: 0] += 1 }
-        for job in jobs {
-            let host = URLRules.hostKey(job.url)
+        for host in hosts { waiting[host, default: 0] += 1 }
+        for (job, host) in zip(jobs, hosts) {
             waiting[host, default: 1] -= 1
-            let free = configuration.maxPerHost - (hostLoad()[host] ?? 0) - (waiting[host] ?? 0)
-            startTransfer(job, slots: SegmentAllowance.slots(wanted: job.options.segments ?? configuration.segments, free: free))
+            let free = configuration.maxPerHost - load[host, default: 0] - waiting[host, default: 0]
+            let slots = SegmentAllowance.slots(wanted: job.options.segments ?? configuration.segments, free: free)
+            startTransfer(job, slots: slots)
+            load[host, default: 0] += slots
         }
     }
 
