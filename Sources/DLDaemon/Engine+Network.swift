@@ -16,11 +16,10 @@ extension Engine {
     /// that waited for the network.
     public func networkChanged() async {
         let online = hasNetwork()
-        let wasOnline = self.online
-        guard online != wasOnline else { return }
+        guard online != self.online else { return }
         self.online = online
         logger.notice(online ? "the network is back" : "no route to any network")
-        guard online, !wasOnline else { return }
+        guard online else { return }
         do {
             try await serial { () async throws(DLError) in
                 guard accepting else { return }
