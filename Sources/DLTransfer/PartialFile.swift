@@ -120,11 +120,11 @@ public final class PartialFile {
         guard fdatasync(fd) == 0 else { throw Self.failure("sync", path, errno) }
     }
 
-    /// fsync on a thread of NIO's blocking pool: it can take as long as the disk needs, and a
+    /// fsync on a thread of the disk pool: it can take as long as the disk needs, and a
     /// cooperative thread must not wait that long.
     public func syncOffThread() async throws {
         let fd = self.fd
-        let code = try await NIOThreadPool.singleton.runIfActive { fsync(fd) == 0 ? 0 : errno }
+        let code = try await DiskPool.shared.runIfActive { fsync(fd) == 0 ? 0 : errno }
         if code != 0 { throw Self.failure("sync", path, code) }
     }
 
@@ -137,7 +137,7 @@ public final class PartialFile {
         fd: Int32, path: String, _ checkpoint: TransferCheckpoint,
         then commit: @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
-        let code = try await NIOThreadPool.singleton.runIfActive { fdatasync(fd) == 0 ? 0 : errno }
+        let code = try await DiskPool.shared.runIfActive { fdatasync(fd) == 0 ? 0 : errno }
         if code != 0 { throw failure("sync", path, code) }
         try await commit(checkpoint)
     }

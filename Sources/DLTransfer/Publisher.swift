@@ -12,10 +12,10 @@ import NIOPosix
 /// committed offset); a crash after it leaves a completed job whose `.part` start-up
 /// reconciliation links. A file is never under its name while its job is not completed.
 public enum Publisher {
-    /// Files synced at once on the blocking pool.
-    static let parallelSyncs = 8
+    /// Files synced at once: as many as the disk pool has threads.
+    static let parallelSyncs = DiskPool.threads
 
-    /// `fdatasync` of every file, several at a time, off the cooperative threads. Returns the
+    /// `fdatasync` of every file, several at a time, on the disk pool. Returns the
     /// failures by path; the others are durable.
     public static func syncAll(_ paths: [String]) async -> [String: TransferFailure] {
         await withTaskGroup(of: (String, TransferFailure?).self) { group in
@@ -23,7 +23,7 @@ public enum Publisher {
             var next = paths.makeIterator()
             func add(_ path: String) {
                 group.addTask {
-                    let code = (try? await NIOThreadPool.singleton.runIfActive { () -> Int32 in
+                    let code = (try? await DiskPool.shared.runIfActive { () -> Int32 in
                         let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
                         guard fd >= 0 else { return errno }
                         defer { close(fd) }
@@ -87,11 +87,11 @@ public enum Publisher {
     }
 
     /// Links every file under its name, then syncs each folder that gained one, on the
-    /// blocking pool: whoever awaits it is not held by the disk (here, when the pool has
+    /// disk pool: whoever awaits it is not held by the disk (here, when the pool has
     /// stopped). Returns a failure, or nil, for each link in order.
     public static func linkAll(_ links: [Link]) async -> [TransferFailure?] {
         guard !links.isEmpty else { return [] }
-        if let done = try? await NIOThreadPool.singleton.runIfActive({ linkNow(links) }) { return done }
+        if let done = try? await DiskPool.shared.runIfActive({ linkNow(links) }) { return done }
         return linkNow(links)
     }
 
