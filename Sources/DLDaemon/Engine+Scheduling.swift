@@ -79,7 +79,7 @@ extension Engine {
         var load: [String: Int] = [:]
         // A transfer counts the connections it may use: its ranges, until it knows it is one
         // stream (TransferProgress.connections).
-        for entry in running.values { load[URLRules.hostKey(entry.job.url), default: 0] += entry.progress.connections }
+        for entry in running.values { load[entry.host, default: 0] += entry.progress.connections }
         for job in pending.launches { load[URLRules.hostKey(job.url), default: 0] += 1 }
         return load
     }
@@ -99,14 +99,14 @@ extension Engine {
             waiting[host, default: 1] -= 1
             let free = configuration.maxPerHost - load[host, default: 0] - waiting[host, default: 0]
             let slots = SegmentAllowance.slots(wanted: job.options.segments ?? configuration.segments, free: free)
-            startTransfer(job, slots: slots)
+            startTransfer(job, slots: slots, host: host)
             load[host, default: 0] += slots
         }
     }
 
     /// Starts the transfer of a job whose `running` row is committed, with up to `slots`
     /// connections to its host.
-    func startTransfer(_ started: Job, slots: Int = 1) {
+    func startTransfer(_ started: Job, slots: Int = 1, host: String? = nil) {
         let progress = TransferProgress(received: started.received, size: started.size)
         progress.connections = slots
         var request = TransferRequest(
@@ -135,9 +135,12 @@ extension Engine {
         let shared = store.sharesQueue
         let logger = self.logger
         let id = started.id
-        let task = Task {
-            defer { downloader.limiter.setJob(id, nil) }
-            return await downloader.run(request, progress: progress) { checkpoint in
+        lastAttempt += 1
+        let attempt = lastAttempt
+        // The transfer hands its outcome to the serial queue itself when it ends. A transfer
+        // stopped by a command is handled by that command, and the queue finds it gone.
+        let task = Task { [weak self] in
+            let result = await downloader.run(request, progress: progress) { checkpoint in
                 let written: Bool
                 do {
                     written = try await store.checkpoint(
@@ -152,19 +155,17 @@ extension Engine {
                 // Written only while the job is still this worker's: else the transfer ends.
                 guard written else { throw TransferFailure(.transient(.retry), "lease_lost", "job \(id) is no longer this worker's") }
             }
+            downloader.limiter.setJob(id, nil)
+            await self?.transferEnded(id, attempt: attempt, result: result)
+            return result
         }
-        running[id] = Running(job: started, progress: progress, task: task, stop: nil)
-        // The watcher hands a transfer that ends by itself to the serial queue. A transfer
-        // stopped by a command is handled by that command, and the queue finds it gone.
-        Task { [weak self] in
-            let result = await task.value
-            await self?.transferEnded(id, task: task, result: result)
-        }
+        running[id] = Running(
+            job: started, progress: progress, task: task, host: host ?? URLRules.hostKey(started.url), attempt: attempt, stop: nil)
     }
 
     /// Buffers the outcome; one turn of the queue records every outcome buffered by then.
-    func transferEnded(_ id: JobID, task: Task<TransferResult, Never>, result: TransferResult) {
-        ended.append((id, task, result))
+    func transferEnded(_ id: JobID, attempt: UInt64, result: TransferResult) {
+        ended.append((id, attempt, result))
         guard !drainScheduled else { return }
         drainScheduled = true
         Task { [weak self] in await self?.drainEnded() }
@@ -177,8 +178,8 @@ extension Engine {
                 let batch = ended
                 ended = []
                 var finished = 0
-                for (id, task, result) in batch {
-                    guard let entry = running[id], entry.task == task, entry.stop == nil else { continue }
+                for (id, attempt, result) in batch {
+                    guard let entry = running[id], entry.attempt == attempt, entry.stop == nil else { continue }
                     running[id] = nil
                     record(result, for: entry.job)
                     finished += 1

@@ -114,6 +114,10 @@ public actor Engine {
         var job: Job
         var progress: TransferProgress
         var task: Task<TransferResult, Never>
+        /// `URLRules.hostKey` of the job's URL, parsed once (the host limit reads it every turn).
+        var host: String
+        /// Tells this transfer's outcome from that of an earlier transfer of the same job.
+        var attempt: UInt64
         /// Set when a command stops the transfer; the command then handles its outcome.
         var stop: StopIntent?
     }
@@ -130,8 +134,10 @@ public actor Engine {
     /// Groups holding a slot of the queue.
     var activeGroups: Set<GroupID> = []
     /// Transfers that ended and wait for the queue's next turn, which records them together.
-    var ended: [(id: JobID, task: Task<TransferResult, Never>, result: TransferResult)] = []
+    var ended: [(id: JobID, attempt: UInt64, result: TransferResult)] = []
     var drainScheduled = false
+    /// The number of the last transfer started (`Running.attempt`).
+    var lastAttempt: UInt64 = 0
     /// Downloaded files waiting to be synced, recorded and published in a batch. Their rows are
     /// still `running`; they hold no slot.
     var toPublish: [PublishItem] = []
