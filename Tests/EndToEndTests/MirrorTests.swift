@@ -137,6 +137,13 @@ import Testing
         let job = try daemon.job(id)
         #expect(!job.serializedString().contains("secret"), "\(job.serializedString())")
         #expect(job["mirrors"]?.arrayValue?.count == 2)
+        // A group's member takes mirrors too.
+        let group = try daemon.call("enqueue", [
+            "group": ["name": "g", "dir": .string(daemon.downloadDir + "/g")], "paused": true,
+            "jobs": [["url": "http://127.0.0.1:9/m", "mirrors": ["http://127.0.0.1:9/n"]]],
+        ])
+        let member = try daemon.job(try #require(group["results"]?[0]?["id"]?.int64Value))
+        #expect(member["mirrors"]?.arrayValue?.compactMap { $0["url"]?.stringValue } == ["http://127.0.0.1:9/m", "http://127.0.0.1:9/n"])
         // dlctl: --mirror, repeatable.
         let out = try daemon.dlctl(["enqueue", "--paused", "--name", "cli.bin", "http://127.0.0.1:9/c", "--mirror", "http://127.0.0.1:9/d", "--mirror", "http://127.0.0.1:9/e"])
         #expect(out.status == 0, "\(out.stderr)")
