@@ -551,6 +551,7 @@ public final class Downloader: Sendable {
         var current = start
         var hops = 0
         let origin = URL(string: start)?.host?.lowercased()
+        let jobHost = URL(string: request.url)?.host?.lowercased()
         // user:password in the URL, else ~/.netrc, become Basic credentials for the job's own
         // host; the URL sent has no user info (it would reach logs and other hosts).
         var basic: String? = nil
@@ -577,12 +578,14 @@ public final class Downloader: Sendable {
             http.method = .GET
             http.headers.add(name: "User-Agent", value: configuration.userAgent)
             // Credentials are for the host they were given for: a redirect to another host
-            // does not carry them.
-            let sameHost = URL(string: current)?.host?.lowercased() == origin
-            for header in request.headers where sameHost || !header.isCredential {
+            // does not carry them, and the job's credential headers (given for its URL) never
+            // go to a mirror on another host; a URL's own user info goes to that URL's host.
+            let host = URL(string: current)?.host?.lowercased()
+            let jobsHost = host == jobHost
+            for header in request.headers where jobsHost || !header.isCredential {
                 http.headers.add(name: header.name, value: header.value)
             }
-            if sameHost, !hasOwnAuthorization, let basic {
+            if host == origin, !(hasOwnAuthorization && jobsHost), let basic {
                 http.headers.replaceOrAdd(name: "Authorization", value: "Basic \(basic)")
             }
             http.headers.replaceOrAdd(name: "Accept-Encoding", value: "identity")

@@ -26,8 +26,12 @@ import Testing
                 defer { daemon.stop() }
                 let size = 24 << 20
                 let url = "\(first.baseURL)/bytes/\(size)?rate=6000000"
-                let mirror = "\(second.baseURL)/bytes/\(size)?rate=6000000"
-                let id = try daemon.enqueue(["url": .string(url), "mirrors": [.string(mirror)], "name": "mirrored.bin"])
+                // Another host name for the same loopback: the job's credential header is for
+                // its own URL's host and must not reach the mirror.
+                let mirror = "\(second.baseURL.replacingOccurrences(of: "127.0.0.1", with: "localhost"))/bytes/\(size)?rate=6000000"
+                let id = try daemon.enqueue([
+                    "url": .string(url), "mirrors": [.string(mirror)], "name": "mirrored.bin", "headers": ["Authorization": "Bearer job-token"],
+                ])
                 let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
                 #expect(done["state"] == "completed", "\(done.serializedString())")
                 try expectOriginBytes(at: daemon.downloadDir + "/mirrored.bin", count: size)
@@ -35,6 +39,8 @@ import Testing
                 #expect(!SegmentedTests.rangedRequests(second).isEmpty)
                 #expect(SegmentedTests.rangedRequests(second).allSatisfy { $0.header("if-range") == "\"v1-\(size)\"" })
                 #expect(Self.dropped(done) == [url: .null, mirror: .null], "\(done.serializedString())")
+                #expect(first.requests.allSatisfy { $0.header("authorization") == "Bearer job-token" })
+                #expect(second.requests.allSatisfy { $0.header("authorization") == nil })
             }
         }
     }
