@@ -108,7 +108,10 @@ extension Engine {
             let wanted = job.options.segments ?? configuration.segments
             if !job.mirrors.isEmpty {
                 // Each mirror's ranges hold slots of its own host.
-                let hosts = [host] + job.mirrors.filter { $0.dropped == nil }.map { URLRules.hostKey($0.url) }
+                // The live sources' hosts; all of them when every URL was dropped (a resume,
+                // which asks them all again: MirrorSet).
+                let allDropped = job.urlDropped != nil && job.mirrors.allSatisfy { $0.dropped != nil }
+                let hosts = [host] + job.mirrors.filter { allDropped || $0.dropped == nil }.map { URLRules.hostKey($0.url) }
                 var frees: [String: Int] = [:]
                 for other in hosts {
                     frees[other] = configuration.maxPerHost - load[other, default: 0] - waiting[other, default: 0]
