@@ -195,6 +195,10 @@ public struct Job: Sendable, Equatable {
     /// Until when the worker's claim holds: past it, the job is queued again for another
     /// worker unless the lease was renewed.
     public var leaseUntil: Date?
+    /// More URLs of the same file, with their state (`mirrors` at enqueue); empty for most.
+    public var mirrors: [JobMirror] = []
+    /// Why the job's own URL is no longer used (only with mirrors: the others serve the file).
+    public var urlDropped: String?
 
     public init(
         id: JobID = 0, url: String, path: String, state: JobState = .queued,

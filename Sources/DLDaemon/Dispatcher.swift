@@ -235,6 +235,7 @@ public struct Dispatcher: Sendable {
     static let jobKeys: Set<String> = [
         "url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused", "checksum", "size",
         "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key", "max_speed", "segments", "metered",
+        "mirrors",
     ]
 
     /// RFC 9110 token characters, the only ones allowed in a header name.
@@ -244,7 +245,7 @@ public struct Dispatcher: Sendable {
         "group", "jobs", "priority", "headers", "overwrite", "paused", "insecure", "ca_file", "ca_dir", "client_cert", "client_key",
         "segments", "metered",
     ]
-    static let memberKeys: Set<String> = ["url", "name", "path", "checksum", "size", "meta"]
+    static let memberKeys: Set<String> = ["url", "name", "path", "checksum", "size", "meta", "mirrors"]
 
     private func enqueueGroup(_ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
         let params = try Params(raw, allowed: Self.groupKeys)
@@ -272,6 +273,7 @@ public struct Dispatcher: Sendable {
                 if let text = try p.string("checksum") { member.checksum = try Checksum.parse(text).get() }
                 member.size = try p.int("size", in: 0...Int64.max)
                 member.meta = try meta(p)
+                member.mirrors = try Self.mirrors(p, url: member.url)
                 members.append(member)
             } catch {
                 throw DLError(error.code, "jobs[\(index)]: \(error.message)")
@@ -395,7 +397,28 @@ public struct Dispatcher: Sendable {
         spec.metered = try params.bool("metered")
         spec.paused = try params.bool("paused") ?? false
         spec.maxSpeed = try Self.rate(params)
+        spec.mirrors = try Self.mirrors(params, url: url)
         return spec
+    }
+
+    /// Mirrors a job may have: more would only be requests that compete for the same file.
+    static let maxMirrors = 16
+
+    /// `mirrors`: more URLs of the same file, each checked as `url` is, none given twice.
+    static func mirrors(_ params: Params, url: String) throws(DLError) -> [JobMirror] {
+        guard let list = try params.array("mirrors") else { return [] }
+        guard list.count <= maxMirrors else { throw .invalidParams("at most \(maxMirrors) mirrors, got \(list.count)") }
+        var seen: Set<String> = [url]
+        var mirrors: [JobMirror] = []
+        for (index, value) in list.enumerated() {
+            guard let text = value.stringValue else { throw .invalidParams("mirrors[\(index)] must be a URL string") }
+            if case .failure(let error) = URLRules.checked(text) { throw DLError(error.code, "mirrors[\(index)]: \(error.message)") }
+            guard seen.insert(text).inserted else {
+                throw .invalidParams("mirrors[\(index)]: \(URLRules.redacted(text).prefix(200)) is given twice")
+            }
+            mirrors.append(JobMirror(url: text))
+        }
+        return mirrors
     }
 
     /// `segments`: ranges fetched at once for this job (1 turns segmented downloads off).

@@ -60,6 +60,7 @@ extension Engine {
                         headers: spec.headers, overwrite: spec.overwrite, state: spec.paused ? .paused : .queued,
                         checksum: spec.checksum, expectedSize: spec.size)
                     new.host = host
+                    new.mirrors = spec.mirrors
                     new.options = JobOptions(
                         automaticName: resolved.automatic, renameIfTaken: spec.onExists == .rename, insecure: spec.insecure, tls: spec.tls,
                         maxSpeed: spec.maxSpeed, segments: spec.segments, metered: spec.metered)

@@ -149,6 +149,8 @@ extension Engine {
         public var checksum: Checksum?
         public var size: Int64?
         public var meta: String?
+        /// More URLs of the same file (`mirrors`), checked.
+        public var mirrors: [JobMirror] = []
         public init(url: String) { self.url = url }
     }
 
@@ -194,6 +196,7 @@ extension Engine {
                         overwrite: overwrite, state: paused ? .paused : .queued, checksum: member.checksum, expectedSize: member.size)
                     // The group's TLS settings and `insecure` are every member's.
                     new.options = options
+                    new.mirrors = member.mirrors
                     news.append(new)
                 } catch {
                     throw DLError(error.code, "jobs[\(index)]: \(error.message)")

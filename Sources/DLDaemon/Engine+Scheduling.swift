@@ -79,7 +79,14 @@ extension Engine {
         var load: [String: Int] = [:]
         // A transfer counts the connections it may use: its ranges, until it knows it is one
         // stream (TransferProgress.connections).
-        for entry in running.values { load[entry.host, default: 0] += entry.progress.connections }
+        for entry in running.values {
+            // With mirrors, a transfer's ranges count against the hosts they go to.
+            if let byHost = entry.progress.hostConnections {
+                for (host, count) in byHost { load[host, default: 0] += count }
+            } else {
+                load[entry.host, default: 0] += entry.progress.connections
+            }
+        }
         for job in pending.launches { load[URLRules.hostKey(job.url), default: 0] += 1 }
         return load
     }
@@ -98,7 +105,24 @@ extension Engine {
         for (job, host) in zip(jobs, hosts) {
             waiting[host, default: 1] -= 1
             let free = configuration.maxPerHost - load[host, default: 0] - waiting[host, default: 0]
-            let slots = SegmentAllowance.slots(wanted: job.options.segments ?? configuration.segments, free: free)
+            let wanted = job.options.segments ?? configuration.segments
+            if !job.mirrors.isEmpty {
+                // Each mirror's ranges hold slots of its own host.
+                // The live sources' hosts; all of them when every URL was dropped (a resume,
+                // which asks them all again: MirrorSet).
+                let allDropped = job.urlDropped != nil && job.mirrors.allSatisfy { $0.dropped != nil }
+                let hosts = [host] + job.mirrors.filter { allDropped || $0.dropped == nil }.map { URLRules.hostKey($0.url) }
+                var frees: [String: Int] = [:]
+                for other in hosts {
+                    frees[other] = configuration.maxPerHost - load[other, default: 0] - waiting[other, default: 0]
+                }
+                frees[host] = free
+                let allowance = MirrorAllowance.slots(wanted: wanted, hosts: hosts, free: frees)
+                startTransfer(job, slots: allowance.values.reduce(0, +), host: host, hostSlots: allowance)
+                for (other, count) in allowance { load[other, default: 0] += count }
+                continue
+            }
+            let slots = SegmentAllowance.slots(wanted: wanted, free: free)
             startTransfer(job, slots: slots, host: host)
             load[host, default: 0] += slots
         }
@@ -106,9 +130,13 @@ extension Engine {
 
     /// Starts the transfer of a job whose `running` row is committed, with up to `slots`
     /// connections to its host.
-    func startTransfer(_ started: Job, slots: Int = 1, host: String? = nil) {
+    func startTransfer(_ started: Job, slots: Int = 1, host: String? = nil, hostSlots: [String: Int]? = nil) {
         let progress = TransferProgress(received: started.received, size: started.size)
         progress.connections = slots
+        if !started.mirrors.isEmpty {
+            let allowance = hostSlots ?? [URLRules.hostKey(started.url): slots]
+            progress.hostConnections = allowance
+        }
         var request = TransferRequest(
             jobID: started.id, url: started.url, headers: started.headers, path: started.downloadPath,
             overwrite: started.overwrite, offset: started.received, size: started.size, validators: started.validators,
@@ -118,6 +146,9 @@ extension Engine {
         request.checkpoints = configuration.checkpoints
         request.segmentation = SegmentSettings(count: slots, minSize: configuration.segmentMinSize)
         request.segmentLayout = started.segments
+        request.mirrors = started.mirrors
+        request.urlDropped = started.urlDropped
+        request.hostSlots = progress.hostConnections ?? [:]
         request.options = started.options
         if started.groupID != nil { request.options.automaticName = false }
         if let netrc = configuration.netrcPath, let text = try? String(contentsOfFile: netrc, encoding: .utf8) {
@@ -297,6 +328,10 @@ extension Engine {
         if let finalURL = checkpoint.finalURL { job.finalURL = finalURL }
         if let sha256 = checkpoint.sha256 { job.sha256 = sha256 }
         if let digest = checkpoint.digest { job.digest = digest }
+        if let mirrors = checkpoint.mirrors, !job.mirrors.isEmpty {
+            job.mirrors = mirrors.mirrors
+            job.urlDropped = mirrors.urlDropped
+        }
     }
 
     // MARK: Waiting jobs

@@ -118,7 +118,11 @@ extension Engine {
                 job = stopped
             }
             let before = job
-            if let url { job.url = url }
+            if let url {
+                job.url = url
+                // A new URL is tried whatever the old one did.
+                job.urlDropped = nil
+            }
             if let headers { job.headers = headers }
             job.updatedAt = now()
             // A running job stays `running` under this worker: its row is saved with the new

@@ -34,6 +34,8 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var host: String?
     /// The job's own speed limit, bytes per second (`max_speed`; nil or 0: none).
     public var maxSpeed: Int64?
+    /// More URLs of the same file (`mirrors`), checked.
+    public var mirrors: [JobMirror] = []
 
     public init(url: String) { self.url = url }
 }

@@ -42,7 +42,7 @@ public enum JobJSON {
     /// in this order.
     static let keys = [
         "attempts", "checksum", "created_at", "digest", "error", "final_url", "finished_at", "group", "headers", "id",
-        "insecure", "key", "max_speed", "meta", "metered", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "ranges",
+        "insecure", "key", "max_speed", "meta", "metered", "mirrors", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "ranges",
         "received",
         "sha256", "size", "speed", "state", "tls", "updated_at", "url", "wait_reason", "worker",
     ]
@@ -77,6 +77,7 @@ public enum JobJSON {
             job.options.maxSpeed.map { .int($0) } ?? .null,
             job.meta.flatMap { try? JSONValue.parse(Data($0.utf8)) } ?? .null,
             job.options.metered.map { .bool($0) } ?? .null,
+            mirrors(job),
             .string(job.name),
             job.nextAttemptAt.map(timestamp) ?? .null,
             .bool(job.overwrite),
@@ -101,6 +102,14 @@ public enum JobJSON {
     private static func ranges(_ job: Job) -> JSONValue {
         guard let stored = job.segments, let size = job.size, let layout = SegmentLayout(encoded: stored, size: size) else { return .null }
         return .array(layout.segments.map { .array([.int($0.start), .int($0.done), .int($0.end)]) })
+    }
+
+    /// The job's mirrors with their state, null without any: the job's own URL first, then the
+    /// others, each `{url, dropped}` (`dropped`: why dld stopped using it, else null).
+    private static func mirrors(_ job: Job) -> JSONValue {
+        guard !job.mirrors.isEmpty else { return .null }
+        let all = [JobMirror(url: job.url, dropped: job.urlDropped)] + job.mirrors
+        return .array(all.map { ["url": .string(URLRules.redacted($0.url)), "dropped": $0.dropped.map { .string($0) } ?? .null] })
     }
 
     /// A job's own TLS files; the ones it did not give are null.

@@ -44,9 +44,9 @@ private struct InsertBatch {
     static let sizes = [256, 64, 16, 4, 1]
     private static let columns = """
         INSERT INTO jobs (url, path, state, priority, created_at, updated_at, key, meta, headers, overwrite,
-            checksum, expected_size, size, progress_at, group_id, staging_path, options, host) VALUES
+            checksum, expected_size, size, progress_at, group_id, staging_path, options, host, mirrors) VALUES
         """
-    private static let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    private static let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
     private let db: Database
     private let groupID: GroupID?
@@ -117,6 +117,7 @@ private struct InsertBatch {
             insert.bind(new.stagingPath)
             insert.bind(JobStore.encodeOptions(new.options))
             insert.bind(new.host ?? URLRules.hostKey(new.url))
+            insert.bind(ColumnCoding.mirrors(new.mirrors, urlDropped: nil))
         }
         try insert.execute()
         // One statement's rows get consecutive ids in order: with AUTOINCREMENT each row's id

@@ -19,6 +19,8 @@ public struct NewJob: Sendable, Equatable {
     public var options = JobOptions()
     /// `URLRules.hostKey(url)`, when the caller knows it already; else the store works it out.
     public var host: String?
+    /// More URLs of the same file.
+    public var mirrors: [JobMirror] = []
 
     public init(
         url: String, path: String, priority: Int = 0, key: String? = nil, meta: String? = nil,
@@ -47,6 +49,7 @@ extension NewJob {
             headers: headers, overwrite: overwrite, checksum: checksum,
             expectedSize: expectedSize, progressAt: now, groupID: groupID, stagingPath: stagingPath)
         job.options = options
+        job.mirrors = mirrors
         job.size = expectedSize
         job.id = id
         return job
@@ -268,6 +271,11 @@ public final class JobStore: JobTable {
             // stored form); NULL for one stream of `received` bytes.
             try db.execute(sql: "ALTER TABLE jobs ADD COLUMN segments TEXT")
         }
+        migrator.registerMigration("v11-mirrors") { db in
+            // More URLs of the same file and which were dropped, why (JSON, ColumnCoding.mirrors);
+            // NULL for a job without mirrors.
+            try db.execute(sql: "ALTER TABLE jobs ADD COLUMN mirrors TEXT")
+        }
         return migrator
     }
 
@@ -472,7 +480,7 @@ public final class JobStore: JobTable {
                     finished_at = ?, next_attempt_at = ?, key = ?, meta = ?, headers = ?, overwrite = ?,
                     final_url = ?, etag = ?, last_modified = ?, accepts_ranges = ?, checksum = ?, expected_size = ?,
                     sha256 = ?, digest = ?, progress_at = ?, staging_path = ?, options = ?, worker = ?, lease_until = ?,
-                    segments = ?
+                    segments = ?, mirrors = ?
                 WHERE id = ?
                 """
         ).execute(
@@ -485,7 +493,7 @@ public final class JobStore: JobTable {
                 job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.stagingPath, encodeOptions(job.options),
                 // A worker holds a job only while it runs it.
                 job.state == .running ? job.worker : nil,
-                job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil, job.segments, job.id,
+                job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil, job.segments, ColumnCoding.mirrors(job), job.id,
             ])
     }
 
@@ -495,7 +503,7 @@ public final class JobStore: JobTable {
         id, url, path, state, wait_reason, priority, size, received, error_code, error_message, attempts, \
         created_at, updated_at, finished_at, next_attempt_at, key, meta, headers, overwrite, final_url, etag, \
         last_modified, accepts_ranges, checksum, expected_size, sha256, digest, progress_at, group_id, \
-        staging_path, options, worker, lease_until, segments
+        staging_path, options, worker, lease_until, segments, mirrors
         """
 
     /// The jobs a `SELECT \(jobColumns) …` statement returns, read with SQLite's C API:
@@ -535,7 +543,7 @@ public final class JobStore: JobTable {
     static func job(from row: ColumnReader) -> Job {
         let date = { (column: Int32) in row.double(column).map(Date.init(timeIntervalSince1970:)) }
         let errorCode = row.text(8)
-        return Job(
+        var job = Job(
             id: row.int(0) ?? 0, url: row.text(1) ?? "", path: row.text(2) ?? "",
             // An unknown state can only come from a newer dld; show it as failed, never crash.
             state: row.text(3).flatMap(JobState.init(rawValue:)) ?? .failed,
@@ -554,6 +562,8 @@ public final class JobStore: JobTable {
             sha256: row.text(25), digest: row.text(26), progressAt: date(27),
             groupID: row.int(28), stagingPath: row.text(29), options: decodeOptions(row.text(30)),
             worker: row.text(31), leaseUntil: date(32), segments: row.text(33))
+        if !row.isNull(34) { ColumnCoding.mirrors(from: row.text(34), into: &job) }
+        return job
     }
 
     // The JSON columns hold their empty values for almost every job: those skip the coder,

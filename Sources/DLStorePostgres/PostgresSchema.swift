@@ -110,6 +110,11 @@ enum PostgresSchema {
             // stored form); NULL for one stream of `received` bytes.
             "ALTER TABLE jobs ADD COLUMN segments text",
         ]),
+        ("v5-mirrors", [
+            // More URLs of the same file and which were dropped, why (JSON, ColumnCoding.mirrors);
+            // NULL for a job without mirrors.
+            "ALTER TABLE jobs ADD COLUMN mirrors text",
+        ]),
     ]
 
     /// Applies the migrations this database lacks, in one transaction, under an advisory lock:

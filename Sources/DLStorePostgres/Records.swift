@@ -26,9 +26,10 @@ struct InsertRecord: Encodable {
     var stagingPath: String?
     var options: String
     var host: String
+    var mirrors: String?
 
     enum CodingKeys: String, CodingKey {
-        case id, url, path, state, priority, key, meta, headers, overwrite, checksum, size, options, host
+        case id, url, path, state, priority, key, meta, headers, overwrite, checksum, size, options, host, mirrors
         case createdAt = "created_at", updatedAt = "updated_at", expectedSize = "expected_size"
         case progressAt = "progress_at", groupID = "group_id", stagingPath = "staging_path"
     }
@@ -53,6 +54,7 @@ struct InsertRecord: Encodable {
         stagingPath = new.stagingPath.map(storedText)
         options = ColumnCoding.options(new.options)
         host = storedText(new.host ?? URLRules.hostKey(new.url))
+        mirrors = ColumnCoding.mirrors(new.mirrors, urlDropped: nil).map(storedText)
     }
 
     static let set = RecordSet<InsertRecord>(columns: [
@@ -60,6 +62,7 @@ struct InsertRecord: Encodable {
         ("created_at", "double precision"), ("updated_at", "double precision"), ("key", "text"), ("meta", "text"),
         ("headers", "text"), ("overwrite", "boolean"), ("checksum", "text"), ("expected_size", "bigint"), ("size", "bigint"),
         ("progress_at", "double precision"), ("group_id", "bigint"), ("staging_path", "text"), ("options", "text"), ("host", "text"),
+        ("mirrors", "text"),
     ])
 }
 
@@ -98,10 +101,11 @@ struct UpdateRecord: Encodable {
     var worker: String?
     var leaseUntil: Double?
     var segments: String?
+    var mirrors: String?
 
     enum CodingKeys: String, CodingKey {
         case id, url, path, state, priority, size, received, attempts, key, meta, headers, overwrite, etag, checksum, sha256, digest, options
-        case worker, leaseUntil = "lease_until", segments
+        case worker, leaseUntil = "lease_until", segments, mirrors
         case waitReason = "wait_reason", errorCode = "error_code", errorMessage = "error_message", updatedAt = "updated_at"
         case finishedAt = "finished_at", nextAttemptAt = "next_attempt_at", finalURL = "final_url", lastModified = "last_modified"
         case acceptsRanges = "accepts_ranges", expectedSize = "expected_size", progressAt = "progress_at", stagingPath = "staging_path"
@@ -141,6 +145,7 @@ struct UpdateRecord: Encodable {
         worker = job.state == .running ? job.worker.map(storedText) : nil
         leaseUntil = job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil
         segments = job.segments.map(storedText)
+        mirrors = ColumnCoding.mirrors(job).map(storedText)
     }
 
     static let set = RecordSet<UpdateRecord>(columns: [
@@ -150,7 +155,7 @@ struct UpdateRecord: Encodable {
         ("key", "text"), ("meta", "text"), ("headers", "text"), ("overwrite", "boolean"), ("final_url", "text"), ("etag", "text"),
         ("last_modified", "text"), ("accepts_ranges", "boolean"), ("checksum", "text"), ("expected_size", "bigint"),
         ("sha256", "text"), ("digest", "text"), ("progress_at", "double precision"), ("staging_path", "text"), ("options", "text"),
-        ("worker", "text"), ("lease_until", "double precision"), ("segments", "text"),
+        ("worker", "text"), ("lease_until", "double precision"), ("segments", "text"), ("mirrors", "text"),
     ])
 }
 

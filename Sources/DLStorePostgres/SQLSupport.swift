@@ -156,7 +156,7 @@ enum Columns {
         id, url, path, state, wait_reason, priority, size, received, error_code, error_message, attempts, \
         created_at, updated_at, finished_at, next_attempt_at, key, meta, headers, overwrite, final_url, etag, \
         last_modified, accepts_ranges, checksum, expected_size, sha256, digest, progress_at, group_id, \
-        staging_path, options, worker, lease_until, segments
+        staging_path, options, worker, lease_until, segments, mirrors
         """
 
     static let group = "id, name, dir, staging, priority, closed, error_code, error_message, created_at, updated_at, finished_at"
@@ -168,7 +168,7 @@ enum Columns {
         let errorCode = try cells[8].decode(String?.self)
         let errorMessage = try cells[9].decode(String?.self)
         let checksum = try cells[23].decode(String?.self)
-        return Job(
+        var job = Job(
             id: try cells[0].decode(Int64.self), url: try cells[1].decode(String.self), path: try cells[2].decode(String.self),
             // An unknown state can only come from a newer dld; show it as failed, never crash.
             state: JobState(rawValue: try cells[3].decode(String.self)) ?? .failed,
@@ -194,6 +194,8 @@ enum Columns {
             worker: try cells[31].decode(String?.self),
             leaseUntil: try cells[32].decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
             segments: try cells[33].decode(String?.self))
+        ColumnCoding.mirrors(from: try cells[34].decode(String?.self), into: &job)
+        return job
     }
 
     static func group(_ row: PostgresRow) throws -> JobGroup {

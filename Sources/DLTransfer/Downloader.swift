@@ -34,6 +34,13 @@ public struct TransferRequest: Sendable {
     /// The ranges a segmented download had synced (`SegmentLayout.encoded`); nil: one stream
     /// of `offset` bytes.
     public var segmentLayout: String?
+    /// More URLs of the same file, with what earlier attempts found (dropped ones are not
+    /// asked); empty for most jobs.
+    public var mirrors: [JobMirror] = []
+    /// Why the job's own URL was dropped, when it has mirrors.
+    public var urlDropped: String?
+    /// With mirrors: connections the ranges may open to each host (`MirrorAllowance`).
+    public var hostSlots: [String: Int] = [:]
 
     public init(jobID: JobID, url: String, headers: [HeaderField], path: String, overwrite: Bool,
                 offset: Int64, size: Int64?, validators: Validators, checksum: Checksum? = nil) {
@@ -70,6 +77,8 @@ public struct TransferCheckpoint: Sendable, Equatable {
     public var publishTarget: String?
     /// Set when the attempt had bytes and had to start over from 0: why (`started_over`).
     public var startedOver: JobError?
+    /// With mirrors: which sources are dropped, and why (recorded with the attempt's outcome).
+    public var mirrors: MirrorColumn?
 
     public init(received: Int64, size: Int64?, validators: Validators, finalURL: String?,
                 sha256: String? = nil, digest: String? = nil, proposedName: String? = nil) {
@@ -214,6 +223,9 @@ public final class Downloader: Sendable {
         var state = AttemptState(
             received: request.offset, size: request.size, validators: request.validators, finalURL: nil,
             target: Target(url: request.url))
+        if !request.mirrors.isEmpty {
+            state.sources = SourceBook(MirrorSet(url: request.url, urlDropped: request.urlDropped, mirrors: request.mirrors))
+        }
         let file: PartialFile
         do {
             file = try PartialFile(path: request.partialPath)
@@ -270,7 +282,7 @@ public final class Downloader: Sendable {
 
     /// The job error for an error of the network or the HTTP client. The library's own
     /// description, which a developer may need, goes to the log at debug level only.
-    private func explain(_ error: any Error, request: TransferRequest, target: Target?, proxy: ProxyServer?) async -> TransferFailure {
+    func explain(_ error: any Error, request: TransferRequest, target: Target?, proxy: ProxyServer?) async -> TransferFailure {
         logger.debug("transfer error", metadata: ["job": "\(request.jobID)", "error": "\(String(reflecting: error))"])
         let target = target ?? Target(host: "the server", port: 0, isHTTPS: false)
         if let proxy, let failure = Self.proxyFailure(error, proxy: proxy, target: target, timeouts: configuration) { return failure }
@@ -302,12 +314,19 @@ public final class Downloader: Sendable {
         /// The proxy the request in flight goes through, if any.
         var proxy: ProxyServer?
         var startedOver: JobError?
+        /// With mirrors: the sources of the attempt, shared by every copy of this state (the
+        /// range workers' too).
+        var sources: SourceBook?
+        /// The source the first request went to (the job's URL unless it failed or was
+        /// dropped); later requests of one stream go there too.
+        var sourceURL: String?
         var checkpoint: TransferCheckpoint {
             var checkpoint = TransferCheckpoint(
                 received: received, size: size, validators: validators, finalURL: finalURL.map(URLRules.redacted),
                 proposedName: proposedName)
             checkpoint.startedOver = startedOver
             checkpoint.segments = segments
+            checkpoint.mirrors = sources?.column
             return checkpoint
         }
     }
@@ -380,7 +399,7 @@ public final class Downloader: Sendable {
             state.received = 0
         }
 
-        var response = try await fetch(request, state: &state, rangeFrom: state.received)
+        var response = try await probe(request, state: &state)
         let status = Int(response.status.code)
         let headers = response.headers
         switch status {
@@ -443,6 +462,9 @@ public final class Downloader: Sendable {
             ? request.segmentation.count : 1
         // The host's other slots are given back at once when the file is one stream.
         progress.connections = workers
+        if workers == 1, progress.hostConnections != nil {
+            progress.hostConnections = [URLRules.hostKey(state.sourceURL ?? request.url): 1]
+        }
         let layout: SegmentLayout
         if workers > 1, let size = state.size {
             layout = SegmentLayout(
@@ -475,6 +497,15 @@ public final class Downloader: Sendable {
         }
         state.received = layout.written
         state.segments = layout.encoded
+        if let book = state.sources {
+            // No first request: the first live source defines the file (the stored validators
+            // must match its answers, If-Range), the others' answers must agree with them.
+            guard let first = book.state.withLock({ set -> Int? in
+                set.reference = set.first
+                return set.first
+            }) else { throw noSourceLeft(book, last: nil) }
+            state.sourceURL = book.url(first)
+        }
         progress.update(received: state.received, size: state.size)
         try reserveSpace(request, file: file, state: state, from: layout.prefix)
         // The digests continue over the contiguous prefix, read back once per attempt.
@@ -512,10 +543,15 @@ public final class Downloader: Sendable {
 
     /// Sends the request for `from` onwards, following redirects ourselves.
     /// With `rangeEnd`, asks for `[offset, rangeEnd)` only (a range of a segmented download).
-    func fetch(_ request: TransferRequest, state: inout AttemptState, rangeFrom offset: Int64, rangeEnd: Int64? = nil) async throws -> HTTPClientResponse {
-        var current = request.url
+    func fetch(
+        _ request: TransferRequest, state: inout AttemptState, rangeFrom offset: Int64, rangeEnd: Int64? = nil, source: String? = nil
+    ) async throws -> HTTPClientResponse {
+        // A mirror's credentials (its user info, ~/.netrc) are its own host's, as the job's are.
+        let start = source ?? state.sourceURL ?? request.url
+        var current = start
         var hops = 0
-        let origin = URL(string: request.url)?.host?.lowercased()
+        let origin = URL(string: start)?.host?.lowercased()
+        let jobHost = URL(string: request.url)?.host?.lowercased()
         // user:password in the URL, else ~/.netrc, become Basic credentials for the job's own
         // host; the URL sent has no user info (it would reach logs and other hosts).
         var basic: String? = nil
@@ -542,12 +578,14 @@ public final class Downloader: Sendable {
             http.method = .GET
             http.headers.add(name: "User-Agent", value: configuration.userAgent)
             // Credentials are for the host they were given for: a redirect to another host
-            // does not carry them.
-            let sameHost = URL(string: current)?.host?.lowercased() == origin
-            for header in request.headers where sameHost || !header.isCredential {
+            // does not carry them, and the job's credential headers (given for its URL) never
+            // go to a mirror on another host; a URL's own user info goes to that URL's host.
+            let host = URL(string: current)?.host?.lowercased()
+            let jobsHost = host == jobHost
+            for header in request.headers where jobsHost || !header.isCredential {
                 http.headers.add(name: header.name, value: header.value)
             }
-            if sameHost, !hasOwnAuthorization, let basic {
+            if host == origin, !(hasOwnAuthorization && jobsHost), let basic {
                 http.headers.replaceOrAdd(name: "Authorization", value: "Basic \(basic)")
             }
             http.headers.replaceOrAdd(name: "Accept-Encoding", value: "identity")
@@ -568,7 +606,7 @@ public final class Downloader: Sendable {
             _ = try? await response.body.collect(upTo: 64 << 10)
             hops += 1
             guard hops <= configuration.maxRedirects else {
-                throw TransferFailure(.permanent, "too_many_redirects", "more than \(configuration.maxRedirects) redirects from \(URLRules.redacted(request.url)); the server sends dld in circles")
+                throw TransferFailure(.permanent, "too_many_redirects", "more than \(configuration.maxRedirects) redirects from \(URLRules.redacted(start)); the server sends dld in circles")
             }
             guard let base = URL(string: current) else {
                 throw TransferFailure(.permanent, "invalid_url", "the URL \(URLRules.redacted(current).prefix(200)) cannot be requested; check it")

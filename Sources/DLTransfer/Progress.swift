@@ -22,6 +22,7 @@ public final class TransferProgress: Sendable {
         var windowBytes: Int64
         var startedOver: JobError?
         var connections = 1
+        var hostConnections: [String: Int]?
     }
 
     /// Speed is measured over windows of this length.
@@ -62,6 +63,13 @@ public final class TransferProgress: Sendable {
     public var connections: Int {
         get { state.withLock { $0.connections } }
         set { state.withLock { $0.connections = max(1, newValue) } }
+    }
+
+    /// With mirrors: the connections the transfer holds or may open, by host (what the engine
+    /// counts against each host's `max_per_host` instead of `connections` on the job's host).
+    public var hostConnections: [String: Int]? {
+        get { state.withLock { $0.hostConnections } }
+        set { state.withLock { $0.hostConnections = newValue } }
     }
 
     public var snapshot: Snapshot {

@@ -138,6 +138,9 @@ extension Downloader {
             }
             progress.update(received: 0, size: state.size)
             progress.connections = 1
+            if progress.hostConnections != nil {
+                progress.hostConnections = [URLRules.hostKey(state.sourceURL ?? request.url): 1]
+            }
             try reserveSpace(request, file: file, state: state)
             try await stream(request, file: file, state: &state, digests: digests,
                              layout: SegmentLayout(size: state.size ?? Int64.max, prefix: 0), workers: 1, first: response,
@@ -179,28 +182,83 @@ extension Downloader {
         base: TransferCheckpoint, progress: TransferProgress, checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
         var next = opened
+        let book = template.sources
         while true {
             let slot: Int
             let body: HTTPClientResponse.Body
             var announcedEnd: Int64? = nil
+            // With mirrors: the source this range is fetched from.
+            var source: Int? = nil
+            var host = template.target?.host ?? "the server"
             if let opened = next {
                 slot = opened.0
                 body = opened.1.body
                 next = nil
+                if let book {
+                    let url = template.sourceURL ?? request.url
+                    source = book.state.withLock { set in
+                        let index = set.sources.firstIndex { $0.url == url }
+                        if let index { set.opened(index) }
+                        return index
+                    }
+                }
             } else {
                 guard let taken = run.state.withLock({ $0.planner.take() }) else { return }
-                guard let answer = try await rangeRequest(taken, run: run, request: request, template: template) else {
+                if let book {
+                    guard let picked = book.state.withLock({ $0.pick(allowance: request.hostSlots) }) else {
+                        // No live source has a connection left for this worker: the others go on.
+                        run.state.withLock { $0.planner.release(taken) }
+                        return
+                    }
+                    source = picked
+                    host = Target(url: book.url(picked))?.host ?? host
+                }
+                let answer: (HTTPClientResponse, Int64?)?
+                do {
+                    answer = try await rangeRequest(taken, source: source, run: run, request: request, template: template)
+                } catch let failure as SourceFailure {
+                    guard let book, let source else { throw failure.underlying }
+                    book.state.withLock { $0.closed(source) }
+                    try await moveOn(failure, source: source, book: book, host: host, request: request)
+                    continue
+                }
+                guard let answer else {
+                    if let book, let source { book.state.withLock { $0.closed(source) } }
                     return  // retired: the host refused one more connection; the others go on
                 }
                 slot = taken
                 body = answer.0.body
                 announcedEnd = answer.1
             }
-            try await receive(body, slot: slot, announcedEnd: announcedEnd, run: run, request: request,
-                              host: template.target?.host ?? "the server", base: base, progress: progress, checkpoint: checkpoint)
+            do {
+                try await receive(body, slot: slot, announcedEnd: announcedEnd, run: run, request: request,
+                                  host: host, base: base, progress: progress, checkpoint: checkpoint)
+            } catch let failure as SourceFailure {
+                run.state.withLock { $0.planner.release(slot) }
+                guard let book, let source else { throw failure.underlying }
+                book.state.withLock { $0.closed(source) }
+                try await moveOn(failure, source: source, book: book, host: host, request: request)
+                continue
+            }
+            if let book, let source {
+                book.state.withLock { set in
+                    set.closed(source)
+                    set.delivered(source)
+                }
+            }
             run.state.withLock { $0.planner.release(slot) }
             if run.size == nil { return }
         }
+    }
+
+    /// A range failed on a source: recorded, and the worker goes on with another source (its
+    /// range, released, is taken again from where its bytes stopped), or the attempt fails
+    /// when no source is left.
+    private func moveOn(_ failure: SourceFailure, source: Int, book: SourceBook, host: String, request: TransferRequest) async throws {
+        if failure.underlying is CancellationError || Task.isCancelled { throw failure.underlying }
+        let target = Target(url: book.url(source))
+        let explained = await sourceFailure(failure.underlying, request: request, target: target)
+        try sourceFailed(source, explained, book: book, request: request)
     }
 
     /// Asks for the unwritten part of range `slot` (If-Range: the same file, or all of it);
@@ -208,19 +266,32 @@ extension Downloader {
     /// was asked). Nil when this worker should stop: the server refused one more connection for
     /// now while other workers still fetch (they take its range when theirs is done).
     private func rangeRequest(
-        _ slot: Int, run: StreamRun, request: TransferRequest, template: AttemptState
+        _ slot: Int, source: Int?, run: StreamRun, request: TransferRequest, template: AttemptState
     ) async throws -> (HTTPClientResponse, Int64?)? {
         let segment = run.state.withLock { $0.planner.segment(slot) }
         var local = template
         let response: HTTPClientResponse
+        let book = template.sources
         do {
-            response = try await fetch(request, state: &local, rangeFrom: segment.done, rangeEnd: segment.end)
+            response = try await fetch(
+                request, state: &local, rangeFrom: segment.done, rangeEnd: segment.end, source: source.flatMap { book?.url($0) })
         } catch {
             run.state.withLock { $0.planner.release(slot) }
-            throw error
+            throw SourceFailure(underlying: error)
         }
         let host = local.target?.host ?? "the server"
-        switch Int(response.status.code) {
+        let status = Int(response.status.code)
+        // A mirror's first answer must be the same file as the reference's (the first answer of
+        // the attempt, or the validators the bytes on disk came with); the reference's own
+        // answers keep the rules of one server below.
+        if let book, let source, book.hasMirrors, source != book.state.withLock({ $0.reference }) {
+            if let reason = mirrorDisagreement(response, status: status, source: source, book: book, run: run, template: template) {
+                // Its body is another file's: not read (the connection is closed).
+                run.state.withLock { $0.planner.release(slot) }
+                throw SourceFailure(underlying: TransferFailure(.permanent, "mirror_disagrees", reason))
+            }
+        }
+        switch status {
         case 206:
             let range = ContentRange(response.headers.first(name: "content-range"))
             guard let range, range.start == segment.done, range.total == run.size else {
@@ -252,7 +323,32 @@ extension Downloader {
                 }
             }
             run.state.withLock { $0.planner.release(slot) }
-            throw failure
+            throw SourceFailure(underlying: failure)
+        }
+    }
+
+    /// Why the answer of mirror `source` to a range request is not usable, or nil: it must be
+    /// a 206 of the asked range, and its first answer must agree with the file on size and
+    /// validators (`FileIdentity.disagreement`), else the mirror is dropped for good.
+    private func mirrorDisagreement(
+        _ response: HTTPClientResponse, status: Int, source: Int, book: SourceBook, run: StreamRun, template: AttemptState
+    ) -> String? {
+        let headers = response.headers
+        let etag = headers.first(name: "etag").flatMap { $0.hasPrefix("W/") ? nil : $0 }
+        let reference = FileIdentity(size: run.size, etag: template.validators.etag, lastModified: template.validators.lastModified)
+        switch status {
+        case 206:
+            let total = ContentRange(headers.first(name: "content-range"))?.total
+            let answer = FileIdentity(size: total, etag: etag, lastModified: headers.first(name: "last-modified"))
+            return book.state.withLock { $0.check(source, answer: answer, reference: reference) }
+        case 200:
+            let length = headers.first(name: "content-length").flatMap { Int64($0) }
+            let answer = FileIdentity(size: length, etag: etag, lastModified: headers.first(name: "last-modified"))
+            return reference.disagreement(answer) ?? "it answered a range request with the whole file (200): it does not take ranges, or its validators differ"
+        case 416:
+            return "it refused a range of the file (416): its file is another"
+        default:
+            return nil  // a failure status: handled as the reference's
         }
     }
 
@@ -264,7 +360,15 @@ extension Downloader {
         _ body: HTTPClientResponse.Body, slot: Int, announcedEnd: Int64?, run: StreamRun, request: TransferRequest, host: String,
         base: TransferCheckpoint, progress: TransferProgress, checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
-        for try await chunk in body {
+        var chunks = body.makeAsyncIterator()
+        while true {
+            let next: ByteBuffer?
+            do {
+                next = try await chunks.next()
+            } catch {
+                throw SourceFailure(underlying: error)
+            }
+            guard let chunk = next else { break }
             // The one place a transfer meets the speed limits, for every range of every job: it
             // sleeps here (reading nothing more) while it is ahead of them.
             try await limiter.take(chunk.readableBytes, job: request.jobID)
@@ -305,7 +409,7 @@ extension Downloader {
             if granted < count {
                 let end = run.state.withLock { $0.planner.segment(slot).end }
                 if let size = run.size, end == size {
-                    throw TransferFailure(.transient(.retry), "length_mismatch", "\(host) sent more than the \(size) bytes it announced")
+                    throw SourceFailure(underlying: TransferFailure(.transient(.retry), "length_mismatch", "\(host) sent more than the \(size) bytes it announced"))
                 }
                 // The rest of this answer is another range's (a split lowered this one's end).
                 return
@@ -315,7 +419,7 @@ extension Downloader {
         if let announcedEnd, segment.done >= announcedEnd { return }
         if let size = run.size, !segment.isFinished {
             let written = run.state.withLock { $0.planner.written }
-            throw TransferFailure(.transient(.network), "truncated", "the connection to \(host) ended after \(written) of \(size) bytes")
+            throw SourceFailure(underlying: TransferFailure(.transient(.network), "truncated", "the connection to \(host) ended after \(written) of \(size) bytes"))
         }
     }
 

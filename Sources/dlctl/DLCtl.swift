@@ -169,6 +169,7 @@ struct Enqueue: ParsableCommand {
     @Option(name: .customLong("client-key"), help: "The unencrypted PEM private key of --client-cert.") var clientKey: String?
     @Option(name: .customLong("max-speed"), help: "This job's own speed limit, bytes per second (2M, 512K; 0: none).") var maxSpeed: String?
     @Option(help: "Byte ranges of a big file fetched at once (1...16; 1: one stream; default: the daemon's segments).") var segments: Int?
+    @Option(name: .customLong("mirror"), help: "Another URL of the same file; ranges spread across them (repeatable; one URL only).") var mirrors: [String] = []
     @Flag(inversion: .prefixedNo, help: "Download on a metered connection, or wait while the connection is metered (default: the daemon's `metered`).")
     var metered: Bool?
     @OptionGroup var common: Common
@@ -176,11 +177,11 @@ struct Enqueue: ParsableCommand {
     func validate() throws {
         if let maxSpeed, ByteRate.parse(maxSpeed) == nil { throw ValidationError("--max-speed must be a rate such as 2M, 512K or 100000") }
         if urls.isEmpty && input == nil { throw ValidationError("give URLs, or -i FILE") }
-        if (urls.count > 1 || input != nil) && (output != nil || name != nil || key != nil || checksum != nil || size != nil) {
-            throw ValidationError("-o, --name, --key, --checksum and --size apply to one URL at a time")
+        if (urls.count > 1 || input != nil) && (output != nil || name != nil || key != nil || checksum != nil || size != nil || !mirrors.isEmpty) {
+            throw ValidationError("-o, --name, --key, --checksum, --size and --mirror apply to one URL at a time")
         }
         if output != nil && (dir != nil || name != nil) { throw ValidationError("give -o, or -d/--name, not both") }
-        if group != nil && (dir == nil || output != nil || key != nil) { throw ValidationError("--group needs -d DIR (and no -o or --key)") }
+        if group != nil && (dir == nil || output != nil || key != nil || !mirrors.isEmpty) { throw ValidationError("--group needs -d DIR (and no -o, --key or --mirror)") }
     }
 
     /// The input list's entries, or a usage error naming the line.
@@ -235,6 +236,7 @@ struct Enqueue: ParsableCommand {
         if let metered { base["metered"] = .bool(metered) }
         if let checksum { base["checksum"] = .string(checksum) }
         if let size { base["size"] = .int(size) }
+        if !mirrors.isEmpty { base["mirrors"] = .array(mirrors.map { .string($0) }) }
         if let rate = maxSpeed.flatMap(ByteRate.parse) { base["max_speed"] = .int(rate) }
         var ids: [Int64] = []
         if entries.count == 1 && input == nil {

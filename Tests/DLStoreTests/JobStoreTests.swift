@@ -248,6 +248,31 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
         }
     }
 
+    /// A job's mirrors are written by insert (none dropped), their drops by a whole-row save,
+    /// and read back by every read; a job without mirrors has none. Reopened, they are there.
+    @Test(arguments: Backend.allCases)
+    func mirrorsAndTheirDropsAreKept(_ backend: Backend) async throws {
+        try await withStore(backend) { store, fixture in
+            var new = NewJob(url: "https://a.example/f", path: "/tmp/f")
+            new.mirrors = [JobMirror(url: "https://b.example/f"), JobMirror(url: "https://c.example:8443/f")]
+            let inserted = try await store.insert([new, NewJob(url: "https://a.example/g", path: "/tmp/g")], now: t0).map(\.job)
+            #expect(inserted[0].mirrors == new.mirrors)
+            var job = try #require(try await store.fetch(inserted[0].id))
+            #expect(job.mirrors == new.mirrors)
+            #expect(job.urlDropped == nil)
+            #expect(try await store.fetch(inserted[1].id)?.mirrors == [])
+            job.mirrors[1].dropped = "size differs: 11 vs 10"
+            job.urlDropped = "the server answered 404"
+            job.state = .paused
+            try await store.save(job)
+            let reopened = try await fixture.open()
+            let saved = try #require(try await reopened.fetch(job.id))
+            #expect(saved.mirrors == [JobMirror(url: "https://b.example/f"), JobMirror(url: "https://c.example:8443/f", dropped: "size differs: 11 vs 10")])
+            #expect(saved.urlDropped == "the server answered 404")
+            #expect(try await reopened.list(afterID: 0, limit: 10).first?.mirrors == saved.mirrors)
+        }
+    }
+
     /// A save writes one event for each row whose state changed (with its reason and error),
     /// none for a row whose state stayed; events are numbered from 1, in order.
     @Test(arguments: Backend.allCases)

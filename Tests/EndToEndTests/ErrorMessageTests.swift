@@ -135,6 +135,7 @@ func closedPort() throws -> Int {
             "proxy_error", "proxy_auth", // ProxyTests
             "started_over", // SpeedTests
             "metered", // MeteredTests
+            "no_mirror_left", // MirrorTests
         ]
         let documented = try documentedJobErrorCodes()
         #expect(documented.count > 20)
