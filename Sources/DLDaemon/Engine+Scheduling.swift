@@ -98,7 +98,9 @@ extension Engine {
         for (job, host) in zip(jobs, hosts) {
             waiting[host, default: 1] -= 1
             let free = configuration.maxPerHost - load[host, default: 0] - waiting[host, default: 0]
-            let slots = SegmentAllowance.slots(wanted: job.options.segments ?? configuration.segments, free: free)
+            // An encrypted file is one stream (its chunks are sealed in order): one connection.
+            let wanted = job.options.isEncrypted ? 1 : job.options.segments ?? configuration.segments
+            let slots = SegmentAllowance.slots(wanted: wanted, free: free)
             startTransfer(job, slots: slots)
             load[host, default: 0] += slots
         }
