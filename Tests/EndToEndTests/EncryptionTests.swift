@@ -231,4 +231,30 @@ import Testing
             #expect(origin.requests.allSatisfy { $0.header("range") == nil })
         }
     }
+    /// `dlctl enqueue --encrypt-to` passes the recipients (repeatable); a bad one is refused
+    /// with the daemon's reason and exit status 1.
+    @Test func dlctlEncryptTo() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: quickRetries)
+            try daemon.start()
+            defer { daemon.stop() }
+            let first = try AgeTool.keygen(in: daemon.root, name: "one.txt")
+            let second = try AgeTool.keygen(in: daemon.root, name: "two.txt")
+            let added = try daemon.dlctl([
+                "enqueue", "--json", "--encrypt-to", first.recipient, "--encrypt-to", second.recipient, "--name", "cli.bin",
+                "\(origin.baseURL)/bytes/5000",
+            ])
+            #expect(added.status == 0, "\(added.stderr)")
+            let id = try #require(try JSONValue.parse(Data(added.stdout.utf8))["job"]?["id"]?.int64Value, "\(added.stdout)")
+            let done = try daemon.waitForState(id, ["completed", "failed"])
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            #expect(done["encrypt_to"] == [.string(first.recipient), .string(second.recipient)])
+            for identity in [first, second] {
+                #expect(try AgeTool.decrypt(daemon.downloadDir + "/cli.bin.age", identity: identity) == Data(TestOrigin.bytes(count: 5000)))
+            }
+            let refused = try daemon.dlctl(["enqueue", "--encrypt-to", "age1typo", "\(origin.baseURL)/bytes/10"])
+            #expect(refused.status == 1)
+            #expect(refused.stderr.contains("encrypt_to"), "\(refused.stderr)")
+        }
+    }
 }
