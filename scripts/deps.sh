@@ -11,7 +11,8 @@
 # SOCKS5 proxy (microsocks) for the proxy tests; systemd-socket-activate and systemd-analyze
 # (Debian's `systemd`) for socket activation and the units; man (man-db) and bash-completion
 # for the installed manual pages and completions; ip (iproute2) for the network namespace of
-# the network-awareness test.
+# the network-awareness test; age and age-keygen (Debian's `age`), the reference
+# implementation that decrypts the files dld encrypts at rest.
 set -euo pipefail
 missing=()
 [ -f /usr/include/sqlite3.h ] || missing+=(libsqlite3-dev)
@@ -27,6 +28,7 @@ command -v systemd-socket-activate >/dev/null 2>&1 && command -v systemd-analyze
 command -v man >/dev/null 2>&1 || tools_missing+=(man-db)
 [ -f /usr/share/bash-completion/bash_completion ] || tools_missing+=(bash-completion)
 [ -x /usr/sbin/ip ] || tools_missing+=(iproute2)
+command -v age >/dev/null 2>&1 && command -v age-keygen >/dev/null 2>&1 || tools_missing+=(age)
 [ ${#missing[@]} -eq 0 ] && [ -z "$postgres_missing" ] && [ ${#tools_missing[@]} -eq 0 ] && exit 0
 
 can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }

@@ -107,9 +107,17 @@ public struct JobOptions: Sendable, Equatable, Codable {
     /// Whether the job may download on a metered connection (`metered` at enqueue); nil: the
     /// config's `metered` decides, as it is when the job would start.
     public var metered: Bool?
+    /// The age recipients (`age1…`, checked at enqueue) the file is encrypted to before it
+    /// touches the disk (`encrypt_to`); nil: stored as served. Optional, like `tls`, so that
+    /// older rows decode; stored in the options JSON, so no column and no migration.
+    public var encryptTo: [String]?
+
+    /// Whether the file is encrypted at rest: one stream, started over after any stop.
+    public var isEncrypted: Bool { encryptTo.map { !$0.isEmpty } ?? false }
 
     public init(automaticName: Bool = false, renameIfTaken: Bool = false, insecure: Bool = false, tls: JobTLS? = nil,
-                maxSpeed: Int64? = nil, segments: Int? = nil, metered: Bool? = nil) {
+                maxSpeed: Int64? = nil, segments: Int? = nil, metered: Bool? = nil, encryptTo: [String]? = nil) {
+        self.encryptTo = encryptTo
         self.maxSpeed = maxSpeed
         self.segments = segments
         self.automaticName = automaticName

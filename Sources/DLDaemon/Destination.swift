@@ -63,9 +63,9 @@ struct Destination {
 
     func resolve(
         url: String, path: String?, dir: String?, name: String?, overwrite: Bool, onExists: ExistingFilePolicy,
-        taken: (String) -> Bool = { _ in false }
+        encrypted: Bool = false, taken: (String) -> Bool = { _ in false }
     ) throws(DLError) -> Resolved {
-        let target: String
+        var target: String
         if let path {
             guard dir == nil, name == nil else {
                 throw .invalidParams("give either \"path\", or \"dir\" and \"name\", not both")
@@ -86,6 +86,8 @@ struct Destination {
             }
             target = Self.normalized(folder + "/" + fileName)
         }
+        // An encrypted file is published as `<name>.age`: that is the name checked and kept.
+        if encrypted { target = AgeLayout.encryptedName(target) }
         // `target` is normalized: absolute, no empty, "." or ".." segments.
         let slash = target.lastIndex(of: "/") ?? target.startIndex
         let parent = slash == target.startIndex ? "/" : String(target[..<slash])

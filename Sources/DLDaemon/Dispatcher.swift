@@ -236,6 +236,7 @@ public struct Dispatcher: Sendable {
         "url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused", "checksum", "size",
         "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key", "max_speed", "segments", "metered",
         "mirrors",
+        "encrypt_to",
     ]
 
     /// RFC 9110 token characters, the only ones allowed in a header name.
@@ -243,7 +244,7 @@ public struct Dispatcher: Sendable {
 
     static let groupKeys: Set<String> = [
         "group", "jobs", "priority", "headers", "overwrite", "paused", "insecure", "ca_file", "ca_dir", "client_cert", "client_key",
-        "segments", "metered",
+        "segments", "metered", "encrypt_to",
     ]
     static let memberKeys: Set<String> = ["url", "name", "path", "checksum", "size", "meta", "mirrors"]
 
@@ -285,7 +286,7 @@ public struct Dispatcher: Sendable {
             paused: try params.bool("paused") ?? false,
             options: JobOptions(
                 insecure: try params.bool("insecure") ?? false, tls: try jobTLS(params), segments: try segments(params),
-                metered: try params.bool("metered")),
+                metered: try params.bool("metered"), encryptTo: try Self.encryptTo(params)),
             members: members)
         let summary = GroupSummary.summarize(created, members: jobs, active: false)
         return [
@@ -395,6 +396,7 @@ public struct Dispatcher: Sendable {
         spec.tls = try jobTLS(params)
         spec.segments = try segments(params)
         spec.metered = try params.bool("metered")
+        spec.encryptTo = try Self.encryptTo(params)
         spec.paused = try params.bool("paused") ?? false
         spec.maxSpeed = try Self.rate(params)
         spec.mirrors = try Self.mirrors(params, url: url)
@@ -419,6 +421,36 @@ public struct Dispatcher: Sendable {
             mirrors.append(JobMirror(url: text))
         }
         return mirrors
+    }
+
+    /// `encrypt_to`: one age recipient (`age1…`) or an array of them, each checked now (Bech32
+    /// checksum, an X25519 key that works), so that a typo fails the `enqueue`, not the job.
+    static func encryptTo(_ params: Params) throws(DLError) -> [String]? {
+        guard let value = params.values["encrypt_to"], !value.isNull else { return nil }
+        var texts: [String] = []
+        if let one = value.stringValue {
+            texts = [one]
+        } else if let list = value.arrayValue {
+            for element in list {
+                guard let text = element.stringValue else {
+                    throw .invalidParams("\"encrypt_to\" must be an age recipient (\"age1…\") or an array of them, not an array holding \(element.typeName)")
+                }
+                texts.append(text)
+            }
+        } else {
+            throw .invalidParams("\"encrypt_to\" must be an age recipient (\"age1…\") or an array of them, not \(value.typeName)")
+        }
+        let recipients: [AgeRecipient]
+        switch AgeRecipient.parseList(texts) {
+        case .success(let parsed): recipients = parsed
+        case .failure(let error): throw error
+        }
+        for recipient in recipients {
+            if let problem = AgeEncryptor.check(recipient) {
+                throw .invalidParams("\"encrypt_to\": \(recipient.text) cannot be encrypted to: \(problem.error.message)")
+            }
+        }
+        return recipients.map(\.text)
     }
 
     /// `segments`: ranges fetched at once for this job (1 turns segmented downloads off).

@@ -43,7 +43,7 @@ extension Engine {
                     func resolve() throws(DLError) -> Destination.Resolved {
                         try destination.resolve(
                             url: spec.url, path: spec.path, dir: spec.dir, name: spec.name, overwrite: spec.overwrite,
-                            onExists: spec.onExists, taken: { seenPaths[$0] != nil || usedByJobs.contains($0) })
+                            onExists: spec.onExists, encrypted: spec.encryptTo != nil, taken: { seenPaths[$0] != nil || usedByJobs.contains($0) })
                     }
                     var resolved = try resolve()
                     while spec.onExists == .rename, try await storage({ try await store.isPathInUse(resolved.path) }) {
@@ -63,7 +63,7 @@ extension Engine {
                     new.mirrors = spec.mirrors
                     new.options = JobOptions(
                         automaticName: resolved.automatic, renameIfTaken: spec.onExists == .rename, insecure: spec.insecure, tls: spec.tls,
-                        maxSpeed: spec.maxSpeed, segments: spec.segments, metered: spec.metered)
+                        maxSpeed: spec.maxSpeed, segments: spec.segments, metered: spec.metered, encryptTo: spec.encryptTo)
                     news.append(new)
                 } catch {
                     if specs.count == 1 { throw error }

@@ -179,7 +179,9 @@ extension Engine {
             for (index, member) in members.enumerated() {
                 do throws(DLError) {
                     _ = try URLRules.validate(member.url).get()
-                    let relative = try RelativePath.validate(member.relativePath ?? FileNames.fromURL(member.url)).get()
+                    var relative = try RelativePath.validate(member.relativePath ?? FileNames.fromURL(member.url)).get()
+                    // Encrypted members are published as `<name>.age`, like standalone jobs.
+                    if options.isEncrypted { relative = AgeLayout.encryptedName(relative) }
                     guard seen.insert(relative).inserted else {
                         throw DLError(.destinationExists, "two members of the group are both named \(relative)")
                     }

@@ -72,7 +72,10 @@ extension Engine {
     /// returns whether it did. A file that another worker links at the same moment counts.
     func finishPublish(_ job: Job) -> Bool {
         var info = stat()
-        guard lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Int64(info.st_size) == job.received else {
+        // An encrypted file is longer than its plaintext by the age layout, a known amount.
+        let complete = job.options.isEncrypted
+            ? AgeLayout.encryptedSize(plaintext: job.received, recipients: job.options.encryptTo?.count ?? 0) : job.received
+        guard lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Int64(info.st_size) == complete else {
             return false
         }
         do throws(TransferFailure) {

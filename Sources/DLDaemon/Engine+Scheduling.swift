@@ -105,7 +105,8 @@ extension Engine {
         for (job, host) in zip(jobs, hosts) {
             waiting[host, default: 1] -= 1
             let free = configuration.maxPerHost - load[host, default: 0] - waiting[host, default: 0]
-            let wanted = job.options.segments ?? configuration.segments
+            // An encrypted file is one stream (its chunks are sealed in order): one connection.
+            let wanted = job.options.isEncrypted ? 1 : job.options.segments ?? configuration.segments
             if !job.mirrors.isEmpty {
                 // Each mirror's ranges hold slots of its own host.
                 // The live sources' hosts; all of them when every URL was dropped (a resume,

@@ -30,6 +30,9 @@ public struct EnqueueSpec: Sendable, Equatable {
     /// `metered` at enqueue: whether the job may download on a metered connection; nil: the
     /// config decides.
     public var metered: Bool?
+    /// `encrypt_to`: the age recipients (checked) the file is encrypted to; `.age` is appended
+    /// to its name.
+    public var encryptTo: [String]?
     /// `URLRules.hostKey(url)` when the caller has checked the URL already.
     public var host: String?
     /// The job's own speed limit, bytes per second (`max_speed`; nil or 0: none).

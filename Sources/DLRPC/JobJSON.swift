@@ -41,7 +41,7 @@ public enum JobJSON {
     /// The job object's keys, sorted as `serialized()` sorts them; `values` gives their values
     /// in this order.
     static let keys = [
-        "attempts", "checksum", "created_at", "digest", "error", "final_url", "finished_at", "group", "headers", "id",
+        "attempts", "checksum", "created_at", "digest", "encrypt_to", "error", "final_url", "finished_at", "group", "headers", "id",
         "insecure", "key", "max_speed", "meta", "metered", "mirrors", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "ranges",
         "received",
         "sha256", "size", "speed", "state", "tls", "updated_at", "url", "wait_reason", "worker",
@@ -63,6 +63,7 @@ public enum JobJSON {
             job.checksum.map { .string($0.description) } ?? .null,
             timestamp(job.createdAt),
             job.digest.map { .string($0) } ?? .null,
+            job.options.encryptTo.map { .array($0.map { .string($0) }) } ?? .null,
             error.map { ["code": .string($0.code), "message": .string($0.message)] } ?? .null,
             job.finalURL.map { .string(URLRules.redacted($0)) } ?? .null,
             job.finishedAt.map(timestamp) ?? .null,

@@ -571,8 +571,9 @@ public final class JobStore: JobTable {
 
     static func encodeOptions(_ options: JobOptions) -> String {
         if options == JobOptions() { return "{}" }
-        if options.tls != nil || options.maxSpeed != nil || options.segments != nil || options.metered != nil {
-            // Rare (a job with its own TLS files, speed limit, `segments` or `metered`): the coder
+        if options.tls != nil || options.maxSpeed != nil || options.segments != nil || options.metered != nil || options.encryptTo != nil {
+            // Rare (a job with its own TLS files, speed limit, `segments`, `metered` or
+            // `encrypt_to`): the coder
             // writes it, and an older dld that reads the row ignores the key it does not know.
             return (try? JSONEncoder().encode(options)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
         }

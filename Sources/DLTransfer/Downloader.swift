@@ -41,6 +41,9 @@ public struct TransferRequest: Sendable {
     public var urlDropped: String?
     /// With mirrors: connections the ranges may open to each host (`MirrorAllowance`).
     public var hostSlots: [String: Int] = [:]
+    /// The age recipients the file is encrypted to (`options.encryptTo`, parsed by `run`);
+    /// empty: the file is stored as served.
+    var recipients: [AgeRecipient] = []
 
     public init(jobID: JobID, url: String, headers: [HeaderField], path: String, overwrite: Bool,
                 offset: Int64, size: Int64?, validators: Validators, checksum: Checksum? = nil) {
@@ -226,6 +229,17 @@ public final class Downloader: Sendable {
         if !request.mirrors.isEmpty {
             state.sources = SourceBook(MirrorSet(url: request.url, urlDropped: request.urlDropped, mirrors: request.mirrors))
         }
+        var request = request
+        if let texts = request.options.encryptTo, !texts.isEmpty {
+            switch AgeRecipient.parseList(texts) {
+            case .success(let recipients): request.recipients = recipients
+            case .failure(let error):
+                return .failed(TransferFailure(.permanent, "encryption_error", error.message), state.checkpoint)
+            }
+            // One stream: the age payload is a sequence of chunks sealed in order, and the
+            // file key exists only in this attempt's memory (docs/architecture.md).
+            request.segmentation.count = 1
+        }
         let file: PartialFile
         do {
             file = try PartialFile(path: request.partialPath)
@@ -242,6 +256,8 @@ public final class Downloader: Sendable {
             done.sha256 = digests.sha256.finalize()
             done.digest = digests.requested?.finalize() ?? (request.checksum != nil ? done.sha256 : nil)
             var mismatch: TransferFailure? = nil
+            // For an encrypted file, the checksum and the size are the plaintext's, the bytes
+            // the server sent; what is kept in the partial file is ciphertext either way.
             if let expected = request.checksum, let actual = done.digest, actual != expected.hex {
                 mismatch = TransferFailure(.permanent, "checksum_mismatch",
                     "the file from \(hostName(state)) does not match the checksum: its \(expected.algorithm.rawValue) is \(actual), expected \(expected.hex); it is kept at \(request.partialPath) (resume downloads it again)")
@@ -361,7 +377,8 @@ public final class Downloader: Sendable {
     /// was automatic.
     static func publishTarget(_ request: TransferRequest, proposed: String?) -> String {
         guard request.options.automaticName, let proposed, !proposed.isEmpty else { return request.path }
-        return (request.path as NSString).deletingLastPathComponent + "/" + proposed
+        let name = request.options.isEncrypted ? AgeLayout.encryptedName(proposed) : proposed
+        return (request.path as NSString).deletingLastPathComponent + "/" + name
     }
 
     private func attempt(
@@ -372,7 +389,16 @@ public final class Downloader: Sendable {
         progress: TransferProgress,
         checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
-        if let stored = request.segmentLayout {
+        if !request.recipients.isEmpty, state.received > 0 || request.segmentLayout != nil {
+            // The file key of the bytes on disk lived only in the memory of the attempt that
+            // wrote them: nothing can continue them, by design.
+            startingOver("an encrypted download cannot continue its file: its key was kept only in memory, and it is gone",
+                         state: &state, progress: progress, job: request.jobID)
+            try file.truncate(to: 0)
+            state.received = 0
+            state.segments = nil
+        }
+        if request.recipients.isEmpty, let stored = request.segmentLayout {
             if let size = state.size, let layout = SegmentLayout(encoded: stored, size: size),
                state.validators.acceptsRanges, state.validators.ifRange != nil {
                 try await resumeRanges(request, layout: layout, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)

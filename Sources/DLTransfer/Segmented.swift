@@ -57,12 +57,16 @@ final class StreamRun: Sendable {
     /// The file's size; nil when the server did not say (one stream, to its end).
     let size: Int64?
     let clock = ContinuousClock()
+    /// For a job encrypted at rest: every byte goes through it to the file, sealed (one
+    /// stream from byte 0); nil: bytes are written as they come, at their offsets.
+    let sealed: SealedOutput?
 
-    init(planner: SegmentPlanner, file: PartialFile.Writer, digests: DigestRole, size: Int64?) {
+    init(planner: SegmentPlanner, file: PartialFile.Writer, digests: DigestRole, size: Int64?, sealed: SealedOutput? = nil) {
         state = Mutex(State(planner: planner, lastCheckpoint: ContinuousClock.now, checkpointed: planner.written))
         self.file = file
         self.digests = digests
         self.size = size
+        self.sealed = sealed
     }
 
     var planner: SegmentPlanner { state.withLock { $0.planner } }
@@ -96,9 +100,19 @@ extension Downloader {
         workers: Int, first: HTTPClientResponse?, progress: TransferProgress,
         checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
+        // Encrypted at rest: the file is one stream from 0 (`run` and `attempt` see to it), and
+        // it starts with the age header; the plaintext is hashed in memory and never written.
+        var sealed: SealedOutput? = nil
+        if !request.recipients.isEmpty {
+            guard layout.prefix == 0, workers == 1 else {
+                throw AgeCrypto.failure("encrypt a download (internal: an encrypted file must be one stream from byte 0)")
+            }
+            try file.truncate(to: 0)
+            sealed = try SealedOutput(recipients: request.recipients, file: file.writer)
+        }
         let run = StreamRun(
             planner: SegmentPlanner(layout, minPiece: request.segmentation.minPiece), file: file.writer,
-            digests: DigestRole(digests), size: state.size)
+            digests: DigestRole(digests), size: state.size, sealed: sealed)
         let template = state
         let base = state.checkpoint
         do {
@@ -164,6 +178,9 @@ extension Downloader {
             throw TransferFailure(.transient(.network), "truncated", "the connections to \(hostName(state)) ended after \(planner.written) of \(size) bytes")
         }
         if state.size == nil { state.size = planner.written }
+        // The last chunk is sealed only now that the body has ended: the file is a whole age
+        // file from here (not yet synced: the caller syncs).
+        try sealed?.finish()
         progress.update(received: state.received, size: state.size)
     }
 
@@ -379,7 +396,12 @@ extension Downloader {
             }
             if granted > 0 {
                 try chunk.withUnsafeReadableBytes { bytes throws(TransferFailure) in
-                    try run.file.write(UnsafeRawBufferPointer(rebasing: bytes[..<Int(granted)]), at: offset)
+                    let part = UnsafeRawBufferPointer(rebasing: bytes[..<Int(granted)])
+                    if let sealed = run.sealed {
+                        try sealed.write(part)
+                    } else {
+                        try run.file.write(part, at: offset)
+                    }
                 }
             }
             let now = run.clock.now
@@ -458,6 +480,11 @@ extension Downloader {
                     at += Int64(length)
                 }
                 if at < range.upperBound {
+                    // An encrypted file holds ciphertext: its plaintext is hashed from memory
+                    // only (one stream, so the chunk is always the next piece).
+                    guard run.sealed == nil else {
+                        throw AgeCrypto.failure("hash an encrypted download (internal: its bytes must be hashed as they arrive)")
+                    }
                     if buffer.isEmpty { buffer = [UInt8](repeating: 0, count: 1 << 20) }
                     try run.file.read(at..<range.upperBound, buffer: &buffer) { run.digests.digests.update($0) }
                 }

@@ -170,6 +170,8 @@ struct Enqueue: ParsableCommand {
     @Option(name: .customLong("max-speed"), help: "This job's own speed limit, bytes per second (2M, 512K; 0: none).") var maxSpeed: String?
     @Option(help: "Byte ranges of a big file fetched at once (1...16; 1: one stream; default: the daemon's segments).") var segments: Int?
     @Option(name: .customLong("mirror"), help: "Another URL of the same file; ranges spread across them (repeatable; one URL only).") var mirrors: [String] = []
+    @Option(name: .customLong("encrypt-to"), help: "Encrypt the file at rest to this age recipient (age1…; repeatable); it is published as NAME.age, to be read with age -d.")
+    var encryptTo: [String] = []
     @Flag(inversion: .prefixedNo, help: "Download on a metered connection, or wait while the connection is metered (default: the daemon's `metered`).")
     var metered: Bool?
     @OptionGroup var common: Common
@@ -313,10 +315,11 @@ struct Enqueue: ParsableCommand {
         if wait, let groupID { try waitFor(common: common, ids: [], group: String(groupID), timeout: nil, showProgress: true) }
     }
 
-    /// The TLS files given on the command line, as absolute paths, and `--segments` (for a job
-    /// or a group).
+    /// The TLS files given on the command line, as absolute paths, `--segments` and
+    /// `--encrypt-to` (for a job or a group).
     private func addTLS(to params: inout [String: JSONValue]) {
         if let segments { params["segments"] = .int(Int64(segments)) }
+        if !encryptTo.isEmpty { params["encrypt_to"] = .array(encryptTo.map { .string($0) }) }
         if let caFile { params["ca_file"] = .string(absolute(caFile)) }
         if let clientCert { params["client_cert"] = .string(absolute(clientCert)) }
         if let clientKey { params["client_key"] = .string(absolute(clientKey)) }

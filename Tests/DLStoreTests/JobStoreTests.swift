@@ -120,6 +120,28 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
         }
     }
 
+    /// The age recipients of an encrypted job (`encrypt_to`) are kept by both backends in the
+    /// options column, for standalone jobs and group members: a row read back without them
+    /// would be downloaded in clear.
+    @Test(arguments: Backend.allCases)
+    func encryptionRecipientsRoundTrip(_ backend: Backend) async throws {
+        try await withStore(backend) { store, fixture in
+            let recipients = ["age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p", "age1lggyhqrw2nlhcxprm67z43rta597azn8gknawjehu9d9dl0jq3yqqvfafg"]
+            var new = NewJob(url: "https://e.com/secret.tar", path: "/tmp/x/secret.tar.age")
+            new.options = JobOptions(automaticName: true, encryptTo: recipients)
+            let plain = NewJob(url: "https://e.com/open.tar", path: "/tmp/x/open.tar")
+            let inserted = try await store.insert([new, plain], now: t0)
+            let reopened = try await fixture.open()
+            #expect(try await reopened.fetch(inserted[0].job.id)?.options == JobOptions(automaticName: true, encryptTo: recipients))
+            #expect(try await reopened.fetch(inserted[0].job.id)?.options.isEncrypted == true)
+            #expect(try await reopened.fetch(inserted[1].job.id)?.options.encryptTo == nil)
+            var member = NewJob(url: "https://e.com/page1.jpg", path: "/tmp/book/page1.jpg.age")
+            member.options = JobOptions(encryptTo: [recipients[0]])
+            let (_, members) = try await store.insertGroup(name: "book", dir: "/tmp/book", priority: 0, members: [member], now: t0)
+            #expect(try await fixture.open().fetch(members[0].id)?.options.encryptTo == [recipients[0]])
+        }
+    }
+
     /// A key that exists returns the existing job, in the same batch too; nothing is duplicated.
     @Test(arguments: Backend.allCases)
     func keyUniqueness(_ backend: Backend) async throws {

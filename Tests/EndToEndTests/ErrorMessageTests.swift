@@ -136,6 +136,7 @@ func closedPort() throws -> Int {
             "started_over", // SpeedTests
             "metered", // MeteredTests
             "no_mirror_left", // MirrorTests
+            "encryption_error", // AgeTests (a recipient whose key shares no secret)
         ]
         let documented = try documentedJobErrorCodes()
         #expect(documented.count > 20)
