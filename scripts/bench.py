@@ -20,6 +20,12 @@ speed       A BENCH_SPEED_SECONDS (default 30) download from nginx (else dld-ori
             aria2c --max-download-limit (when installed) side by side; dld's peak RSS.
 postgres    the scale steps (--jobs N) with the job table in SQLite and in PostgreSQL, side by
             side (a PostgreSQL server is started on a Unix socket; skipped if not installed).
+kill        The kill cycle (issue 9): BENCH_KILL_MIB (default 64) MiB from dld-origin at
+            BENCH_KILL_RATE (default 8000000) bytes/s per connection, dld SIGKILLed
+            BENCH_KILL_AFTER (default 0.9) s after each of BENCH_KILL_CYCLES (10) starts, then
+            run to completion: the bytes the origin served over the file size (target ≤ 1.2×)
+            and the file's SHA-256 against the origin's bytes; once as one stream (`segments:
+            1`), once with the default segments.
 segments    Segmented downloads. BENCH_SEG_MIB (default 200) MiB from nginx with `limit_rate
             40m` (each connection throttled to 40 MB/s): dld with its defaults, dld with
             segments=1, `aria2c -x4 -s4` and `curl -o`, side by side with ratios; then
@@ -47,7 +53,11 @@ KILL_EVERY = float(os.environ.get("BENCH_KILL_EVERY", "2"))
 SPEED_LIMIT = int(os.environ.get("BENCH_SPEED_LIMIT", "10000000"))
 SPEED_SECONDS = float(os.environ.get("BENCH_SPEED_SECONDS", "30"))
 SEG_SIZE = int(os.environ.get("BENCH_SEG_MIB", "200")) << 20
-PARTS = ("throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments")
+KILL_SIZE = int(os.environ.get("BENCH_KILL_MIB", "64")) << 20
+KILL_RATE = int(os.environ.get("BENCH_KILL_RATE", "8000000"))
+KILL_AFTER = float(os.environ.get("BENCH_KILL_AFTER", "0.9"))
+KILL_CYCLES = int(os.environ.get("BENCH_KILL_CYCLES", "10"))
+PARTS = ("throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments", "kill")
 
 
 def wait_for_socket(path, proc, timeout=20):
@@ -144,6 +154,73 @@ def crash_cycle(work):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
+
+
+def origin_sha256(size):
+    """The SHA-256 of dld-origin's first `size` bytes (its deterministic pattern), read from a
+    local origin with curl into the hash, so that nothing is assumed about the pattern."""
+    import hashlib
+    proc = subprocess.Popen([os.path.join(BIN, "dld-origin")], stdout=subprocess.PIPE, text=True)
+    base = proc.stdout.readline().strip()
+    try:
+        digest = hashlib.sha256()
+        with subprocess.Popen(["curl", "-s", f"{base}/bytes/{size}"], stdout=subprocess.PIPE) as curl:
+            while True:
+                block = curl.stdout.read(1 << 20)
+                if not block:
+                    break
+                digest.update(block)
+        return digest.hexdigest()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def kill_cycle(work):
+    """The kill cycle: SIGKILL `KILL_AFTER` s after each of `KILL_CYCLES` starts, then let the
+    job finish; bytes served over the file size, and the file checked by its SHA-256."""
+    expected = origin_sha256(KILL_SIZE)
+    print(f"the kill cycle: {KILL_SIZE >> 20} MiB at {KILL_RATE / 1e6:g} MB/s a connection, dld SIGKILLed "
+          f"{KILL_AFTER:g} s after each of {KILL_CYCLES} starts, then run to completion (target ≤ 1.2×)")
+    for label, params in (("one stream (segments: 1)", {"segments": 1}), ("segments (default 4)", {})):
+        proc = subprocess.Popen([os.path.join(BIN, "dld-origin")], stdout=subprocess.PIPE, text=True)
+        base = proc.stdout.readline().strip()
+        url = f"{base}/bytes/{KILL_SIZE}?rate={KILL_RATE}"
+        name = "kill-%d.bin" % len(params)
+        state = os.path.join(work, "state-" + name)
+        try:
+            before = origin_served(base)
+            start = time.monotonic()
+            daemon, client, dl = start_dld(work, state)
+            job = client.call("enqueue", {"url": url, "name": name, **params})["job"]
+            kills = 0
+            for _ in range(KILL_CYCLES):
+                time.sleep(KILL_AFTER)
+                job = client.call("status", {"id": job["id"]})
+                if job["state"] in ("completed", "failed", "canceled"):
+                    break
+                daemon.kill()
+                daemon.wait()
+                kills += 1
+                daemon, client, dl = start_dld(work, state)
+            while job["state"] not in ("completed", "failed", "canceled"):
+                time.sleep(0.02)
+                job = client.call("status", {"id": job["id"]})
+            elapsed = time.monotonic() - start
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=30)
+            if job["state"] != "completed":
+                sys.exit(f"bench: kill-cycle download {job['state']}: {job['error']}")
+            path = os.path.join(dl, name)
+            exact = sha256_file(path) == expected and os.path.getsize(path) == KILL_SIZE
+            fetched = origin_served(base) - before
+            print(f"  {label:26} {kills} kills, fetched / size **{fetched / KILL_SIZE:.2f}×**, "
+                  f"file {'exact' if exact else 'WRONG'} (SHA-256), {elapsed:.1f} s")
+            if not exact:
+                sys.exit("bench: the kill-cycle file differs from the origin's bytes")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
 
 
 def run_dld(work, url, name, extra=(), params=None):
@@ -392,10 +469,11 @@ def main():
         if i:
             print()
         started = time.monotonic()
-        if part in ("throughput", "crash", "speed", "segments"):
+        if part in ("throughput", "crash", "speed", "segments", "kill"):
             work = tempfile.mkdtemp(prefix="dld-bench-")
             try:
-                {"throughput": throughput, "crash": crash_cycle, "speed": speed, "segments": segments}[part](work)
+                {"throughput": throughput, "crash": crash_cycle, "speed": speed, "segments": segments,
+                 "kill": kill_cycle}[part](work)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
         elif part == "small":

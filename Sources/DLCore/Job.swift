@@ -207,6 +207,10 @@ public struct Job: Sendable, Equatable {
     public var mirrors: [JobMirror] = []
     /// Why the job's own URL is no longer used (only with mirrors: the others serve the file).
     public var urlDropped: String?
+    /// Progress written but not yet synced, recorded while the job runs (see
+    /// `UnsyncedProgress`); trusted only in the boot that wrote it. Nil once the transfer's
+    /// outcome is recorded: its bytes are synced then.
+    public var unsynced: UnsyncedProgress?
 
     public init(
         id: JobID = 0, url: String, path: String, state: JobState = .queued,
@@ -217,9 +221,10 @@ public struct Job: Sendable, Equatable {
         overwrite: Bool = false, finalURL: String? = nil, validators: Validators = Validators(),
         checksum: Checksum? = nil, expectedSize: Int64? = nil, sha256: String? = nil, digest: String? = nil,
         progressAt: Date? = nil, groupID: GroupID? = nil, stagingPath: String? = nil, options: JobOptions = JobOptions(),
-        worker: String? = nil, leaseUntil: Date? = nil, segments: String? = nil
+        worker: String? = nil, leaseUntil: Date? = nil, segments: String? = nil, unsynced: UnsyncedProgress? = nil
     ) {
         self.segments = segments
+        self.unsynced = unsynced
         self.options = options
         self.worker = worker
         self.leaseUntil = leaseUntil

@@ -74,6 +74,7 @@ public enum Daemon {
         applyLive(config, policy: pathPolicy(config), to: &engineConfiguration)
         engineConfiguration.worker = config.workerID
         engineConfiguration.lease = config.lease
+        engineConfiguration.bootID = Engine.currentBootID()
         let engine = Engine(
             store: store, downloader: downloader,
             configuration: engineConfiguration,
@@ -81,6 +82,7 @@ public enum Daemon {
         let hub = EventHub()
         store.setEventSink(wanted: { hub.subscriberCount > 0 }) { hub.publish($0) }
         await engine.startProgressReports(every: .milliseconds(500)) { hub.publishProgress($0, $1) }
+        await engine.startUnsyncedRecords()
         let hooks = Reloadable(HookRunner(
             onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger))
         await engine.setOnFinished { hooks.value.finished($0) }

@@ -105,7 +105,10 @@ extension Engine {
     ///    (Publisher's order); a file that is gone is marked `file_missing` (the state stays).
     ///  - completed or canceled: a leftover partial file is ours and is removed. Other `.part`
     ///    files are never touched: browsers use the same suffix in the same folders.
-    func reconcile(_ job: Job) -> Job? {
+    ///  Before all that, unsynced progress written in this boot over a partial file that holds
+    ///  it becomes the committed offset, synced (`adoptingUnsynced`).
+    func reconcile(_ original: Job) -> Job? {
+        let job = adoptingUnsynced(original)
         var fixed = job
         switch job.state {
         case .running, .queued, .paused, .waiting, .failed:
@@ -163,7 +166,7 @@ extension Engine {
         case .canceled:
             removeLeftover(of: job)
         }
-        guard fixed != job else { return nil }
+        guard fixed != original else { return nil }
         fixed.updatedAt = now()
         return fixed
     }
@@ -227,6 +230,7 @@ extension Engine {
                 accepting = false
                 wakeTask?.cancel()
                 progressTask?.cancel()
+                unsyncedTask?.cancel()
                 retentionTask?.cancel()
                 speedTask?.cancel()
                 stopFleet()

@@ -150,6 +150,8 @@ extension Engine {
         request.mirrors = started.mirrors
         request.urlDropped = started.urlDropped
         request.hostSlots = progress.hostConnections ?? [:]
+        request.unsynced = started.unsynced
+        request.bootID = configuration.bootID
         request.options = started.options
         if started.groupID != nil { request.options.automaticName = false }
         if let netrc = configuration.netrcPath, let text = try? String(contentsOfFile: netrc, encoding: .utf8) {
@@ -322,6 +324,8 @@ extension Engine {
             job.progressAt = now()
         }
         job.received = checkpoint.received
+        // The attempt's bytes are synced now (every outcome's are): nothing unsynced is left.
+        job.unsynced = nil
         if let startedOver = checkpoint.startedOver { job.error = startedOver }
         job.segments = checkpoint.segments
         job.size = checkpoint.size

@@ -77,6 +77,9 @@ public struct EngineConfiguration: Sendable {
     public var segmentMinSize: Int64 = 4 << 20
     /// Whether jobs that do not say may download on a metered connection (config `metered`).
     public var meteredByDefault = true
+    /// This boot's id (`/proc/sys/kernel/random/boot_id`), recorded with unsynced progress;
+    /// nil when it cannot be read: then unsynced progress is neither recorded nor trusted.
+    public var bootID: String?
 
     public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
                 diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
@@ -125,6 +128,8 @@ public actor Engine {
         var attempt: UInt64
         /// Set when a command stops the transfer; the command then handles its outcome.
         var stop: StopIntent?
+        /// The unsynced progress last recorded for it (`Engine+Unsynced`).
+        var recorded: UnsyncedProgress? = nil
     }
 
     enum StopIntent: Int, Comparable {
@@ -152,6 +157,9 @@ public actor Engine {
     /// Called after a job or group finishes (completed or failed), outside the serial queue.
     var onFinished: (@Sendable (FinishedNotice) -> Void)?
     var progressTask: Task<Void, Never>?
+    /// Records the running transfers' unsynced progress a few times a second.
+    var unsyncedTask: Task<Void, Never>?
+    var recordingUnsynced = false
     var accepting = true
     private var busy = false
     private var waiters: [CheckedContinuation<Void, Never>] = []

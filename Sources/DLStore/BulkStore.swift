@@ -80,6 +80,7 @@ public enum BulkCommand: Sendable, CaseIterable {
                 error_message = CASE WHEN state = 'failed' THEN NULL ELSE error_message END,
                 received = CASE WHEN \(startOver) THEN 0 ELSE received END,
                 segments = CASE WHEN \(startOver) THEN NULL ELSE segments END,
+                unsynced = CASE WHEN \(startOver) THEN NULL ELSE unsynced END,
                 etag = CASE WHEN \(startOver) THEN NULL ELSE etag END,
                 last_modified = CASE WHEN \(startOver) THEN NULL ELSE last_modified END,
                 accepts_ranges = CASE WHEN \(startOver) THEN 0 ELSE accepts_ranges END,

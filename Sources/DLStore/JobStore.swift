@@ -271,6 +271,11 @@ public final class JobStore: JobTable {
             // stored form); NULL for one stream of `received` bytes.
             try db.execute(sql: "ALTER TABLE jobs ADD COLUMN segments TEXT")
         }
+        migrator.registerMigration("v10-unsynced-progress") { db in
+            // What a running transfer has written but not yet synced, with the boot id it was
+            // written in (UnsyncedProgress's stored form); NULL when nothing is recorded.
+            try db.execute(sql: "ALTER TABLE jobs ADD COLUMN unsynced TEXT")
+        }
         migrator.registerMigration("v11-mirrors") { db in
             // More URLs of the same file and which were dropped, why (JSON, ColumnCoding.mirrors);
             // NULL for a job without mirrors.
@@ -480,7 +485,7 @@ public final class JobStore: JobTable {
                     finished_at = ?, next_attempt_at = ?, key = ?, meta = ?, headers = ?, overwrite = ?,
                     final_url = ?, etag = ?, last_modified = ?, accepts_ranges = ?, checksum = ?, expected_size = ?,
                     sha256 = ?, digest = ?, progress_at = ?, staging_path = ?, options = ?, worker = ?, lease_until = ?,
-                    segments = ?, mirrors = ?
+                    segments = ?, unsynced = ?, mirrors = ?
                 WHERE id = ?
                 """
         ).execute(
@@ -493,7 +498,8 @@ public final class JobStore: JobTable {
                 job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.stagingPath, encodeOptions(job.options),
                 // A worker holds a job only while it runs it.
                 job.state == .running ? job.worker : nil,
-                job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil, job.segments, ColumnCoding.mirrors(job), job.id,
+                job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil, job.segments,
+                job.unsynced?.encoded, ColumnCoding.mirrors(job), job.id,
             ])
     }
 
@@ -503,7 +509,7 @@ public final class JobStore: JobTable {
         id, url, path, state, wait_reason, priority, size, received, error_code, error_message, attempts, \
         created_at, updated_at, finished_at, next_attempt_at, key, meta, headers, overwrite, final_url, etag, \
         last_modified, accepts_ranges, checksum, expected_size, sha256, digest, progress_at, group_id, \
-        staging_path, options, worker, lease_until, segments, mirrors
+        staging_path, options, worker, lease_until, segments, unsynced, mirrors
         """
 
     /// The jobs a `SELECT \(jobColumns) …` statement returns, read with SQLite's C API:
@@ -561,8 +567,9 @@ public final class JobStore: JobTable {
             checksum: row.text(23).flatMap { try? Checksum.parse($0).get() }, expectedSize: row.int(24),
             sha256: row.text(25), digest: row.text(26), progressAt: date(27),
             groupID: row.int(28), stagingPath: row.text(29), options: decodeOptions(row.text(30)),
-            worker: row.text(31), leaseUntil: date(32), segments: row.text(33))
-        if !row.isNull(34) { ColumnCoding.mirrors(from: row.text(34), into: &job) }
+            worker: row.text(31), leaseUntil: date(32), segments: row.text(33),
+            unsynced: row.text(34).flatMap(UnsyncedProgress.init(encoded:)))
+        if !row.isNull(35) { ColumnCoding.mirrors(from: row.text(35), into: &job) }
         return job
     }
 
@@ -640,6 +647,37 @@ extension JobStore {
                 arguments: [received, now.timeIntervalSince1970, received, size, validators.etag, validators.lastModified,
                             validators.acceptsRanges, finalURL, segments, id, owner, owner])
             return db.changesCount > 0
+        }
+    }
+
+    /// One small transaction for every record, on the writer, committed with
+    /// `synchronous = NORMAL`: in WAL mode that commit is written to the WAL (the page cache,
+    /// which a SIGKILL of dld does not lose) without an fsync, and never corrupts the file; the
+    /// next FULL commit makes it durable with the rest. A power loss may lose it, and a record
+    /// is trusted only in the boot that wrote it anyway.
+    @discardableResult
+    public func recordUnsynced(_ records: [(id: JobID, progress: UnsyncedProgress)], owner: String?) async throws -> Int {
+        guard !records.isEmpty else { return 0 }
+        return try await pool.writeWithoutTransaction { db in
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+            var written = 0
+            do {
+                try db.inTransaction {
+                    let statement = try db.cachedStatement(
+                        sql: "UPDATE jobs SET unsynced = ? WHERE id = ? AND state = 'running' AND (? IS NULL OR worker = ?)")
+                    for (id, progress) in records {
+                        try statement.execute(arguments: [progress.encoded, id, owner, owner])
+                        written += db.changesCount
+                    }
+                    return .commit
+                }
+            } catch {
+                try? db.execute(sql: "PRAGMA synchronous = FULL")
+                throw error
+            }
+            // Back to FULL: every other write relies on it (durability rule 1).
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+            return written
         }
     }
 }

@@ -66,6 +66,15 @@ public protocol JobTable: Sendable {
         _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, segments: String?, now: Date,
         owner: String?
     ) async throws -> Bool
+    /// Records what running transfers have written to their partial files but not yet synced
+    /// (`UnsyncedProgress`, with the boot id), for every job given, in one transaction: the
+    /// engine calls it about four times a second for all its transfers together. Only rows
+    /// still `running` (and, with `owner`, still `owner`'s) are written. The commit need not
+    /// reach the disk (SQLite: `synchronous = NORMAL` for it; PostgreSQL: `synchronous_commit
+    /// = off`): the record is only trusted in the boot that wrote it, which a power loss ends.
+    /// Returns how many rows were written.
+    @discardableResult
+    func recordUnsynced(_ records: [(id: JobID, progress: UnsyncedProgress)], owner: String?) async throws -> Int
     /// Applies `command` to every selected job in a state it changes, with one event each;
     /// `first` rows are written in the same transaction, before the command.
     func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], now: Date) async throws -> BulkOutcome

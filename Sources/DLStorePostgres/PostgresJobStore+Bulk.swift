@@ -39,6 +39,7 @@ extension PostgresJobStore {
                 error_message = CASE WHEN state = 'failed' THEN NULL ELSE error_message END,
                 received = CASE WHEN \(restart) THEN 0 ELSE received END,
                 segments = CASE WHEN \(restart) THEN NULL ELSE segments END,
+                unsynced = CASE WHEN \(restart) THEN NULL ELSE unsynced END,
                 etag = CASE WHEN \(restart) THEN NULL ELSE etag END,
                 last_modified = CASE WHEN \(restart) THEN NULL ELSE last_modified END,
                 accepts_ranges = CASE WHEN \(restart) THEN false ELSE accepts_ranges END,

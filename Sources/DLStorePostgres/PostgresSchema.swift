@@ -110,6 +110,11 @@ enum PostgresSchema {
             // stored form); NULL for one stream of `received` bytes.
             "ALTER TABLE jobs ADD COLUMN segments text",
         ]),
+        ("v4-unsynced-progress", [
+            // What a running transfer has written but not yet synced, with the boot id it was
+            // written in (UnsyncedProgress's stored form); NULL when nothing is recorded.
+            "ALTER TABLE jobs ADD COLUMN unsynced text",
+        ]),
         ("v5-mirrors", [
             // More URLs of the same file and which were dropped, why (JSON, ColumnCoding.mirrors);
             // NULL for a job without mirrors.

@@ -101,11 +101,12 @@ struct UpdateRecord: Encodable {
     var worker: String?
     var leaseUntil: Double?
     var segments: String?
+    var unsynced: String?
     var mirrors: String?
 
     enum CodingKeys: String, CodingKey {
         case id, url, path, state, priority, size, received, attempts, key, meta, headers, overwrite, etag, checksum, sha256, digest, options
-        case worker, leaseUntil = "lease_until", segments, mirrors
+        case worker, leaseUntil = "lease_until", segments, unsynced, mirrors
         case waitReason = "wait_reason", errorCode = "error_code", errorMessage = "error_message", updatedAt = "updated_at"
         case finishedAt = "finished_at", nextAttemptAt = "next_attempt_at", finalURL = "final_url", lastModified = "last_modified"
         case acceptsRanges = "accepts_ranges", expectedSize = "expected_size", progressAt = "progress_at", stagingPath = "staging_path"
@@ -145,6 +146,7 @@ struct UpdateRecord: Encodable {
         worker = job.state == .running ? job.worker.map(storedText) : nil
         leaseUntil = job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil
         segments = job.segments.map(storedText)
+        unsynced = job.unsynced.map { storedText($0.encoded) }
         mirrors = ColumnCoding.mirrors(job).map(storedText)
     }
 
@@ -155,7 +157,7 @@ struct UpdateRecord: Encodable {
         ("key", "text"), ("meta", "text"), ("headers", "text"), ("overwrite", "boolean"), ("final_url", "text"), ("etag", "text"),
         ("last_modified", "text"), ("accepts_ranges", "boolean"), ("checksum", "text"), ("expected_size", "bigint"),
         ("sha256", "text"), ("digest", "text"), ("progress_at", "double precision"), ("staging_path", "text"), ("options", "text"),
-        ("worker", "text"), ("lease_until", "double precision"), ("segments", "text"), ("mirrors", "text"),
+        ("worker", "text"), ("lease_until", "double precision"), ("segments", "text"), ("unsynced", "text"), ("mirrors", "text"),
     ])
 }
 

@@ -156,7 +156,7 @@ enum Columns {
         id, url, path, state, wait_reason, priority, size, received, error_code, error_message, attempts, \
         created_at, updated_at, finished_at, next_attempt_at, key, meta, headers, overwrite, final_url, etag, \
         last_modified, accepts_ranges, checksum, expected_size, sha256, digest, progress_at, group_id, \
-        staging_path, options, worker, lease_until, segments, mirrors
+        staging_path, options, worker, lease_until, segments, unsynced, mirrors
         """
 
     static let group = "id, name, dir, staging, priority, closed, error_code, error_message, created_at, updated_at, finished_at"
@@ -193,8 +193,9 @@ enum Columns {
             options: ColumnCoding.options(from: try cells[30].decode(String.self)),
             worker: try cells[31].decode(String?.self),
             leaseUntil: try cells[32].decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
-            segments: try cells[33].decode(String?.self))
-        ColumnCoding.mirrors(from: try cells[34].decode(String?.self), into: &job)
+            segments: try cells[33].decode(String?.self),
+            unsynced: try cells[34].decode(String?.self).flatMap(UnsyncedProgress.init(encoded:)))
+        ColumnCoding.mirrors(from: try cells[35].decode(String?.self), into: &job)
         return job
     }
 

@@ -44,6 +44,10 @@ public struct TransferRequest: Sendable {
     /// The age recipients the file is encrypted to (`options.encryptTo`, parsed by `run`);
     /// empty: the file is stored as served.
     var recipients: [AgeRecipient] = []
+    /// Progress written after the committed one but not synced (`UnsyncedProgress`), and the
+    /// current boot id: the attempt continues from it when `ResumePoint` trusts it.
+    public var unsynced: UnsyncedProgress?
+    public var bootID: String?
 
     public init(jobID: JobID, url: String, headers: [HeaderField], path: String, overwrite: Bool,
                 offset: Int64, size: Int64?, validators: Validators, checksum: Checksum? = nil) {
@@ -250,6 +254,10 @@ public final class Downloader: Sendable {
         guard let digests = Digests(request.checksum) else {
             return .failed(Self.digestFailure(request.path), state.checkpoint)
         }
+        // An encrypted file never continues (its key is gone), so its unsynced bytes are not used.
+        if request.recipients.isEmpty {
+            request = await continuingUnsynced(request, file: file, state: &state)
+        }
         do {
             try await attempt(request, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
             var done = state.checkpoint
@@ -294,6 +302,37 @@ public final class Downloader: Sendable {
             if let failure = error as? TransferFailure { return .failed(failure, state.checkpoint) }
             return .failed(await explain(error, request: request, target: state.target, proxy: state.proxy), state.checkpoint)
         }
+    }
+
+    /// The request as it continues from the unsynced progress recorded after its committed
+    /// offset, when `ResumePoint` trusts it (same boot, the file long enough): dld alone
+    /// stopped, and the page cache still holds those bytes. They are synced first, so that
+    /// whatever this attempt reports is durable as a committed offset must be (rule 2).
+    /// Otherwise the request as it was: the committed offset, and the file is cut back to it.
+    func continuingUnsynced(_ request: TransferRequest, file: PartialFile, state: inout AttemptState) async -> TransferRequest {
+        guard let unsynced = request.unsynced else { return request }
+        let choice = ResumePoint.choose(synced: request.offset, unsynced: unsynced, bootID: request.bootID, fileLength: try? file.size())
+        guard case .unsynced(let record) = choice else {
+            logger.debug("unsynced progress not used", metadata: ["job": "\(request.jobID)", "why": "\(choice)"])
+            return request
+        }
+        do {
+            try await file.syncOffThread()
+        } catch {
+            return request
+        }
+        logger.info("continuing from bytes written but not synced before the last stop (same boot)",
+                    metadata: ["job": "\(request.jobID)", "committed": "\(request.offset)", "from": "\(record.received)"])
+        var continued = request
+        continued.offset = record.received
+        continued.segmentLayout = record.segments
+        continued.size = record.size
+        continued.validators = record.validators
+        continued.unsynced = nil
+        state.received = record.received
+        state.size = record.size
+        state.validators = record.validators
+        return continued
     }
 
     /// The job error for an error of the network or the HTTP client. The library's own

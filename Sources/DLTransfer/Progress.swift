@@ -75,4 +75,20 @@ public final class TransferProgress: Sendable {
     public var snapshot: Snapshot {
         state.withLock { Snapshot(received: $0.received, size: $0.size, speed: $0.speed, startedOver: $0.startedOver) }
     }
+
+    /// Reads what the body loop has written so far (not synced): set while bytes stream into
+    /// the partial file, nil before and after. A closure over the stream's own state, so that
+    /// the per-chunk path costs nothing more: the engine asks it a few times a second.
+    private let writtenSource = Mutex<(@Sendable () -> TransferCheckpoint)?>(nil)
+
+    func setWritten(_ source: (@Sendable () -> TransferCheckpoint)?) {
+        writtenSource.withLock { $0 = source }
+    }
+
+    /// What the transfer has written to its partial file so far, not yet synced: every byte
+    /// before `received` (or each range's `done`) has been handed to the kernel with `pwrite`,
+    /// under the size and validators it came with. Nil while no body is streaming.
+    public var written: TransferCheckpoint? {
+        writtenSource.withLock { $0 }?()
+    }
 }

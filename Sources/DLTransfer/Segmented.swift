@@ -115,6 +115,11 @@ extension Downloader {
             digests: DigestRole(digests), size: state.size, sealed: sealed)
         let template = state
         let base = state.checkpoint
+        // What is written (not synced), for the engine's frequent unsynced records: the ranges
+        // as committed to the planner, each after its bytes were handed to pwrite.
+        let size = run.size
+        progress.setWritten { run.state.withLock { StreamRun.checkpoint(base, layout: $0.planner.layout, size: size) } }
+        defer { progress.setWritten(nil) }
         do {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 let firstSlot = first == nil ? nil : run.state.withLock { $0.planner.take() }
@@ -128,6 +133,8 @@ extension Downloader {
                 try await group.waitForAll()
             }
         } catch let fallback as SegmentFallback {
+            // The file is about to be cut to 0: nothing written before may be recorded again.
+            progress.setWritten(nil)
             _ = try? await run.state.withLock({ $0.inFlight })?.value
             let reason = fallback.reason
             logger.notice("segmented download falls back to one stream from the start", metadata: ["job": "\(request.jobID)", "reason": "\(reason)"])

@@ -295,6 +295,61 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
         }
     }
 
+    /// Unsynced progress is recorded for many running rows in one call, only while they run
+    /// (and are the owner's); it reads back as written, a whole-row save writes the row's own
+    /// value (nil clears it), a checkpoint leaves it, and a resume that starts over clears it.
+    @Test(arguments: Backend.allCases)
+    func unsyncedProgressIsRecordedForRunningRows(_ backend: Backend) async throws {
+        try await withStore(backend) { store, fixture in
+            _ = try await store.insert((1...3).map { NewJob(url: "https://e.com/\($0)", path: "/tmp/\($0)") }, now: t0)
+            for id: JobID in [1, 2] {
+                var job = try #require(try await store.fetch(id))
+                job.state = .running
+                job.worker = "w1"
+                try await store.save(job)
+            }
+            let validators = Validators(etag: "\"v\"", acceptsRanges: true)
+            let one = UnsyncedProgress(bootID: "boot-a", received: 70, size: 100, validators: validators, finalURL: "https://e.com/one")
+            let two = UnsyncedProgress(bootID: "boot-a", received: 30, segments: "0-10-50,50-70-100", size: 100, validators: validators)
+            let three = UnsyncedProgress(bootID: "boot-a", received: 5)
+            // Job 3 is queued: not written.
+            #expect(try await store.recordUnsynced([(1, one), (2, two), (3, three)], owner: "w1") == 2)
+            #expect(try await store.fetch(1)?.unsynced == one)
+            #expect(try await store.fetch(2)?.unsynced == two)
+            #expect(try await store.fetch(3)?.unsynced == nil)
+            // Another worker's record is not written over this one's.
+            #expect(try await store.recordUnsynced([(1, three)], owner: "w2") == 0)
+            #expect(try await store.fetch(1)?.unsynced == one)
+            #expect(try await store.recordUnsynced([], owner: nil) == 0)
+            // A checkpoint leaves it; it is still there for a store opened anew (a restart).
+            #expect(try await store.checkpoint(1, received: 40, size: 100, validators: validators, finalURL: nil, segments: nil,
+                                               now: t0, owner: "w1"))
+            let reopened = try await fixture.open()
+            let read = try #require(try await reopened.fetch(1))
+            #expect(read.unsynced == one)
+            #expect(read.received == 40)
+            #expect(try await reopened.reconcilePage(afterID: 0, limit: 10).first { $0.id == 2 }?.unsynced == two)
+            // A whole-row save writes the row's own value: the outcome of a transfer clears it.
+            var ended = read
+            ended.state = .queued
+            ended.unsynced = nil
+            try await reopened.save(ended)
+            #expect(try await reopened.fetch(1)?.unsynced == nil)
+            var kept = try #require(try await reopened.fetch(2))
+            kept.priority = 5
+            try await reopened.save(kept)
+            #expect(try await reopened.fetch(2)?.unsynced == two)
+            // A resume that starts the file over drops it with the offset.
+            kept.state = .failed
+            kept.error = JobError(code: "checksum_mismatch", message: "x")
+            try await reopened.save(kept)
+            _ = try await reopened.apply(.resume, to: .ids([2]), now: t0)
+            let resumed = try #require(try await reopened.fetch(2))
+            #expect(resumed.unsynced == nil)
+            #expect(resumed.received == 0)
+        }
+    }
+
     /// A save writes one event for each row whose state changed (with its reason and error),
     /// none for a row whose state stayed; events are numbered from 1, in order.
     @Test(arguments: Backend.allCases)
