@@ -433,16 +433,21 @@ def segments(work):
     expected_for[url] = sha256_file(os.path.join(docroot, "big.bin"))
     try:
         print(f"  {SIZE >> 20} MiB from nginx, no limit, best of {RUNS}")
-        dld_times, curl_times, rss = [], [], 0
+        dld_times, one_times, curl_times, rss = [], [], [], 0
         for i in range(RUNS):
             out = os.path.join(dl, "curl.bin")
             curl_times.append(tool_run(["curl", "-s", "-o", out, url], out))
             seconds, peak = dld_run(url, f"big-{i}.bin")
             dld_times.append(seconds)
             rss = max(rss, peak)
+            # One connection, as curl: what the single stream itself costs (SHA-256 and the
+            # final sync included).
+            one_times.append(dld_run(url, f"big-one-{i}.bin", {"segments": 1})[0])
         c = best_of("curl -o", curl_times, SIZE)
         d = best_of("dld (defaults)", dld_times, SIZE, c)
+        o = best_of("dld segments=1", one_times, SIZE, c)
         print(f"  dld / curl -o   {d / c:.2f}   (target ≤ 1.0)")
+        print(f"  dld segments=1 / curl -o   {o / c:.2f}   (target ≤ 1.0)")
         print(f"  dld peak RSS    {rss / 1024:.1f} MiB   (target ≤ 64 MiB)")
     finally:
         proc.send_signal(signal.SIGTERM)

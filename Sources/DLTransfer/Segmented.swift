@@ -30,9 +30,9 @@ struct SegmentFallback: Error {
     var reason: String
 }
 
-/// The digests of an attempt, handed between the workers of a segmented download. Only the
-/// worker that holds the planner's hashing role touches them, and the role passes through the
-/// planner's mutex, which orders one holder's updates before the next one's.
+/// The digests of an attempt. The worker that holds the planner's hashing role queues their
+/// updates on the attempt's `DigestPipeline`, whose one serial queue runs them in order; the
+/// stream drains it before the digests are read, reset or finalized.
 final class DigestRole: @unchecked Sendable {
     let digests: Digests
     init(_ digests: Digests) { self.digests = digests }
@@ -60,6 +60,8 @@ final class StreamRun: Sendable {
     /// For a job encrypted at rest: every byte goes through it to the file, sealed (one
     /// stream from byte 0); nil: bytes are written as they come, at their offsets.
     let sealed: SealedOutput?
+    /// Where the digests are fed, in order, off the receiving threads.
+    let hashing = DigestPipeline()
 
     init(planner: SegmentPlanner, file: PartialFile.Writer, digests: DigestRole, size: Int64?, sealed: SealedOutput? = nil) {
         state = Mutex(State(planner: planner, lastCheckpoint: ContinuousClock.now, checkpointed: planner.written))
@@ -136,6 +138,8 @@ extension Downloader {
             // The file is about to be cut to 0: nothing written before may be recorded again.
             progress.setWritten(nil)
             _ = try? await run.state.withLock({ $0.inFlight })?.value
+            // The digests start over below: nothing queued may feed them after that.
+            try? await run.hashing.drain()
             let reason = fallback.reason
             logger.notice("segmented download falls back to one stream from the start", metadata: ["job": "\(request.jobID)", "reason": "\(reason)"])
             // Nothing written so far is trusted: the file starts over, and so do the digests.
@@ -169,16 +173,25 @@ extension Downloader {
             return
         } catch {
             _ = try? await run.state.withLock({ $0.inFlight })?.value
+            // Queued work reads the file, which the caller closes next.
+            try? await run.hashing.drain()
             record(run, into: &state)
             throw error
         }
         try await run.state.withLock({ $0.inFlight })?.value
         if let failure = run.state.withLock({ $0.failure }) {
+            try? await run.hashing.drain()
             record(run, into: &state)
             throw failure
         }
         // The last bytes may have joined the prefix while another worker held the role.
-        try hashContiguous(run, chunk: nil)
+        do {
+            try hashContiguous(run, chunk: nil)
+        } catch {
+            try? await run.hashing.drain()
+            throw error
+        }
+        try await run.hashing.drain()
         record(run, into: &state)
         let planner = run.planner
         if let size = state.size, !planner.isComplete || planner.hashed != size {
@@ -431,6 +444,7 @@ extension Downloader {
             if let failure { throw failure }
             // Only the bytes of this range: the rest of the chunk may be past its end.
             try hashContiguous(run, chunk: granted > 0 ? (offset: offset, buffer: chunk.getSlice(at: chunk.readerIndex, length: Int(granted)) ?? ByteBuffer()) : nil)
+            await run.hashing.waitForRoom()
             if let due {
                 startCheckpoint(due, run: run, commit: checkpoint)
                 try checkFloor(request)
@@ -473,31 +487,36 @@ extension Downloader {
         }
     }
 
-    /// Feeds the digests what joined the contiguous prefix, in order: from `chunk` when it is
-    /// the next piece (the usual case, nothing is read twice), else read back from the file,
-    /// where other ranges wrote it moments ago (still in the page cache). One worker at a time.
+    /// Queues for the digests what joined the contiguous prefix, in order (`DigestPipeline`):
+    /// from `chunk` when it is the next piece (the usual case, nothing is read twice), else
+    /// read back from the file, where other ranges wrote it moments ago (still in the page
+    /// cache). The planner counts a range hashed once it is queued; the stream drains the
+    /// pipeline before it trusts the digests. One worker at a time.
     func hashContiguous(_ run: StreamRun, chunk: (offset: Int64, buffer: ByteBuffer)?) throws(TransferFailure) {
-        var buffer: [UInt8] = []
         while let range = run.state.withLock({ $0.planner.startHashing() }) {
             var at = range.lowerBound
-            do throws(TransferFailure) {
-                if let chunk, chunk.offset == at {
-                    let length = Int(min(Int64(chunk.buffer.readableBytes), range.upperBound - at))
-                    chunk.buffer.withUnsafeReadableBytes { run.digests.digests.update(UnsafeRawBufferPointer(rebasing: $0[..<length])) }
-                    at += Int64(length)
+            let role = run.digests
+            if let chunk, chunk.offset == at {
+                let length = Int(min(Int64(chunk.buffer.readableBytes), range.upperBound - at))
+                let piece = chunk.buffer.getSlice(at: chunk.buffer.readerIndex, length: length) ?? ByteBuffer()
+                run.hashing.submit(bytes: length) {
+                    piece.withUnsafeReadableBytes { role.digests.update($0) }
                 }
-                if at < range.upperBound {
-                    // An encrypted file holds ciphertext: its plaintext is hashed from memory
-                    // only (one stream, so the chunk is always the next piece).
-                    guard run.sealed == nil else {
-                        throw AgeCrypto.failure("hash an encrypted download (internal: its bytes must be hashed as they arrive)")
-                    }
-                    if buffer.isEmpty { buffer = [UInt8](repeating: 0, count: 1 << 20) }
-                    try run.file.read(at..<range.upperBound, buffer: &buffer) { run.digests.digests.update($0) }
+                at += Int64(length)
+            }
+            if at < range.upperBound {
+                // An encrypted file holds ciphertext: its plaintext is hashed from memory
+                // only (one stream, so the chunk is always the next piece).
+                guard run.sealed == nil else {
+                    run.state.withLock { $0.planner.finishHashing(at: range.lowerBound) }
+                    throw AgeCrypto.failure("hash an encrypted download (internal: its bytes must be hashed as they arrive)")
                 }
-            } catch {
-                run.state.withLock { $0.planner.finishHashing(at: range.lowerBound) }
-                throw error
+                let rest = at..<range.upperBound
+                let file = run.file
+                run.hashing.submit(bytes: 0) { () throws(TransferFailure) in
+                    var buffer = [UInt8](repeating: 0, count: Int(min(rest.upperBound - rest.lowerBound, 1 << 20)))
+                    try file.read(rest, buffer: &buffer) { role.digests.update($0) }
+                }
             }
             run.state.withLock { $0.planner.finishHashing(at: range.upperBound) }
         }
