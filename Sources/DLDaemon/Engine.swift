@@ -34,6 +34,10 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var host: String?
     /// The job's own speed limit, bytes per second (`max_speed`; nil or 0: none).
     public var maxSpeed: Int64?
+    /// A download of the URL cache into its own folder (`get`): the destination is the
+    /// daemon's choice, so `allowed_roots` do not apply (the cache folder is usually under
+    /// `~/.cache`, a hidden entry of `$HOME`). Never set from a request's params.
+    var intoCache = false
 
     public init(url: String) { self.url = url }
 }
