@@ -218,7 +218,11 @@ struct DaemonService: Service, CustomStringConvertible {
         // action would end dld).
         let hangups = await UnixSignalsSequence(trapping: .sighup)
         let dispatcher = Dispatcher(engine: engine, cache: cache)
+        let cache = self.cache
         let server = ControlServer(path: config.socket, dispatcher: dispatcher, hub: hub, limits: Self.limits(config), logger: logger) {
+            // A `get` waiting for its download holds its connection open: it must end, or
+            // serving (which waits for every connection) would never end.
+            Task { await cache.shutdown() }
             closer.withLock { $0?.close(promise: nil) }
         }
         let channel = try await server.bind(adopting: adoptedSocket)
@@ -275,7 +279,6 @@ struct DaemonService: Service, CustomStringConvertible {
                 group.cancelAll()
             }
         } onGracefulShutdown: {
-            let cache = self.cache
             Task { await cache.shutdown() }
             // At once on SIGTERM: systemd shows the unit as deactivating from here.
             if stopping.exchange(true, ordering: .relaxed) == false { notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers") }

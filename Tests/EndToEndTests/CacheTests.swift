@@ -137,3 +137,47 @@ import Testing
         }
     }
 }
+
+/// A `get` that waits for its download when dld stops, by SIGTERM or by a `shutdown`
+/// request: dld still stops at once, the download's bytes are kept, and the next `get` after
+/// the restart continues the same job from them.
+@Suite(.serialized) struct CacheRestartTests {
+    @Test(arguments: ["signal", "request"])
+    func stoppingDuringAGetKeepsTheDownload(_ how: String) async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: "min_free = 0\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            let uri = "/bytes/3000000?rate=1000000&cache_control=max-age=3600"
+            let url = origin.baseURL + uri
+            let waiting = Task.detached { try daemon.dlctl(["get", url]) }
+            var job: JSONValue = .null
+            let deadline = Date().addingTimeInterval(30)
+            while Date() < deadline {
+                job = (try? daemon.call("list"))?["jobs"]?.arrayValue?.first ?? .null
+                if (job["received"]?.int64Value ?? 0) > 0 { break }
+                usleep(50_000)
+            }
+            let id = try #require(job["id"]?.int64Value, "the get's job runs: \(job)")
+            if how == "signal" {
+                #expect(daemon.stop() == 0)
+            } else {
+                _ = try daemon.call("shutdown")
+                let stopped = Date().addingTimeInterval(20)
+                while daemon.isRunning && Date() < stopped { usleep(20_000) }
+                #expect(!daemon.isRunning, "dld stopped while a get waited")
+            }
+            let interrupted = try await waiting.value
+            #expect(interrupted.status != 0, "the waiting get did not get a path: \(interrupted.stdout)")
+
+            try daemon.start()
+            let run = try daemon.dlctl(["get", url, "--json"])
+            #expect(run.status == 0, "\(run.stderr)")
+            let answer = try JSONValue.parse(Data(run.stdout.utf8))
+            #expect(answer["source"] == "download" && answer["job"]?.int64Value == id, "the same job went on: \(answer)")
+            try expectOriginBytes(at: try #require(answer["path"]?.stringValue), count: 3_000_000)
+            #expect(try daemon.call("list")["jobs"]?.arrayValue?.count == 1)
+            #expect(origin.requests.contains { $0.path == "/bytes/3000000" && $0.header("range") != nil }, "resumed with a range")
+        }
+    }
+}
