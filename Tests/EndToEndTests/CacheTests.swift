@@ -181,3 +181,34 @@ import Testing
         }
     }
 }
+
+/// Entries unused for `cache_max_age` go on the timer, without another `get`; with a shared
+/// PostgreSQL table `get` is refused with a reason, and `stats` says the cache is unavailable.
+@Suite(.serialized) struct CacheAgeAndFleetTests {
+    @Test func unusedEntriesGoOnTheTimer() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: "cache_max_age = \"1s\"\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            let run = try daemon.dlctl(["get", "\(origin.baseURL)/bytes/1000?cache_control=max-age=3600"])
+            #expect(run.status == 0, "\(run.stderr)")
+            let path = run.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+            #expect(daemon.waitForLog("cache: evicted"), "the sweep evicts the entry")
+            #expect(!FileManager.default.fileExists(atPath: path))
+            #expect(try daemon.call("stats")["cache"]?["entries"] == 0)
+        }
+    }
+
+    @Test func getIsRefusedOnASharedTable() throws {
+        let server = try PostgresServer.shared()
+        let name = try server.createDatabase()
+        defer { server.dropDatabase(name) }
+        let url = "postgresql://\(server.user)@/\(name)?host=\(server.socketFolder)&port=\(server.port)"
+        let daemon = try DaemonHarness(config: "database = \"\(url)\"\n")
+        try daemon.start()
+        defer { daemon.stop() }
+        let refused = try daemon.callError("get", ["url": "http://127.0.0.1:9/x"])
+        #expect(refused.stableCode == "invalid_state" && refused.message.contains("shared PostgreSQL"), "\(refused.message)")
+        #expect(try daemon.call("stats")["cache"]?["available"] == false)
+    }
+}
