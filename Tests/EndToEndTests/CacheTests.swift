@@ -150,15 +150,29 @@ import Testing
             defer { daemon.stop() }
             let uri = "/bytes/3000000?rate=1000000&cache_control=max-age=3600"
             let url = origin.baseURL + uri
-            let waiting = Task.detached { try daemon.dlctl(["get", url]) }
+            // A process of its own, not a task: a task that blocks on a child process can wait
+            // long for a thread of the two-core test machine's pool.
+            let waiting = Process()
+            waiting.executableURL = URL(fileURLWithPath: try BuiltProducts.path("dlctl"))
+            waiting.arguments = ["get", url]
+            waiting.environment = daemon.environment
+            let output = Pipe()
+            waiting.standardOutput = output
+            waiting.standardError = output
+            try waiting.run()
             var job: JSONValue = .null
-            let deadline = Date().addingTimeInterval(30)
+            let deadline = Date().addingTimeInterval(90)
             while Date() < deadline {
-                job = (try? daemon.call("list"))?["jobs"]?.arrayValue?.first ?? .null
+                if let first = (try? daemon.call("list"))?["jobs"]?.arrayValue?.first { job = first }
                 if (job["received"]?.int64Value ?? 0) > 0 { break }
                 usleep(50_000)
             }
-            let id = try #require(job["id"]?.int64Value, "the get's job runs: \(job)")
+            guard let id = job["id"]?.int64Value else {
+                waiting.waitUntilExit()
+                let early = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+                Issue.record("the get's job never ran: \(job); get: \(waiting.terminationStatus) \(early)\n\(daemon.log.suffix(3000))")
+                return
+            }
             if how == "signal" {
                 #expect(daemon.stop() == 0)
             } else {
@@ -167,8 +181,9 @@ import Testing
                 while daemon.isRunning && Date() < stopped { usleep(20_000) }
                 #expect(!daemon.isRunning, "dld stopped while a get waited")
             }
-            let interrupted = try await waiting.value
-            #expect(interrupted.status != 0, "the waiting get did not get a path: \(interrupted.stdout)")
+            waiting.waitUntilExit()
+            let said = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            #expect(waiting.terminationStatus != 0, "the waiting get did not get a path: \(said)")
 
             try daemon.start()
             let run = try daemon.dlctl(["get", url, "--json"])
