@@ -28,6 +28,8 @@ public struct DLError: Error, Sendable, Equatable, CustomStringConvertible {
         case invalidURL = "invalid_url"
         case shuttingDown = "shutting_down"
         case storageError = "storage_error"
+        /// `get`: the download of a URL that was not cached failed or was canceled.
+        case downloadFailed = "download_failed"
     }
 
     public static func invalidParams(_ message: String) -> DLError { DLError(.invalidParams, message) }

@@ -76,6 +76,12 @@ public struct DaemonConfig: Sendable, Equatable {
     /// The global speed limit in bytes per second (0: none), and limits by time of day over it.
     public var maxSpeed: Int64 = 0
     public var speedSchedule = SpeedSchedule.empty
+    /// The URL cache (`get`): its folder, byte budget, how long an unused entry stays, and how
+    /// long a copy is fresh when the server says nothing.
+    public var cacheDir: String
+    public var cacheMaxBytes: Int64 = CachePolicy.defaultMaxBytes
+    public var cacheMaxAge: Double = CachePolicy.defaultMaxAgeUnused
+    public var cacheDefaultMaxAge: Double = CachePolicy.defaultDefaultMaxAge
     /// The file that was read, if any.
     public var configFile: String?
 
@@ -91,7 +97,8 @@ public struct DaemonConfig: Sendable, Equatable {
         return DaemonConfig(
             socket: SocketPath.defaultPath(environment: environment),
             stateDir: xdg("XDG_STATE_HOME", ".local/state") + "/dld",
-            downloadDir: environment["XDG_DOWNLOAD_DIR"].flatMap { $0.hasPrefix("/") ? $0 : nil } ?? fromUserDirs ?? home + "/Downloads")
+            downloadDir: environment["XDG_DOWNLOAD_DIR"].flatMap { $0.hasPrefix("/") ? $0 : nil } ?? fromUserDirs ?? home + "/Downloads",
+            cacheDir: xdg("XDG_CACHE_HOME", ".cache") + "/dld")
     }
 
     /// `XDG_DOWNLOAD_DIR="$HOME/Downloads"` from xdg-user-dirs' file (shell syntax, only
@@ -163,7 +170,8 @@ public struct DaemonConfig: Sendable, Equatable {
         "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
         "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size", "worker_name", "lease",
         "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy", "keep_finished", "keep_failed", "max_speed",
-        "speed_schedule", "segments", "segment_min_size", "metered",
+        "speed_schedule", "segments", "segment_min_size", "metered", "cache_dir", "cache_max_bytes", "cache_max_age",
+        "cache_default_max_age",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -306,6 +314,15 @@ public struct DaemonConfig: Sendable, Equatable {
         case "checkpoint_interval":
             checkpointInterval = try seconds()
             guard checkpointInterval >= 0.05 else { throw DaemonError("checkpoint_interval must be at least 0.05 seconds") }
+        case "cache_dir": cacheDir = try path()
+        case "cache_max_bytes":
+            switch value {
+            case .integer(let i) where i >= 0: cacheMaxBytes = i
+            case .string(let s) where ByteRate.parse(s) != nil: cacheMaxBytes = ByteRate.parse(s) ?? 0
+            default: throw DaemonError("cache_max_bytes must be bytes: an integer, or a string such as \"2G\" or \"512M\" (0: no limit)")
+            }
+        case "cache_max_age": cacheMaxAge = try duration()
+        case "cache_default_max_age": cacheDefaultMaxAge = try duration()
         case "max_speed":
             switch value {
             case .integer(let i) where (0...(1 << 40)).contains(i): maxSpeed = i
@@ -389,6 +406,10 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("worker_name = \(quote(workerName))")
         lines.append("lease = \(number(lease))")
         lines.append("max_speed = \(maxSpeed == 0 ? "0" : quote(ByteRate.format(maxSpeed)))")
+        lines.append("cache_dir = \(quote(cacheDir))")
+        lines.append("cache_max_bytes = \(cacheMaxBytes)")
+        lines.append("cache_max_age = \"\(DurationText.describe(cacheMaxAge))\"")
+        lines.append("cache_default_max_age = \"\(DurationText.describe(cacheDefaultMaxAge))\"")
         if !speedSchedule.isEmpty { lines.append("speed_schedule = \(quote(speedSchedule.text))") }
         if let caFile { lines.append("ca_file = \(quote(caFile))") }
         if let caDir { lines.append("ca_dir = \(quote(caDir))") }
@@ -418,3 +439,9 @@ extension DaemonConfig: CustomStringConvertible, CustomDebugStringConvertible {
     public var debugDescription: String { description }
 }
 
+extension DaemonConfig {
+    /// The URL cache's policy from these settings.
+    public var cachePolicy: CachePolicy {
+        CachePolicy(defaultMaxAge: cacheDefaultMaxAge, maxBytes: cacheMaxBytes, maxAge: cacheMaxAge)
+    }
+}

@@ -86,8 +86,11 @@ public enum Daemon {
         let hooks = Reloadable(HookRunner(
             onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger))
         await engine.setOnFinished { hooks.value.finished($0) }
+        let cache = URLCache.open(
+            dir: config.cacheDir, policy: config.cachePolicy, engine: engine, hub: hub, downloader: downloader,
+            sharedQueue: store.sharesQueue, logger: logger)
         let service = DaemonService(
-            config: config, engine: engine, hub: hub, bootGuard: bootGuard, adoptedSocket: adopted,
+            config: config, engine: engine, hub: hub, cache: cache, bootGuard: bootGuard, adoptedSocket: adopted,
             notifier: SystemdNotifier(), hooks: hooks, current: Reloadable(config), reloadConfig: reload, logger: logger)
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
             services: [.init(service: service, successTerminationBehavior: .gracefullyShutdownGroup)],
@@ -190,6 +193,8 @@ struct DaemonService: Service, CustomStringConvertible {
     let config: DaemonConfig
     let engine: Engine
     let hub: EventHub
+    /// The URL cache (`get`).
+    let cache: URLCache
     let bootGuard: BootGuard
     /// The listening socket passed by systemd, if any (else dld binds `config.socket`).
     let adoptedSocket: Int32?
@@ -214,8 +219,12 @@ struct DaemonService: Service, CustomStringConvertible {
         // Trapped before READY=1: from then on `systemctl reload` may send it (its default
         // action would end dld).
         let hangups = await UnixSignalsSequence(trapping: .sighup)
-        let dispatcher = Dispatcher(engine: engine)
+        let dispatcher = Dispatcher(engine: engine, cache: cache)
+        let cache = self.cache
         let server = ControlServer(path: config.socket, dispatcher: dispatcher, hub: hub, limits: Self.limits(config), logger: logger) {
+            // A `get` waiting for its download holds its connection open: it must end, or
+            // serving (which waits for every connection) would never end.
+            Task { await cache.shutdown() }
             closer.withLock { $0?.close(promise: nil) }
         }
         let channel = try await server.bind(adopting: adoptedSocket)
@@ -233,6 +242,7 @@ struct DaemonService: Service, CustomStringConvertible {
             channel.channel.close(promise: nil)
             throw DaemonError("cannot start the queue: \(error)")
         }
+        await cache.start()
         // Jobs that failed for want of a network start again as soon as a route is back.
         let engine = self.engine
         let routes = RouteMonitor(logger: logger) { _ in
@@ -271,6 +281,7 @@ struct DaemonService: Service, CustomStringConvertible {
                 group.cancelAll()
             }
         } onGracefulShutdown: {
+            Task { await cache.shutdown() }
             // At once on SIGTERM: systemd shows the unit as deactivating from here.
             if stopping.exchange(true, ordering: .relaxed) == false { notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers") }
             closer.withLock { $0?.close(promise: nil) }
@@ -278,6 +289,7 @@ struct DaemonService: Service, CustomStringConvertible {
         // Also after a `shutdown` request, which ends serving without a signal.
         if stopping.exchange(true, ordering: .relaxed) == false { notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers") }
         logger.info("stopping: checkpointing transfers")
+        await cache.shutdown()
         // Syncing the transfers' bytes can outlast TimeoutStopSec on a slow disk: systemd is
         // asked for more time while it goes on, rather than killing dld in the middle.
         let extend = "EXTEND_TIMEOUT_USEC=\(Self.stopExtension.components.seconds * 1_000_000)"

@@ -20,10 +20,13 @@ public struct Dispatcher: Sendable {
     }
 
     let engine: Engine
+    /// The URL cache behind `get`; nil: `get` is refused (tests of other methods).
+    let cache: URLCache?
     let limits: Limits
 
-    public init(engine: Engine, limits: Limits = Limits()) {
+    public init(engine: Engine, cache: URLCache? = nil, limits: Limits = Limits()) {
         self.engine = engine
+        self.cache = cache
         self.limits = limits
     }
 
@@ -104,7 +107,7 @@ public struct Dispatcher: Sendable {
 
     public static let methods = [
         "enqueue", "pause", "resume", "cancel", "remove", "status", "list", "stats", "queue", "subscribe", "version", "shutdown",
-        "set_speed", "change",
+        "set_speed", "change", "get", "unpin", "cache_list",
     ]
 
     func call(_ method: String, _ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
@@ -176,11 +179,14 @@ public struct Dispatcher: Sendable {
                 "workers": .array(stats.workers.map { ["id": .string($0.id), "seen_at": JobJSON.timestamp($0.seenAt)] }),
                 "database_bytes": .int(stats.databaseBytes),
                 "max_speed": Self.speedReply(await engine.speedView),
+                "cache": await cacheStats(),
             ]
         case "set_speed":
             return try await setSpeed(raw)
         case "change":
             return try await change(raw)
+        case "get", "unpin", "cache_list":
+            return try await cacheCall(method, raw)
         case "queue":
             let params = try Params(raw, allowed: ["paused"])
             let reason: String?
@@ -555,5 +561,55 @@ extension Dispatcher {
         let headers = params.has("headers") ? try headers(params) : nil
         guard url != nil || headers != nil else { throw .invalidParams("give \"url\", \"headers\" or both") }
         return try await engine.change(id, url: url, headers: headers)
+    }
+}
+
+// MARK: get, unpin, cache_list
+
+extension Dispatcher {
+    func requireCache() throws(DLError) -> URLCache {
+        guard let cache else { throw DLError(.invalidState, "the URL cache is not available") }
+        return cache
+    }
+
+    func cacheCall(_ method: String, _ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
+        switch method {
+        case "get":
+            let params = try Params(raw, allowed: ["url", "pin"])
+            let url = try params.requiredString("url")
+            let answer = try await requireCache().get(url, pin: try params.bool("pin") ?? false)
+            return [
+                "path": .string(answer.path), "size": .int(answer.bytes), "sha256": answer.sha256.map { .string($0) } ?? .null,
+                "source": .string(answer.source.rawValue), "job": answer.jobID.map { .int($0) } ?? .null,
+                "pinned": .bool(answer.pinned), "fresh_until": JobJSON.timestamp(answer.freshUntil),
+            ]
+        case "unpin":
+            let params = try Params(raw, allowed: ["url"])
+            let found = try await requireCache().unpin(try params.requiredString("url"))
+            return ["cached": .bool(found)]
+        default:
+            _ = try Params(raw, allowed: [])
+            let entries = try await requireCache().list()
+            return [
+                "entries": .array(entries.map { item -> JSONValue in
+                    [
+                        "url": .string(URLRules.redacted(item.entry.url)), "path": .string(item.entry.path),
+                        "size": .int(item.entry.bytes), "pinned": .bool(item.entry.pinned), "in_use": .bool(item.held),
+                        "last_used": JobJSON.timestamp(item.entry.lastUsed), "fresh_until": JobJSON.timestamp(item.freshUntil),
+                    ]
+                })
+            ]
+        }
+    }
+
+    /// `stats.cache`: counters since dld started, and what the cache holds now.
+    func cacheStats() async -> JSONValue {
+        guard let cache else { return .null }
+        let stats = await cache.stats()
+        return [
+            "available": .bool(stats.available), "hits": .int(Int64(stats.hits)), "misses": .int(Int64(stats.misses)),
+            "revalidations": .int(Int64(stats.revalidations)), "bytes": .int(stats.bytes), "entries": .int(Int64(stats.entries)),
+            "pinned": .int(Int64(stats.pinned)), "max_bytes": .int(stats.maxBytes),
+        ]
     }
 }

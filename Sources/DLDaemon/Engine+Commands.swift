@@ -20,7 +20,8 @@ extension Engine {
             guard unfinished + specs.count <= configuration.maxQueued else {
                 throw DLError(.queueFull, "\(unfinished) jobs are unfinished and the limit is \(configuration.maxQueued) (max_queued)")
             }
-            let destination = Destination(downloadDir: configuration.downloadDir, policy: configuration.pathPolicy, jobs: specs.count)
+            let policy = specs.allSatisfy(\.intoCache) ? nil : configuration.pathPolicy
+            let destination = Destination(downloadDir: configuration.downloadDir, policy: policy, jobs: specs.count)
             // Jobs whose key exists already, in one read (they are returned, not created).
             let keys = specs.compactMap(\.key)
             let keyed = keys.isEmpty ? [:] : try await storage { try await store.fetch(keys: keys) }

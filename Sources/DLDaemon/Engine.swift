@@ -39,6 +39,10 @@ public struct EnqueueSpec: Sendable, Equatable {
     public var maxSpeed: Int64?
     /// More URLs of the same file (`mirrors`), checked.
     public var mirrors: [JobMirror] = []
+    /// A download of the URL cache into its own folder (`get`): the destination is the
+    /// daemon's choice, so `allowed_roots` do not apply (the cache folder is usually under
+    /// `~/.cache`, a hidden entry of `$HOME`). Never set from a request's params.
+    var intoCache = false
 
     public init(url: String) { self.url = url }
 }

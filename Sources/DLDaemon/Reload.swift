@@ -19,6 +19,7 @@ extension DaemonConfig {
     public static let restartKeys: Set<String> = [
         "socket", "state_dir", "database", "database_pool_size", "worker_name", "lease",
         "connect_timeout", "read_timeout", "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy",
+        "cache_dir",
     ]
 
     /// The keys whose values differ, as `--print-config` shows them.
@@ -53,6 +54,7 @@ extension DaemonConfig {
         out.clientKey = running.clientKey
         out.proxy = running.proxy
         out.noProxy = running.noProxy
+        out.cacheDir = running.cacheDir
         return out
     }
 }
@@ -98,6 +100,7 @@ extension DaemonService {
             logger.error("the reloaded settings could not be applied to the queue: \(error)")
             return
         }
+        await cache.setPolicy(applied.cachePolicy)
         current.set(applied)
         let live = changed.filter { !DaemonConfig.restartKeys.contains($0) }
         logger.notice("configuration reloaded", metadata: [

@@ -69,6 +69,7 @@ extension DLError.Code {
         case .groupNotFound: return -32008
         case .destinationNotAllowed: return -32009
         case .queueFull: return -32010
+        case .downloadFailed: return -32020
         }
     }
 }

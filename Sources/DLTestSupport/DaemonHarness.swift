@@ -143,6 +143,8 @@ public final class DaemonHarness: @unchecked Sendable {
     public var environment: [String: String] {
         var env = ProcessInfo.processInfo.environment
         env["XDG_CONFIG_HOME"] = root + "/config"
+        // The URL cache's default folder: each daemon its own, never the test runner's.
+        env["XDG_CACHE_HOME"] = root + "/cache"
         env["DLD_SOCKET"] = socket
         if let home { env["HOME"] = home }
         if defaultSocket { env["XDG_RUNTIME_DIR"] = root + "/xdg" }

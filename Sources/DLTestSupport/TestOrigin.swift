@@ -12,6 +12,8 @@
 //                                 ranges_for=K (Range is honoured for the first K ranged
 //                                 requests to that path, then ignored: 200 and the whole body).
 //                                 `rate` (bytes/s) throttles each response, so each connection.
+//                                 cache_control=V sends `Cache-Control: V`. If-None-Match with
+//                                 the ETag (or If-Modified-Since with Last-Modified) gets 304.
 //   /status/<CODE>                that status and a short text body; query retry_after.
 //   /redirect/<K>?to=<url>        302 chain of K more hops, then Location: <url>.
 //   /loop                         302 Location: /loop, forever.
@@ -629,6 +631,28 @@ final class OriginHandler: ChannelInboundHandler {
         }
         headers.add(name: "ETag", value: etag)
         headers.add(name: "Last-Modified", value: lastModifiedValue)
+        if let cacheControl = query["cache_control"] {
+            headers.add(name: "Cache-Control", value: cacheControl)
+        }
+        // A conditional GET whose validator still matches: 304, no body (RFC 9110 §13.1).
+        let tags = request.headers.first(name: "if-none-match")
+        let notModified: Bool
+        if let tags {
+            notModified = tags.split(separator: ",").contains { tag in
+                let trimmed = tag.trimmingCharacters(in: .whitespaces)
+                return trimmed == "*" || (trimmed.hasPrefix("W/") ? String(trimmed.dropFirst(2)) : trimmed) == etag
+            }
+        } else {
+            notModified = request.headers.first(name: "if-modified-since") == lastModifiedValue
+        }
+        if notModified {
+            var h = HTTPHeaders()
+            h.add(name: "ETag", value: etag)
+            h.add(name: "Last-Modified", value: lastModifiedValue)
+            if let cacheControl = query["cache_control"] { h.add(name: "Cache-Control", value: cacheControl) }
+            sendText(context: context, request: request, status: .notModified, headers: h, text: "")
+            return
+        }
         if let name = query["name"] {
             let escaped = name.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
             headers.add(name: "Content-Disposition", value: "attachment; filename=\"\(escaped)\"")

@@ -148,6 +148,9 @@ public final class Downloader: Sendable {
     let logger: Logger
     /// The speed limits every transfer of this downloader keeps to (`max_speed`).
     public let limiter = SpeedLimiter()
+    /// Told the head of each final answer (after redirects) that carries a body: the URL
+    /// cache keeps the freshness headers of its downloads.
+    public let responseHeads = ResponseHeadObserver()
 
     private struct ClientKey: Hashable {
         var tls: TLSSettings
@@ -665,6 +668,7 @@ public final class Downloader: Sendable {
             let status = Int(response.status.code)
             guard [301, 302, 303, 307, 308].contains(status), let location = response.headers.first(name: "location") else {
                 state.finalURL = current
+                if status == 200 || status == 206 { responseHeads.report(path: request.path, response.headers) }
                 return response
             }
             // Redirect bodies are short; reading a little lets the connection be reused.

@@ -11,7 +11,7 @@ struct DLCtl: ParsableCommand {
         abstract: "Control the dld download daemon.",
         discussion: "Talks to dld over its Unix socket ($DLD_SOCKET, else the default path). --socket and --json may come before the command too (dlctl --socket S status). Exit status: 0 success, 1 the daemon refused, 64 a usage error, 69 no daemon answers; `wait` also 124 on timeout.",
         version: "dlctl \(DLDVersion.current) (protocol \(DLDVersion.protocolVersion))",
-        subcommands: [Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self, Speed.self, SetURL.self, Version.self, Shutdown.self])
+        subcommands: [Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self, Speed.self, SetURL.self, Get.self, Unpin.self, CacheList.self, Version.self, Shutdown.self])
 
     /// The options of every command are taken before the command too, as git and systemctl
     /// take theirs: `dlctl --socket S status` is `dlctl status --socket S`.
@@ -481,8 +481,17 @@ struct Stats: ParsableCommand {
                 limit   \(Speed.describe(result["max_speed"] ?? .null))
                 """ + (result["accepting"]?.boolValue == false ? "\nshutting down" : "")
                 + (result["queue_paused_reason"]?.stringValue.map { "\nqueue   paused: \($0)" } ?? "")
-                + workers(result)
+                + workers(result) + cache(result["cache"])
         }
+    }
+
+    /// The URL cache's counters since dld started, when it is available.
+    private func cache(_ cache: JSONValue?) -> String {
+        guard let cache, cache["available"]?.boolValue == true else { return "" }
+        func n(_ key: String) -> Int64 { cache[key]?.int64Value ?? 0 }
+        let budget = n("max_bytes") > 0 ? " of \(Format.bytes(Double(n("max_bytes"))))" : ""
+        return "\ncache   \(n("entries")) entries (\(n("pinned")) pinned), \(Format.bytes(Double(n("bytes"))))\(budget); "
+            + "\(n("hits")) hits, \(n("misses")) misses, \(n("revalidations")) revalidations"
     }
 
     /// The live workers, when the table is shared with other daemons.
@@ -565,5 +574,49 @@ enum EnqueueChunks {
         }
         if !current.isEmpty { chunks.append(current) }
         return chunks
+    }
+}
+
+struct Get: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print the path of a local copy of URL, from the cache or downloaded into it first.",
+        discussion: "A fresh cached copy answers at once; a stale one is revalidated with the server (a 304 costs no body); otherwise the URL is downloaded as an ordinary job (see `dlctl status`) and the path is printed when it completes. The copy stays until the cache evicts it (cache_max_bytes, cache_max_age); --pin keeps it until `dlctl unpin URL`.")
+    @Argument(help: "An http or https URL.") var url: String
+    @Flag(help: "Keep the copy whatever the cache's budgets, until `dlctl unpin URL`.") var pin = false
+    @OptionGroup var common: Common
+
+    func run() throws {
+        var params: [String: JSONValue] = ["url": .string(url)]
+        if pin { params["pin"] = true }
+        let result = try common.call("get", params)
+        common.emit(result) { result["path"]?.stringValue ?? "" }
+    }
+}
+
+struct Unpin: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Let the cache evict a URL that `dlctl get --pin` kept.")
+    @Argument(help: "The URL, as given to get.") var url: String
+    @OptionGroup var common: Common
+
+    func run() throws {
+        let result = try common.call("unpin", ["url": .string(url)])
+        common.emit(result) { result["cached"]?.boolValue == true ? "unpinned" : "not cached" }
+    }
+}
+
+struct CacheList: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "cache-ls", abstract: "List the URL cache's entries, least recently used first.")
+    @OptionGroup var common: Common
+
+    func run() throws {
+        let result = try common.call("cache_list")
+        common.emit(result) {
+            (result["entries"]?.arrayValue ?? []).map { entry in
+                let flags = [entry["pinned"]?.boolValue == true ? "pinned" : nil, entry["in_use"]?.boolValue == true ? "in use" : nil]
+                    .compactMap { $0 }.joined(separator: ",")
+                return "\(Format.bytes(Double(entry["size"]?.int64Value ?? 0)))\t\(flags.isEmpty ? "-" : flags)\t\(entry["url"]?.stringValue ?? "")\t\(entry["path"]?.stringValue ?? "")"
+            }.joined(separator: "\n")
+        }
     }
 }
