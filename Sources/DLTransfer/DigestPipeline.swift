@@ -8,15 +8,16 @@ import Synchronization
 ///
 /// A profile of one stream of 1 GiB from nginx put SHA-256 at 56 % of dld's samples, all on
 /// the thread that also copied the bytes into the page cache (24 %): one thread did both in
-/// turn (docs/benchmarks.md, "One connection against curl").
+/// turn (docs/benchmarks.md, "One connection against curl"). The bound is that section's
+/// measurement too: 8 MiB pushed the peak RSS of four ranges past 64 MiB, 2 MiB was slower.
 ///
 /// What is queued is bounded: a worker that finds more than `highWater` bytes waiting waits
 /// (`waitForRoom`) until the hasher is down to `lowWater`. Every exit of an attempt's stream
 /// `drain`s the pipeline first, so no work runs after the digests are reset, finalized or the
 /// file is closed.
 final class DigestPipeline: Sendable {
-    static let highWater = 8 << 20
-    static let lowWater = 2 << 20
+    static let highWater = 4 << 20
+    static let lowWater = 1 << 20
 
     private struct State {
         var queuedBytes = 0
