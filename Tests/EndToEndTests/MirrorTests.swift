@@ -17,59 +17,66 @@ import Testing
         return byURL
     }
 
-    /// Both mirrors serve ranges of the file; it is byte-exact and neither is dropped.
-    @Test func rangesSpreadAcrossMirrors() async throws {
+    /// Two origins (two hosts), a daemon with four ranges, and one job of `size` bytes from
+    /// `url(first)` with `mirror(second)` as its mirror, run to its end: it completed and the
+    /// file is exact. `body` checks the rest (the daemon is still running).
+    func mirrored(
+        size: Int, name: String, url: (TestOrigin) -> String, mirror: (TestOrigin) -> String, extra: [String: JSONValue] = [:],
+        _ body: (_ first: TestOrigin, _ second: TestOrigin, _ daemon: DaemonHarness, _ url: String, _ mirror: String, _ done: JSONValue) async throws -> Void
+    ) async throws {
         try await withOrigin { first in
             try await withStarted(try await TestOrigin.start()) { second in
                 let daemon = try DaemonHarness(config: quickRetries + "\nsegments = 4\n")
                 try daemon.start()
                 defer { daemon.stop() }
-                let size = 24 << 20
-                let url = "\(first.baseURL)/bytes/\(size)?rate=6000000"
-                // Another host name for the same loopback: the job's credential header is for
-                // its own URL's host and must not reach the mirror.
-                let mirror = "\(second.baseURL.replacingOccurrences(of: "127.0.0.1", with: "localhost"))/bytes/\(size)?rate=6000000"
-                let id = try daemon.enqueue([
-                    "url": .string(url), "mirrors": [.string(mirror)], "name": "mirrored.bin", "headers": ["Authorization": "Bearer job-token"],
-                ])
+                let (url, mirror) = (url(first), mirror(second))
+                var params: [String: JSONValue] = ["url": .string(url), "mirrors": [.string(mirror)], "name": .string(name)]
+                params.merge(extra) { _, new in new }
+                let id = try daemon.enqueue(params)
                 let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
                 #expect(done["state"] == "completed", "\(done.serializedString())")
-                try expectOriginBytes(at: daemon.downloadDir + "/mirrored.bin", count: size)
-                #expect(first.bytesServed > 0 && second.bytesServed > 0, "served \(first.bytesServed) and \(second.bytesServed)")
-                #expect(!SegmentedTests.rangedRequests(second).isEmpty)
-                #expect(SegmentedTests.rangedRequests(second).allSatisfy { $0.header("if-range") == "\"v1-\(size)\"" })
-                #expect(Self.dropped(done) == [url: .null, mirror: .null], "\(done.serializedString())")
-                #expect(first.requests.allSatisfy { $0.header("authorization") == "Bearer job-token" })
-                #expect(second.requests.allSatisfy { $0.header("authorization") == nil })
+                try expectOriginBytes(at: daemon.downloadDir + "/" + name, count: size)
+                try await body(first, second, daemon, url, mirror, done)
             }
+        }
+    }
+
+    /// Both mirrors serve ranges of the file; it is byte-exact and neither is dropped.
+    @Test func rangesSpreadAcrossMirrors() async throws {
+        let size = 24 << 20
+        // Another host name for the same loopback: the job's credential header is for its own
+        // URL's host and must not reach the mirror.
+        try await mirrored(
+            size: size, name: "mirrored.bin", url: { "\($0.baseURL)/bytes/\(size)?rate=6000000" },
+            mirror: { "\($0.baseURL.replacingOccurrences(of: "127.0.0.1", with: "localhost"))/bytes/\(size)?rate=6000000" },
+            extra: ["headers": ["Authorization": "Bearer job-token"]]
+        ) { first, second, _, url, mirror, done in
+            #expect(first.bytesServed > 0 && second.bytesServed > 0, "served \(first.bytesServed) and \(second.bytesServed)")
+            #expect(!SegmentedTests.rangedRequests(second).isEmpty)
+            #expect(SegmentedTests.rangedRequests(second).allSatisfy { $0.header("if-range") == "\"v1-\(size)\"" })
+            #expect(Self.dropped(done) == [url: .null, mirror: .null], "\(done.serializedString())")
+            #expect(first.requests.allSatisfy { $0.header("authorization") == "Bearer job-token" })
+            #expect(second.requests.allSatisfy { $0.header("authorization") == nil })
         }
     }
 
     /// A mirror that serves another size is dropped with the reason in `status`; the job
     /// completes from the other URL, and the drop survives a restart (it is in the table).
     @Test func mirrorWithAnotherSizeIsDropped() async throws {
-        try await withOrigin { first in
-            try await withStarted(try await TestOrigin.start()) { second in
-                let daemon = try DaemonHarness(config: quickRetries + "\nsegments = 4\n")
-                try daemon.start()
-                defer { daemon.stop() }
-                let size = 16 << 20
-                let url = "\(first.baseURL)/bytes/\(size)?rate=6000000"
-                let liar = "\(second.baseURL)/bytes/\(size + 1)"
-                let id = try daemon.enqueue(["url": .string(url), "mirrors": [.string(liar)], "name": "sized.bin"])
-                let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
-                #expect(done["state"] == "completed", "\(done.serializedString())")
-                try expectOriginBytes(at: daemon.downloadDir + "/sized.bin", count: size)
-                let reason = Self.dropped(done)[liar]?.stringValue ?? ""
-                #expect(reason.contains("size differs: \(size + 1) vs \(size)"), "\(done.serializedString())")
-                #expect(Self.dropped(done)[url] == .null)
-                // The other file's answer is not read on: the liar never served a file's worth.
-                #expect(second.bytesServed < Int64(size), "the liar served \(second.bytesServed)")
-                daemon.stop()
-                try daemon.start()
-                let again = try daemon.job(id)
-                #expect(Self.dropped(again)[liar]?.stringValue == reason)
-            }
+        let size = 16 << 20
+        try await mirrored(
+            size: size, name: "sized.bin", url: { "\($0.baseURL)/bytes/\(size)?rate=6000000" },
+            mirror: { "\($0.baseURL)/bytes/\(size + 1)" }
+        ) { _, second, daemon, url, liar, done in
+            let reason = Self.dropped(done)[liar]?.stringValue ?? ""
+            #expect(reason.contains("size differs: \(size + 1) vs \(size)"), "\(done.serializedString())")
+            #expect(Self.dropped(done)[url] == .null)
+            // The other file's answer is not read on: the liar never served a file's worth.
+            #expect(second.bytesServed < Int64(size), "the liar served \(second.bytesServed)")
+            daemon.stop()
+            try daemon.start()
+            let again = try daemon.job(try #require(done["id"]?.int64Value))
+            #expect(Self.dropped(again)[liar]?.stringValue == reason)
         }
     }
 
@@ -77,25 +84,17 @@ import Testing
     /// attempt: the job completes without waiting for a retry, and the mirror is only set aside
     /// (not dropped: a next attempt would ask it again).
     @Test func failedRangesMoveToAnotherMirror() async throws {
-        try await withOrigin { first in
-            try await withStarted(try await TestOrigin.start()) { second in
-                let daemon = try DaemonHarness(config: quickRetries + "\nsegments = 4\n")
-                try daemon.start()
-                defer { daemon.stop() }
-                let size = 16 << 20
-                let url = "\(first.baseURL)/bytes/\(size)?rate=6000000"
-                let flaky = "\(second.baseURL)/bytes/\(size)?drop_after=300000"
-                let id = try daemon.enqueue(["url": .string(url), "mirrors": [.string(flaky)], "name": "flaky.bin"])
-                let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
-                #expect(done["state"] == "completed", "\(done.serializedString())")
-                try expectOriginBytes(at: daemon.downloadDir + "/flaky.bin", count: size)
-                #expect(!SegmentedTests.rangedRequests(second).isEmpty)
-                #expect(daemon.log.contains("a source of the file failed"))
-                // One attempt: the primary was asked for the whole file once, never resumed.
-                #expect(first.requests.filter { $0.header("range") == nil }.count == 1, "\(first.requests.map { $0.header("range") ?? "-" })")
-                #expect(!daemon.log.contains("waiting"), "\(daemon.log)")
-                #expect(Self.dropped(done) == [url: .null, flaky: .null], "\(done.serializedString())")
-            }
+        let size = 16 << 20
+        try await mirrored(
+            size: size, name: "flaky.bin", url: { "\($0.baseURL)/bytes/\(size)?rate=6000000" },
+            mirror: { "\($0.baseURL)/bytes/\(size)?drop_after=300000" }
+        ) { first, second, daemon, url, flaky, done in
+            #expect(!SegmentedTests.rangedRequests(second).isEmpty)
+            #expect(daemon.log.contains("a source of the file failed"))
+            // One attempt: the primary was asked for the whole file once, never resumed.
+            #expect(first.requests.filter { $0.header("range") == nil }.count == 1, "\(first.requests.map { $0.header("range") ?? "-" })")
+            #expect(!daemon.log.contains("waiting"), "\(daemon.log)")
+            #expect(Self.dropped(done) == [url: .null, flaky: .null], "\(done.serializedString())")
         }
     }
 
