@@ -107,6 +107,16 @@ def start_dld(work, state):
     return proc, wait_for_socket(sock, proc), dl
 
 
+FINISHED = ("completed", "failed", "canceled")
+
+
+def kill_and_restart(daemon, work, state):
+    """SIGKILL, then a new dld on the same state: (process, client, download folder)."""
+    daemon.kill()
+    daemon.wait()
+    return start_dld(work, state)
+
+
 def origin_served(base):
     import urllib.request
     with urllib.request.urlopen(base + "/_stats") as response:
@@ -133,12 +143,10 @@ def crash_cycle(work):
                 if job["state"] in ("completed", "failed", "canceled"):
                     break
                 time.sleep(0.01)
-            if job["state"] in ("completed", "failed", "canceled"):
+            if job["state"] in FINISHED:
                 break
-            daemon.kill()
-            daemon.wait()
             kills += 1
-            daemon, client, dl = start_dld(work, state)
+            daemon, client, dl = kill_and_restart(daemon, work, state)
         elapsed = time.monotonic() - start
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)
@@ -197,12 +205,10 @@ def kill_cycle(work):
             for _ in range(KILL_CYCLES):
                 time.sleep(KILL_AFTER)
                 job = client.call("status", {"id": job["id"]})
-                if job["state"] in ("completed", "failed", "canceled"):
+                if job["state"] in FINISHED:
                     break
-                daemon.kill()
-                daemon.wait()
                 kills += 1
-                daemon, client, dl = start_dld(work, state)
+                daemon, client, dl = kill_and_restart(daemon, work, state)
             while job["state"] not in ("completed", "failed", "canceled"):
                 time.sleep(0.02)
                 job = client.call("status", {"id": job["id"]})
