@@ -45,8 +45,9 @@ extension Engine {
     /// record. In a turn of the serial queue, so that it never lands after the outcome of the
     /// same transfer (which clears it).
     func recordUnsynced() async {
-        // A turn that waits behind a long one is enough; the next tick would repeat it.
-        guard !recordingUnsynced, let boot = configuration.bootID else { return }
+        // A turn that waits behind a long one is enough; the next tick would repeat it. An
+        // idle daemon takes no turn at all.
+        guard !recordingUnsynced, !running.isEmpty, let boot = configuration.bootID else { return }
         recordingUnsynced = true
         defer { recordingUnsynced = false }
         do {
