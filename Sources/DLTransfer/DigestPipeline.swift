@@ -16,6 +16,8 @@ import Synchronization
 /// `drain`s the pipeline first, so no work runs after the digests are reset, finalized or the
 /// file is closed.
 final class DigestPipeline: Sendable {
+    /// Files with less than this left to fetch are hashed inline (`StreamRun.hash`).
+    static let worthFrom: Int64 = 4 << 20
     static let highWater = 4 << 20
     static let lowWater = 1 << 20
 

@@ -60,8 +60,10 @@ final class StreamRun: Sendable {
     /// For a job encrypted at rest: every byte goes through it to the file, sealed (one
     /// stream from byte 0); nil: bytes are written as they come, at their offsets.
     let sealed: SealedOutput?
-    /// Where the digests are fed, in order, off the receiving threads.
-    let hashing = DigestPipeline()
+    /// Where the digests are fed, in order, off the receiving threads; nil for a file with
+    /// less than `DigestPipeline.worthFrom` left, hashed inline (a thread hop per piece would
+    /// cost a small file more than its hash).
+    let hashing: DigestPipeline?
 
     init(planner: SegmentPlanner, file: PartialFile.Writer, digests: DigestRole, size: Int64?, sealed: SealedOutput? = nil) {
         state = Mutex(State(planner: planner, lastCheckpoint: ContinuousClock.now, checkpointed: planner.written))
@@ -69,6 +71,13 @@ final class StreamRun: Sendable {
         self.digests = digests
         self.size = size
         self.sealed = sealed
+        hashing = size.map { $0 - planner.written < DigestPipeline.worthFrom } == true ? nil : DigestPipeline()
+    }
+
+    /// Runs `work` on the digests: queued after what came before, or at once without a pipeline.
+    func hash(bytes: Int, _ work: @escaping @Sendable () throws(TransferFailure) -> Void) throws(TransferFailure) {
+        guard let hashing else { return try work() }
+        hashing.submit(bytes: bytes, work)
     }
 
     var planner: SegmentPlanner { state.withLock { $0.planner } }
@@ -139,7 +148,7 @@ extension Downloader {
             progress.setWritten(nil)
             _ = try? await run.state.withLock({ $0.inFlight })?.value
             // The digests start over below: nothing queued may feed them after that.
-            try? await run.hashing.drain()
+            try? await run.hashing?.drain()
             let reason = fallback.reason
             logger.notice("segmented download falls back to one stream from the start", metadata: ["job": "\(request.jobID)", "reason": "\(reason)"])
             // Nothing written so far is trusted: the file starts over, and so do the digests.
@@ -174,13 +183,13 @@ extension Downloader {
         } catch {
             _ = try? await run.state.withLock({ $0.inFlight })?.value
             // Queued work reads the file, which the caller closes next.
-            try? await run.hashing.drain()
+            try? await run.hashing?.drain()
             record(run, into: &state)
             throw error
         }
         try await run.state.withLock({ $0.inFlight })?.value
         if let failure = run.state.withLock({ $0.failure }) {
-            try? await run.hashing.drain()
+            try? await run.hashing?.drain()
             record(run, into: &state)
             throw failure
         }
@@ -188,10 +197,10 @@ extension Downloader {
         do {
             try hashContiguous(run, chunk: nil)
         } catch {
-            try? await run.hashing.drain()
+            try? await run.hashing?.drain()
             throw error
         }
-        try await run.hashing.drain()
+        try await run.hashing?.drain()
         record(run, into: &state)
         let planner = run.planner
         if let size = state.size, !planner.isComplete || planner.hashed != size {
@@ -444,7 +453,7 @@ extension Downloader {
             if let failure { throw failure }
             // Only the bytes of this range: the rest of the chunk may be past its end.
             try hashContiguous(run, chunk: granted > 0 ? (offset: offset, buffer: chunk.getSlice(at: chunk.readerIndex, length: Int(granted)) ?? ByteBuffer()) : nil)
-            await run.hashing.waitForRoom()
+            await run.hashing?.waitForRoom()
             if let due {
                 startCheckpoint(due, run: run, commit: checkpoint)
                 try checkFloor(request)
@@ -487,7 +496,8 @@ extension Downloader {
         }
     }
 
-    /// Queues for the digests what joined the contiguous prefix, in order (`DigestPipeline`):
+    /// Feeds the digests what joined the contiguous prefix, in order (queued on the attempt's
+    /// `DigestPipeline`, or at once for a small file):
     /// from `chunk` when it is the next piece (the usual case, nothing is read twice), else
     /// read back from the file, where other ranges wrote it moments ago (still in the page
     /// cache). The planner counts a range hashed once it is queued; the stream drains the
@@ -496,27 +506,31 @@ extension Downloader {
         while let range = run.state.withLock({ $0.planner.startHashing() }) {
             var at = range.lowerBound
             let role = run.digests
-            if let chunk, chunk.offset == at {
-                let length = Int(min(Int64(chunk.buffer.readableBytes), range.upperBound - at))
-                let piece = chunk.buffer.getSlice(at: chunk.buffer.readerIndex, length: length) ?? ByteBuffer()
-                run.hashing.submit(bytes: length) {
-                    piece.withUnsafeReadableBytes { role.digests.update($0) }
+            do throws(TransferFailure) {
+                if let chunk, chunk.offset == at {
+                    let length = Int(min(Int64(chunk.buffer.readableBytes), range.upperBound - at))
+                    let piece = chunk.buffer.getSlice(at: chunk.buffer.readerIndex, length: length) ?? ByteBuffer()
+                    try run.hash(bytes: length) {
+                        piece.withUnsafeReadableBytes { role.digests.update($0) }
+                    }
+                    at += Int64(length)
                 }
-                at += Int64(length)
-            }
-            if at < range.upperBound {
-                // An encrypted file holds ciphertext: its plaintext is hashed from memory
-                // only (one stream, so the chunk is always the next piece).
-                guard run.sealed == nil else {
-                    run.state.withLock { $0.planner.finishHashing(at: range.lowerBound) }
-                    throw AgeCrypto.failure("hash an encrypted download (internal: its bytes must be hashed as they arrive)")
+                if at < range.upperBound {
+                    // An encrypted file holds ciphertext: its plaintext is hashed from memory
+                    // only (one stream, so the chunk is always the next piece).
+                    guard run.sealed == nil else {
+                        throw AgeCrypto.failure("hash an encrypted download (internal: its bytes must be hashed as they arrive)")
+                    }
+                    let rest = at..<range.upperBound
+                    let file = run.file
+                    try run.hash(bytes: 0) { () throws(TransferFailure) in
+                        var buffer = [UInt8](repeating: 0, count: Int(min(rest.upperBound - rest.lowerBound, 1 << 20)))
+                        try file.read(rest, buffer: &buffer) { role.digests.update($0) }
+                    }
                 }
-                let rest = at..<range.upperBound
-                let file = run.file
-                run.hashing.submit(bytes: 0) { () throws(TransferFailure) in
-                    var buffer = [UInt8](repeating: 0, count: Int(min(rest.upperBound - rest.lowerBound, 1 << 20)))
-                    try file.read(rest, buffer: &buffer) { role.digests.update($0) }
-                }
+            } catch {
+                run.state.withLock { $0.planner.finishHashing(at: range.lowerBound) }
+                throw error
             }
             run.state.withLock { $0.planner.finishHashing(at: range.upperBound) }
         }
