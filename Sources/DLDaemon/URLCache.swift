@@ -347,7 +347,7 @@ public actor URLCache {
     func evict() async {
         guard let index else { return }
         do {
-            let entries = try await index.all()
+            let entries = try await index.uses()
             // Decided and carried out without a suspension: a `get` that starts meanwhile holds
             // its entry before this looks at it.
             let uses = entries.map { entry in
@@ -438,11 +438,8 @@ public actor URLCache {
     public func stats() async -> Stats {
         var stats = Stats(available: index != nil, hits: hits, misses: misses, revalidations: revalidations, bytes: 0, entries: 0,
                           pinned: 0, maxBytes: policy.maxBytes)
-        if let entries = try? await index?.all() {
-            let ready = entries.filter(\.ready)
-            stats.entries = ready.count
-            stats.bytes = ready.reduce(0) { $0 + $1.bytes }
-            stats.pinned = ready.filter(\.pinned).count
+        if let totals = try? await index?.totals() {
+            (stats.entries, stats.bytes, stats.pinned) = totals
         }
         return stats
     }

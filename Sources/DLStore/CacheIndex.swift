@@ -110,6 +110,37 @@ public final class CacheIndex: Sendable {
         }
     }
 
+    /// What eviction weighs of an entry (`CacheIndex.uses`).
+    public struct Use: Sendable {
+        public var key: String
+        public var path: String
+        public var ready: Bool
+        public var bytes: Int64
+        public var lastUsed: Date
+        public var pinned: Bool
+        public var jobID: JobID?
+    }
+
+    /// Every entry as eviction weighs it: no headers, so no JSON is decoded per entry (an
+    /// eviction runs after every download).
+    public func uses() async throws -> [Use] {
+        try await queue.read { db in
+            try Row.fetchAll(db, sql: "SELECT key, path, ready, bytes, last_used, pinned, job_id FROM cache_entries").map { row in
+                Use(key: row["key"] ?? "", path: row["path"] ?? "", ready: row["ready"] ?? false, bytes: row["bytes"] ?? 0,
+                    lastUsed: Date(timeIntervalSince1970: row["last_used"] ?? 0), pinned: row["pinned"] ?? false, jobID: row["job_id"])
+            }
+        }
+    }
+
+    /// The complete copies: how many, their bytes, how many are pinned; one query (`stats`).
+    public func totals() async throws -> (entries: Int, bytes: Int64, pinned: Int) {
+        try await queue.read { db in
+            let row = try Row.fetchOne(
+                db, sql: "SELECT COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(pinned), 0) FROM cache_entries WHERE ready")
+            return (row?[0] ?? 0, row?[1] ?? 0, row?[2] ?? 0)
+        }
+    }
+
     public func save(_ entry: CacheEntry) async throws {
         let headers = String(decoding: (try? JSONEncoder().encode(entry.headers)) ?? Data("{}".utf8), as: UTF8.self)
         try await queue.write { db in
