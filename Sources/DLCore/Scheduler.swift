@@ -25,4 +25,20 @@ public enum SchedulerPolicy {
         guard free > 0 else { return [] }
         return queued.sorted(by: order).prefix(free).map(\.id)
     }
+
+    /// How `free` slots are shared between standalone jobs and groups: the first `free`
+    /// entries in the queue's order, where a group stands at its first queued member and takes
+    /// a slot of its own. Returns how many standalone jobs get a slot, and the groups that do,
+    /// in order.
+    public static func share<Group>(free: Int, standalone: [QueueEntry], groups: [(entry: QueueEntry, group: Group)]) -> (standalone: Int, groups: [Group]) {
+        let taken = jobsToStart(queued: standalone + groups.map(\.entry), active: 0, maxActive: free)
+        var groupAt: [JobID: Group] = [:]
+        for (entry, group) in groups where groupAt[entry.id] == nil { groupAt[entry.id] = group }
+        var count = 0
+        var chosen: [Group] = []
+        for id in taken {
+            if let group = groupAt[id] { chosen.append(group) } else { count += 1 }
+        }
+        return (count, chosen)
+    }
 }

@@ -8,35 +8,56 @@ import Logging
 extension Engine {
     /// Starts queued work while slots are free. A slot holds a standalone job or a whole group;
     /// inside its slot a group runs up to `groupParallel` members; no host gets more than
-    /// `maxPerHost` transfers. Jobs are taken with `claim`, which marks them running under this
-    /// worker in one statement (on a shared table, no other worker gets them); their transfers
-    /// start after the turn's commit. Runs inside `serial`; the caller flushes (which also arms
-    /// the wake-up of waiting jobs, once their rows are committed).
+    /// `maxPerHost` transfers. Groups that hold slots are settled here; the free slots are
+    /// taken by the turn's commit (`flush`), which writes the turn's rows and claims the next
+    /// jobs in one transaction (`JobTable.turn`): a claim marks them running under this worker
+    /// in one statement (on a shared table, no other worker gets them), and their transfers
+    /// start after that commit. Runs inside `serial`; the caller flushes (which also arms the
+    /// wake-up of waiting jobs, once their rows are committed).
     func schedule() async throws(DLError) {
         guard accepting else { return }
         for id in activeGroups.sorted() { try await settle(id) }
         guard configuration.queuePausedReason == nil else { return }
-        let standalone = running.values.filter { $0.job.groupID == nil }.count
-            + pending.launches.filter { $0.groupID == nil }.count
-        let free = configuration.maxActive - standalone - activeGroups.count
+        let free = configuration.maxActive - standaloneBusy() - activeGroups.count
         guard free > 0 else { return }
-        // Which of the next `free` entries are groups: each takes a slot of its own; the
-        // standalone jobs among them are claimed together.
-        let (jobs, groups) = try await storage { try await store.nextQueued(limit: free, excludingGroups: activeGroups) }
-        let groupOf = Dictionary(groups.map { ($0.entry.id, $0.groupID) }, uniquingKeysWith: { first, _ in first })
-        let order = SchedulerPolicy.jobsToStart(
-            queued: jobs.map { QueueEntry(id: $0.id, priority: $0.priority) } + groups.map(\.entry),
-            active: 0, maxActive: free)
-        var standaloneSlots = 0
-        for id in order {
-            if let groupID = groupOf[id] {
-                activeGroups.insert(groupID)
-                try await settle(groupID)
-            } else {
-                standaloneSlots += 1
-            }
+        pending.claimFree = free
+    }
+
+    /// Slots held by standalone transfers, running or about to start.
+    private func standaloneBusy() -> Int {
+        running.values.filter { $0.job.groupID == nil }.count + pending.launches.filter { $0.groupID == nil }.count
+    }
+
+    /// The claim a turn makes for `free` slots: hosts at their limit are passed over, and
+    /// while some host is near it, no more than that host has room for (it might take all of
+    /// them from it).
+    func turnClaim(free: Int) -> TurnClaim {
+        let limit = configuration.maxPerHost
+        let load = hostLoad()
+        let full = Set(load.filter { $0.value >= limit }.keys)
+        let room = load.values.filter { $0 < limit }.map { limit - $0 }.min() ?? limit
+        let at = now()
+        return TurnClaim(
+            free: free, limit: min(free, room), excludingGroups: activeGroups, excludingHosts: full,
+            worker: configuration.worker, leaseUntil: at.addingTimeInterval(configuration.lease), now: at)
+    }
+
+    /// After a turn's commit: its claimed jobs start (or wait for an unmetered connection),
+    /// the groups it gave slots take them, and standalone slots its claim could not fill in
+    /// one go (a host near its limit) are claimed in further steps.
+    func startTurn(_ outcome: TurnOutcome, claim: TurnClaim) async throws(DLError) {
+        let (starting, waiting) = holdForMetered(outcome.claimed)
+        pending.launches += starting
+        if !waiting.isEmpty {
+            _ = try await save(waiting, owned: Set(waiting.map(\.id)), publish: true)
+            wakeMayHaveChanged = true
         }
-        if standaloneSlots > 0 { try await claim(standaloneSlots, group: nil) }
+        for groupID in outcome.groups {
+            activeGroups.insert(groupID)
+            try await settle(groupID)
+        }
+        let left = outcome.standaloneSlots - starting.count
+        if left > 0, outcome.claimed.count == claim.limit { try await self.claim(left, group: nil) }
     }
 
     /// Claims up to `wanted` queued jobs (standalone, or members of `group`) for this turn,

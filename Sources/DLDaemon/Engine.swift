@@ -183,6 +183,8 @@ public actor Engine {
         /// Jobs claimed (committed as `running`) whose transfers start after the commit.
         var launches: [Job] = []
         var notices: [FinishedNotice] = []
+        /// Slots `schedule` found free: the commit claims work for them (`JobTable.turn`).
+        var claimFree: Int? = nil
     }
     /// Jobs taken from `toPublish` whose files are being synced (their rows are still running).
     var publishing: Set<JobID> = []
@@ -267,7 +269,7 @@ public actor Engine {
         }
         // A turn that failed before its flush left changes that were never committed: they
         // are dropped, not committed by the next turn. Its claims are committed: they start.
-        if !pending.saves.isEmpty || !pending.launches.isEmpty {
+        if !pending.saves.isEmpty || !pending.launches.isEmpty || pending.claimFree != nil {
             if !pending.saves.isEmpty {
                 logger.warning("dropped changes of a turn that failed", metadata: ["rows": "\(pending.saves.count)"])
             }
@@ -298,24 +300,58 @@ public actor Engine {
         }
     }
 
-    /// Commits this turn's changes in one transaction, then starts the transfers of the jobs
-    /// it recorded as running and tells hooks what finished. Runs inside `serial`.
+    /// Commits this turn's changes in one transaction, with the claim of the slots `schedule`
+    /// found free, then starts the transfers of the jobs it recorded as running and tells
+    /// hooks what finished. Runs inside `serial`.
     func flush() async throws(DLError) {
-        let batch = pending
+        let claim = pending.claimFree.map { turnClaim(free: $0) }
+        var batch = pending
         pending = Pending()
         if batch.saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
-        var lost: Set<JobID> = []
+        let outcome: TurnOutcome
         do throws(DLError) {
-            lost = try await save(batch.saves, owned: batch.owned, publish: true).lost
+            outcome = try await storage {
+                try await store.turn(saves: batch.saves, owned: batch.owned, owner: configuration.worker, claim: claim)
+            }
         } catch {
             // The claims are committed whatever became of the other rows.
             startTransfers(batch.launches)
             throw error
         }
+        if !outcome.lost.isEmpty {
+            logger.notice("jobs taken over while their transfers ended here: not recorded", metadata: ["jobs": "\(outcome.lost.sorted())"])
+        }
+        if let claim {
+            // What starts after the commit may add rows (a group settled, jobs held for a
+            // metered connection): committed here, before the transfers start.
+            pending.launches = batch.launches
+            do throws(DLError) {
+                try await startTurn(outcome, claim: claim)
+            } catch {
+                startTransfers(pending.launches)
+                pending = Pending()
+                throw error
+            }
+            batch.launches = pending.launches
+            batch.notices += pending.notices
+            pending.launches = []
+            pending.notices = []
+            if !pending.saves.isEmpty {
+                let rows = pending
+                pending = Pending()
+                if rows.saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
+                do throws(DLError) {
+                    _ = try await save(rows.saves, owned: rows.owned, publish: true)
+                } catch {
+                    startTransfers(batch.launches)
+                    throw error
+                }
+            }
+        }
         // Rows that became `waiting` are committed now: the wake-up can see them.
         try await armWakeUp()
         startTransfers(batch.launches)
-        for notice in batch.notices where notice.jobID.map({ !lost.contains($0) }) ?? true { onFinished?(notice) }
+        for notice in batch.notices where notice.jobID.map({ !outcome.lost.contains($0) }) ?? true { onFinished?(notice) }
     }
 
     /// Writes rows in one transaction; the `owned` ones (outcomes of this worker's transfers)

@@ -276,18 +276,23 @@ extension JobStore {
                     WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
                     """),
                 arguments: [limit])
-            let groups = try Row.fetchAll(
-                db.cachedStatement(sql: """
-                    SELECT g.id AS group_id, g.priority AS priority,
-                        (SELECT MIN(j.id) FROM jobs j WHERE j.group_id = g.id AND j.state = 'queued') AS first
-                    FROM groups g WHERE g.closed IS NULL
-                    """)
-            ).compactMap { row -> (entry: QueueEntry, groupID: GroupID)? in
-                let group: GroupID = row["group_id"]
-                guard !active.contains(group), let first: JobID = row["first"] else { return nil }
-                return (QueueEntry(id: first, priority: row["priority"]), group)
-            }
-            return (jobs, groups)
+            return (jobs, try Self.queuedGroups(excluding: active, in: db))
+        }
+    }
+
+    /// The open groups not in `active` with queued members, each placed by its first queued
+    /// member.
+    static func queuedGroups(excluding active: Set<GroupID>, in db: Database) throws -> [(entry: QueueEntry, groupID: GroupID)] {
+        try Row.fetchAll(
+            db.cachedStatement(sql: """
+                SELECT g.id AS group_id, g.priority AS priority,
+                    (SELECT MIN(j.id) FROM jobs j WHERE j.group_id = g.id AND j.state = 'queued') AS first
+                FROM groups g WHERE g.closed IS NULL
+                """)
+        ).compactMap { row -> (entry: QueueEntry, groupID: GroupID)? in
+            let group: GroupID = row["group_id"]
+            guard !active.contains(group), let first: JobID = row["first"] else { return nil }
+            return (QueueEntry(id: first, priority: row["priority"]), group)
         }
     }
 

@@ -30,6 +30,62 @@ extension JobStore {
         return jobs
     }
 
+    /// The turn in one transaction: the rows, then the claim. A turn that writes no rows
+    /// (a slot refilled after a file was downloaded) does not wait for the disk, as `claim`.
+    public func turn(saves: [Job], owned: Set<JobID>, owner: String, claim: TurnClaim?) async throws -> TurnOutcome {
+        guard !saves.isEmpty || (claim?.free ?? 0) > 0 else { return TurnOutcome() }
+        let wanted = sink.wanted
+        let outcome = try await pool.writeWithoutTransaction { db in
+            let body = {
+                try Self.inTransaction(db) { () throws -> TurnOutcome in
+                    var outcome = TurnOutcome()
+                    let read = try db.cachedStatement(sql: "SELECT state, worker FROM jobs WHERE id = ?")
+                    for job in saves {
+                        let row = try Row.fetchOne(read, arguments: [job.id])
+                        let state: String? = row?["state"]
+                        if owned.contains(job.id) {
+                            guard let row, Self.owns(state: row["state"], worker: row["worker"], owner: owner) else {
+                                outcome.lost.insert(job.id)
+                                continue
+                            }
+                        }
+                        try Self.update(job, in: db)
+                        if state != job.state.rawValue {
+                            outcome.events.append(try Self.record(
+                                .jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))
+                        }
+                    }
+                    guard let claim, claim.free > 0 else { return outcome }
+                    let standalone = try Row.fetchAll(
+                        db.cachedStatement(sql: """
+                            SELECT id, priority FROM jobs INDEXED BY jobs_standalone_queue
+                            WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
+                            """),
+                        arguments: [claim.free]
+                    ).map { QueueEntry(id: $0["id"], priority: $0["priority"]) }
+                    let groups = try Self.queuedGroups(excluding: claim.excludingGroups, in: db)
+                    let share = SchedulerPolicy.share(
+                        free: claim.free, standalone: standalone, groups: groups.map { (entry: $0.entry, group: $0.groupID) })
+                    outcome.standaloneSlots = share.standalone
+                    outcome.groups = share.groups
+                    let limit = min(share.standalone, claim.limit)
+                    guard limit > 0 else { return outcome }
+                    let (jobs, range) = try Self.claimRows(
+                        limit: limit, worker: claim.worker, leaseUntil: claim.leaseUntil, excludingHosts: claim.excludingHosts,
+                        group: nil, now: claim.now, in: db)
+                    outcome.claimed = jobs
+                    if range.1 > range.0, wanted {
+                        outcome.events += try Self.events(after: range.0, through: range.1, limit: Int(range.1 - range.0), in: db)
+                    }
+                    return outcome
+                }
+            }
+            return saves.isEmpty ? try Self.withoutWaitingForTheDisk(db, body) : try body()
+        }
+        sink.publish(outcome.events)
+        return outcome
+    }
+
     private static func claimRows(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date, in db: Database) throws -> ([Job], (Int64, Int64)) {
         let before = try Self.lastSeq(db)
         let hosts = Self.jsonTexts(excludingHosts.sorted())

@@ -159,6 +159,12 @@ public protocol JobTable: Sendable {
     /// returned in `lost` (the caller stops that transfer and publishes nothing). Rows that
     /// leave `running` lose their worker and lease.
     func saveOwned(_ jobs: [Job], owner: String, publish: Bool) async throws -> (events: [StoredEvent], lost: Set<JobID>)
+    /// One turn of the scheduler: writes `saves` (the `owned` ones as `saveOwned` does for
+    /// `owner`, the others as `save`), then, with `claim`, takes the next queued work as
+    /// `nextQueued` and `claim` would (see `TurnClaim`), publishing every event after the
+    /// commit. The SQLite store does it all in one transaction; the default runs those calls
+    /// one after the other.
+    func turn(saves: [Job], owned: Set<JobID>, owner: String, claim: TurnClaim?) async throws -> TurnOutcome
     /// The workers whose last heartbeat is at or after `seenSince`, by id.
     func workers(seenSince: Date) async throws -> [(id: String, seenAt: Date)]
     /// Yields when job states may have changed in the table, by any daemon: a daemon re-reads

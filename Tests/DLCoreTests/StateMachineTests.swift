@@ -116,6 +116,23 @@ func makeJob(_ state: JobState, attempts: Int = 0, clock: TestClock = TestClock(
         #expect(SchedulerPolicy.jobsToStart(queued: queued, active: 5, maxActive: 3) == [])
         #expect(SchedulerPolicy.jobsToStart(queued: [], active: 0, maxActive: 3) == [])
     }
+
+    /// A group takes one slot, placed by its first queued member: ahead of later standalone
+    /// jobs of its priority, behind jobs of a higher one.
+    @Test func groupsShareSlotsInQueueOrder() {
+        let standalone = [QueueEntry(id: 4, priority: 0), QueueEntry(id: 9, priority: 0), QueueEntry(id: 2, priority: 5)]
+        let groups = [(entry: QueueEntry(id: 6, priority: 0), group: "g6"), (entry: QueueEntry(id: 1, priority: 0), group: "g1")]
+        var share = SchedulerPolicy.share(free: 3, standalone: standalone, groups: groups)
+        #expect(share.standalone == 2 && share.groups == ["g1"])  // 2 (priority 5), g1, 4
+        share = SchedulerPolicy.share(free: 5, standalone: standalone, groups: groups)
+        #expect(share.standalone == 3 && share.groups == ["g1", "g6"])
+        share = SchedulerPolicy.share(free: 1, standalone: standalone, groups: groups)
+        #expect(share.standalone == 1 && share.groups.isEmpty)
+        share = SchedulerPolicy.share(free: 2, standalone: [], groups: groups)
+        #expect(share.standalone == 0 && share.groups == ["g1", "g6"])
+        share = SchedulerPolicy.share(free: 0, standalone: standalone, groups: groups)
+        #expect(share.standalone == 0 && share.groups.isEmpty)
+    }
 }
 
 @Suite struct BackoffTests {

@@ -1,0 +1,73 @@
+import DLCore
+import Foundation
+
+/// What a turn of the scheduler takes after its writes (`JobTable.turn`): the first `free`
+/// entries of the queue in its order, where an open group not in `excludingGroups` stands at
+/// its first queued member and takes one slot (`SchedulerPolicy.share`); of the standalone
+/// jobs among them, at most `limit` are claimed, passing over `excludingHosts`, as `claim`
+/// does.
+public struct TurnClaim: Sendable {
+    public var free: Int
+    public var limit: Int
+    public var excludingGroups: Set<GroupID>
+    public var excludingHosts: Set<String>
+    public var worker: String
+    public var leaseUntil: Date
+    public var now: Date
+
+    public init(free: Int, limit: Int, excludingGroups: Set<GroupID>, excludingHosts: Set<String>, worker: String, leaseUntil: Date, now: Date) {
+        self.free = free
+        self.limit = limit
+        self.excludingGroups = excludingGroups
+        self.excludingHosts = excludingHosts
+        self.worker = worker
+        self.leaseUntil = leaseUntil
+        self.now = now
+    }
+}
+
+/// What a turn wrote and took.
+public struct TurnOutcome: Sendable {
+    /// The events of the turn: its rows' and its claim's (already published).
+    public var events: [StoredEvent] = []
+    /// Owned rows that were not written: no longer `running` under the owner.
+    public var lost: Set<JobID> = []
+    /// Standalone jobs claimed, as committed (`running`), in claim order.
+    public var claimed: [Job] = []
+    /// Standalone jobs that have a slot among the first `free` entries (`claimed` may hold
+    /// fewer: `limit`, or hosts passed over).
+    public var standaloneSlots = 0
+    /// Groups that have a slot among the first `free` entries, in the queue's order.
+    public var groups: [GroupID] = []
+
+    public init() {}
+}
+
+extension JobTable {
+    /// The turn as separate calls, each its own transaction (`PostgresJobStore`).
+    public func turn(saves: [Job], owned: Set<JobID>, owner: String, claim: TurnClaim?) async throws -> TurnOutcome {
+        var outcome = TurnOutcome()
+        let mine = saves.filter { owned.contains($0.id) }
+        let others = saves.filter { !owned.contains($0.id) }
+        if !mine.isEmpty {
+            (outcome.events, outcome.lost) = try await saveOwned(mine, owner: owner, publish: true)
+        }
+        if !others.isEmpty {
+            outcome.events += try await save(others, publish: true)
+        }
+        guard let claim, claim.free > 0 else { return outcome }
+        let (jobs, groups) = try await nextQueued(limit: claim.free, excludingGroups: claim.excludingGroups)
+        let share = SchedulerPolicy.share(
+            free: claim.free, standalone: jobs.map { QueueEntry(id: $0.id, priority: $0.priority) },
+            groups: groups.map { (entry: $0.entry, group: $0.groupID) })
+        outcome.standaloneSlots = share.standalone
+        outcome.groups = share.groups
+        let limit = min(share.standalone, claim.limit)
+        if limit > 0 {
+            outcome.claimed = try await self.claim(
+                limit: limit, worker: claim.worker, leaseUntil: claim.leaseUntil, excludingHosts: claim.excludingHosts,
+                group: nil, now: claim.now)
+        }
+        return outcome
+    }
+}
