@@ -175,9 +175,7 @@ extension Engine {
         request.bootID = configuration.bootID
         request.options = started.options
         if started.groupID != nil { request.options.automaticName = false }
-        if let netrc = configuration.netrcPath, let text = try? String(contentsOfFile: netrc, encoding: .utf8) {
-            request.netrc = Netrc.parse(text)
-        }
+        request.netrc = currentNetrc()
         if started.options.insecure {
             logger.warning("TLS certificates are not verified for this job (insecure)", metadata: ["job": "\(started.id)"])
         }
@@ -216,6 +214,23 @@ extension Engine {
         }
         running[id] = Running(
             job: started, progress: progress, task: task, host: host ?? URLRules.hostKey(started.url), attempt: attempt, stop: nil)
+    }
+
+    /// The `~/.netrc` entries as the file is now: read again only when its size, times or
+    /// inode changed (a `stat`), not for each of thousands of small transfers.
+    func currentNetrc() -> [NetrcEntry] {
+        guard let path = configuration.netrcPath else { return [] }
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            netrcCache = nil
+            return []
+        }
+        let key = [Int(info.st_ino), Int(info.st_size), info.st_mtim.tv_sec, info.st_mtim.tv_nsec, info.st_ctim.tv_sec, info.st_ctim.tv_nsec]
+        if let cached = netrcCache, cached.key == key { return cached.entries }
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { return [] }
+        let entries = Netrc.parse(text)
+        netrcCache = (key, entries)
+        return entries
     }
 
     /// Buffers the outcome; one turn of the queue records every outcome buffered by then.

@@ -206,6 +206,8 @@ public actor Engine {
     var renewedAt: Date?
     /// The global rate set by `set_speed`, over the config file's; nil: the config's.
     var speedOverride: Int64?
+    /// `~/.netrc` as last read, by what `stat` said of it then (`currentNetrc`).
+    var netrcCache: (key: [Int], entries: [NetrcEntry])?
     /// Applies the schedule's next rate when it is due.
     var speedTask: Task<Void, Never>?
 

@@ -292,6 +292,31 @@ func mode(_ path: String) -> mode_t? {
     }
 }
 
+extension SecurityTests {
+    /// `~/.netrc` is read for each transfer as the file is then: an edit (same size, so only
+    /// its times tell) and a removal take effect for the next job, without a restart.
+    @Test func netrcEditsTakeEffectForTheNextJob() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(privateHome: true)
+            let home = try #require(daemon.home)
+            let netrc = home + "/.netrc"
+            try "machine 127.0.0.1 login first password secret1\n".write(toFile: netrc, atomically: false, encoding: .utf8)
+            try daemon.start()
+            defer { daemon.stop() }
+            func fetch(_ n: Int) throws -> String? {
+                let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(n)"), "name": .string("n\(n).bin")])
+                try daemon.waitForState(id, ["completed"])
+                return origin.requests.last { $0.uri == "/bytes/\(n)" }?.header("authorization")
+            }
+            #expect(try fetch(200) == "Basic " + Data("first:secret1".utf8).base64EncodedString())
+            try "machine 127.0.0.1 login secnd password secret2\n".write(toFile: netrc, atomically: false, encoding: .utf8)
+            #expect(try fetch(201) == "Basic " + Data("secnd:secret2".utf8).base64EncodedString())
+            try FileManager.default.removeItem(atPath: netrc)
+            #expect(try fetch(202) == nil)
+        }
+    }
+}
+
 /// Opens the folder and the socket wide, so that only the credential check stands, and asks
 /// for `list` as the user nobody (uid 65534): what that client printed.
 func listAsNobody(_ daemon: DaemonHarness) throws -> ProgramOutput {
