@@ -12,10 +12,11 @@ extension JobStore {
     /// rows about 3. A job whose key or path repeats one still waiting to be written sends
     /// those first, so that the look-ups see them as they would have row by row.
     static func insert(_ jobs: [NewJob], groupID: GroupID?, now: Date, events: inout [StoredEvent], in db: Database) throws -> [InsertOutcome] {
-        var batch = try InsertBatch(groupID: groupID, now: now, in: db)
+        var batch = try InsertBatch(jobs, groupID: groupID, now: now, in: db)
         var outcomes: [InsertOutcome] = []
         outcomes.reserveCapacity(jobs.count)
-        for new in jobs {
+        events.reserveCapacity(events.count + jobs.count)
+        for (index, new) in jobs.enumerated() {
             if batch.repeats(new) {
                 try batch.write(into: &outcomes, events: &events)
             }
@@ -28,7 +29,7 @@ extension JobStore {
             if let other = try batch.pathUser(new.path) {
                 throw StoreError.pathInUse(path: new.path, by: other)
             }
-            batch.add(new, outcome: outcomes.count)
+            batch.add(index, outcome: outcomes.count)
             // A placeholder, until `write` gives the row its id.
             outcomes.append(InsertOutcome(job: Job(url: new.url, path: new.path, createdAt: now, updatedAt: now), created: true))
         }
@@ -49,15 +50,19 @@ private struct InsertBatch {
     private static let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
     private let db: Database
+    /// The jobs of the insert; the waiting ones are named by their index (a `NewJob` is a few
+    /// hundred bytes: 5000 copies were megabytes).
+    private let jobs: [NewJob]
     private let groupID: GroupID?
     private let now: Date
     private var pathUser: RawStatement
-    private var pending: [(new: NewJob, outcome: Int)] = []
+    private var pending: [(job: Int, outcome: Int)] = []
     private var paths: Set<String> = []
     private var keys: Set<String> = []
 
-    init(groupID: GroupID?, now: Date, in db: Database) throws {
+    init(_ jobs: [NewJob], groupID: GroupID?, now: Date, in db: Database) throws {
         self.db = db
+        self.jobs = jobs
         self.groupID = groupID
         self.now = now
         pathUser = try RawStatement(JobStore.pathUserSQL, in: db)
@@ -73,8 +78,9 @@ private struct InsertBatch {
         return try pathUser.fetchInt()
     }
 
-    mutating func add(_ new: NewJob, outcome: Int) {
-        pending.append((new, outcome))
+    mutating func add(_ index: Int, outcome: Int) {
+        let new = jobs[index]
+        pending.append((index, outcome))
         paths.insert(new.path)
         if let key = new.key { keys.insert(key) }
     }
@@ -95,10 +101,11 @@ private struct InsertBatch {
         if let last = events.last?.seq { try JobStore.pruneEvents(through: last, in: db) }
     }
 
-    private func write(_ rows: ArraySlice<(new: NewJob, outcome: Int)>, into outcomes: inout [InsertOutcome], events: inout [StoredEvent]) throws {
+    private func write(_ rows: ArraySlice<(job: Int, outcome: Int)>, into outcomes: inout [InsertOutcome], events: inout [StoredEvent]) throws {
         var insert = try RawStatement(Self.columns + Array(repeating: Self.row, count: rows.count).joined(separator: ", "), in: db)
         let at = now.timeIntervalSince1970
-        for (new, _) in rows {
+        for (index, _) in rows {
+            let new = jobs[index]
             insert.bind(new.url)
             insert.bind(new.path)
             insert.bind(new.state.rawValue)
@@ -130,7 +137,8 @@ private struct InsertBatch {
                 """
         ).execute(arguments: [at, firstID])
         let firstSeq = db.lastInsertedRowID - Int64(rows.count) + 1
-        for (offset, (new, outcome)) in rows.enumerated() {
+        for (offset, (index, outcome)) in rows.enumerated() {
+            let new = jobs[index]
             let job = new.created(id: firstID + Int64(offset), groupID: groupID, now: now)
             outcomes[outcome] = InsertOutcome(job: job, created: true)
             events.append(StoredEvent(seq: firstSeq + Int64(offset), at: now, kind: .jobState, jobID: job.id, groupID: groupID, state: new.state.rawValue))
