@@ -10,14 +10,21 @@ import Logging
 extension Engine {
     /// Looks at an active group after a change: fills its slot (up to `groupParallel` members
     /// and the host limit), gives the slot back when nothing of it can run, and publishes it
-    /// when every member is complete. One read a turn: the group and its counts by state (an
-    /// index range); members are claimed as standalone jobs are; all members are read only
-    /// to publish them.
+    /// when every member is complete. While members run here a turn only claims more; else it
+    /// reads the group and its counts by state (an index range); members are claimed as
+    /// standalone jobs are; all members are read only to publish them.
     func settle(_ groupID: GroupID) async throws(DLError) {
         let active = activeGroups.contains(groupID)
         let busy = running.values.filter { $0.job.groupID == groupID }.count
             + pending.launches.filter { $0.groupID == groupID }.count
         let want = active && configuration.queuePausedReason == nil ? configuration.groupParallel - busy : 0
+        if busy > 0 {
+            // Members of it run here, so it is open and not finished: a turn only refills its
+            // places, without reading the group (a claim finds no member when none is queued).
+            // Members held for a metered connection may leave it nothing to run: look again.
+            if want > 0, try await claim(want, group: groupID) > 0 { try await settle(groupID) }
+            return
+        }
         let (found, counts) = try await storage { try await store.groupTurn(groupID) }
         guard let group = found, group.closed == nil else {
             activeGroups.remove(groupID)
