@@ -32,10 +32,7 @@ extension Engine {
     /// while some host is near it, no more than that host has room for (it might take all of
     /// them from it).
     func turnClaim(free: Int) -> TurnClaim {
-        let limit = configuration.maxPerHost
-        let load = hostLoad()
-        let full = Set(load.filter { $0.value >= limit }.keys)
-        let room = load.values.filter { $0 < limit }.map { limit - $0 }.min() ?? limit
+        let (full, room) = hostRoom()
         let at = now()
         return TurnClaim(
             free: free, limit: min(free, room), excludingGroups: activeGroups, excludingHosts: full,
@@ -66,13 +63,10 @@ extension Engine {
     /// Returns how many of the claimed jobs were held for a metered connection instead.
     @discardableResult
     func claim(_ wanted: Int, group: GroupID?) async throws(DLError) -> Int {
-        let limit = configuration.maxPerHost
         var left = wanted
         var held = 0
         while left > 0 {
-            let load = hostLoad()
-            let full = Set(load.filter { $0.value >= limit }.keys)
-            let room = load.values.filter { $0 < limit }.map { limit - $0 }.min() ?? limit
+            let (full, room) = hostRoom()
             let batch = min(left, room)
             let at = now()
             let claimed = try await storage {
@@ -93,6 +87,15 @@ extension Engine {
             if claimed.count < batch { return held }
         }
         return held
+    }
+
+    /// The hosts at their limit, and the room of the fullest other host (`maxPerHost` when
+    /// none is busy): a claim passes over the first and takes no more than the second.
+    func hostRoom() -> (full: Set<String>, room: Int) {
+        let limit = configuration.maxPerHost
+        let load = hostLoad()
+        let full = Set(load.filter { $0.value >= limit }.keys)
+        return (full, load.values.filter { $0 < limit }.map { limit - $0 }.min() ?? limit)
     }
 
     /// Transfers by host: running, and about to start in this turn.
