@@ -79,8 +79,13 @@ public enum URLRules {
     }
 
     private static func hostKey(_ components: URLComponents) -> String {
-        guard let host = components.host?.lowercased() else { return "" }
-        return components.port.map { "\(host):\($0)" } ?? host
+        guard let host = components.host else { return "" }
+        return hostKey(host: host, port: components.port)
+    }
+
+    private static func hostKey(host: String, port: Int?) -> String {
+        let host = host.lowercased()
+        return port.map { "\(host):\($0)" } ?? host
     }
 
     /// `https://user:secret@host/x` → `https://user:***@host/x`, for anything shown or logged.
@@ -109,9 +114,10 @@ public enum URLRules {
         guard scheme == "http" || scheme == "https" else {
             return .failure(DLError(.invalidURL, "only http and https URLs can be downloaded, not \(scheme):"))
         }
+        // The host is read once: each read of it decodes it again (IDNA).
         guard let host = components.host, !host.isEmpty, let url = components.url else {
             return .failure(DLError(.invalidURL, "URL has no host: \(text.prefix(200))"))
         }
-        return .success((url, hostKey(components)))
+        return .success((url, hostKey(host: host, port: components.port)))
     }
 }

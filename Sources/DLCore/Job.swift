@@ -273,7 +273,8 @@ public struct Job: Sendable, Equatable {
     /// The file name shown to people.
     public var name: String {
         // After the last "/", without NSString for the usual path (it showed in `list` pages).
-        guard let slash = path.lastIndex(of: "/"), path.index(after: slash) != path.endIndex else {
+        // Scanned as bytes ("/" is ASCII, so its index is a character boundary too).
+        guard let slash = path.utf8.lastIndex(of: UInt8(ascii: "/")), path.index(after: slash) != path.endIndex else {
             return (path as NSString).lastPathComponent
         }
         return String(path[path.index(after: slash)...])

@@ -89,11 +89,12 @@ struct Destination {
         // An encrypted file is published as `<name>.age`: that is the name checked and kept.
         if encrypted { target = AgeLayout.encryptedName(target) }
         // `target` is normalized: absolute, no empty, "." or ".." segments.
-        let slash = target.lastIndex(of: "/") ?? target.startIndex
+        // Scanned as bytes: "/" is ASCII, so its index is a character boundary too.
+        let slash = target.utf8.lastIndex(of: UInt8(ascii: "/")) ?? target.startIndex
         let parent = slash == target.startIndex ? "/" : String(target[..<slash])
         let fileName = String(target[target.index(after: slash)...])
         guard !fileName.isEmpty else { throw DLError(.destinationInvalid, "\(target) is not a file path") }
-        guard !fileName.lowercased().hasSuffix(".part") else {
+        guard !Self.hasPartSuffix(fileName) else {
             throw DLError(.destinationInvalid, "\(fileName): names ending in .part are kept for partial files")
         }
         // Asked twice: of the path as written (so `..` out of a root is refused as such), and of
@@ -113,6 +114,15 @@ struct Destination {
             candidate = (folder == "/" ? "" : folder) + "/" + candidateName
         }
         return Resolved(path: candidate, automatic: path == nil && name == nil)
+    }
+
+    /// Whether a name ends in ".part", in any case (the suffix is ASCII: compared as bytes,
+    /// without lowercasing the whole name).
+    static func hasPartSuffix(_ name: String) -> Bool {
+        let suffix = Array(name.utf8.suffix(5))
+        // Only "P", "A", "R", "T" lowercase to these letters; "." has no case.
+        return suffix.count == 5 && suffix[0] == UInt8(ascii: ".")
+            && zip(suffix.dropFirst(), "part".utf8).allSatisfy { ($0 | 0x20) == $1 }
     }
 
     /// The folder with symlinks resolved; it must exist.

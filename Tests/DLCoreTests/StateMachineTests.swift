@@ -319,3 +319,15 @@ func makeJob(_ state: JobState, attempts: Int = 0, clock: TestClock = TestClock(
         }
     }
 }
+
+/// A job's name is the last part of its path, read as bytes; what Foundation calls the last
+/// path component where the path ends with "/" or has none.
+@Suite struct JobNameTests {
+    @Test func lastPathComponent() {
+        for path in ["/tmp/a.bin", "/tmp/日本/ページ 1.jpg", "/tmp/e\u{301}/x", "/tmp/dir/", "name", "/", "/x", "/tmp/a\u{301}b"] {
+            var job = makeJob(.queued)
+            job.path = path
+            #expect(job.name == (path as NSString).lastPathComponent, "\(path)")
+        }
+    }
+}

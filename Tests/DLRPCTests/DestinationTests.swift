@@ -81,6 +81,17 @@ import Testing
     }
 }
 
+/// Names kept for partial files: ".part" in any case, compared as bytes, as `lowercased()`
+/// would tell it.
+@Suite struct PartSuffixTests {
+    @Test func asLowercased() {
+        let names = ["a.part", "a.PART", "a.PaRt", ".part", "part", "a.par", "a\u{0E}part", "a.pert", "a.pārt", "a.ｐart", "a.part ", "a.parts", "日本.Part", ""]
+        for name in names {
+            #expect(Destination.hasPartSuffix(name) == name.lowercased().hasSuffix(".part"), "\(name)")
+        }
+    }
+}
+
 /// The policy's memo for many names in few folders must give the verdicts of the full check.
 @Suite struct PathPolicyMemoTests {
     @Test func memoAgreesWithFullCheck() {

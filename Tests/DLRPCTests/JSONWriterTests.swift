@@ -43,6 +43,14 @@ import Testing
         }
     }
 
+    /// Integers are written digit by digit: the edges of their range and of each digit count.
+    @Test func integersAsFoundation() throws {
+        let encoder = JSONEncoder()
+        for i: Int64 in [0, -0, 1, -1, 9, 10, -10, 99, 100, 1_000_000_007, Int64.max, Int64.min, Int64.min + 1] {
+            #expect(JSONValue.int(i).serialized() == (try encoder.encode(i)), "\(i)")
+        }
+    }
+
     @Test func doublesRoundTrip() throws {
         for d in [0.5, -1.25, 1e300, Double.leastNonzeroMagnitude, 123456.789, 7.0, -0.0, 1e15 + 0.5] {
             #expect(try JSONValue.parse(JSONValue.double(d).serialized()).doubleValue == d)
