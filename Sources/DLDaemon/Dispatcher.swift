@@ -100,7 +100,7 @@ public struct Dispatcher: Sendable {
             filter.ids = set
         }
         if let reference = try params.groupReference() {
-            filter.group = try await engine.groupStatus(reference).0.id
+            filter.group = try await engine.groupID(reference)
         }
         return Subscription(id: id, filter: filter, since: try params.int("since", in: 0...Int64.max))
     }
@@ -147,10 +147,8 @@ public struct Dispatcher: Sendable {
             let params = try Params(raw, allowed: ["state", "limit", "after_id", "group"])
             let states = try parseStates(params)
             if let reference = try params.groupReference() {
-                let (_, _, jobs) = try await engine.groupStatus(reference)
-                let wanted = states.map { Set($0.map(\.rawValue)) }
-                let filtered = jobs.filter { job in wanted.map { $0.contains(job["state"]?.stringValue ?? "") } ?? true }
-                return ["jobs": .array(filtered), "next_after_id": .null]
+                let (_, _, jobs) = try await engine.groupStatus(reference, states: states)
+                return ["jobs": .array(jobs), "next_after_id": .null]
             }
             // A page holds at most `maxPage` jobs whatever the limit: a page of 10 000 whole jobs
             // cost over 100 MiB to build; `next_after_id` continues where it stopped.

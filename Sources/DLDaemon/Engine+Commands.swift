@@ -303,7 +303,7 @@ extension Engine {
     }
 
     /// The counters of the job's running transfer, if it runs here.
-    private func liveProgress(of id: JobID) -> LiveProgress? {
+    func liveProgress(of id: JobID) -> LiveProgress? {
         guard let live = running[id]?.progress.snapshot else { return nil }
         return LiveProgress(received: live.received, size: live.size, speed: live.speed, startedOver: live.startedOver)
     }

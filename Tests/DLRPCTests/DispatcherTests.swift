@@ -209,6 +209,37 @@ extension JSONValue {
         }
     }
 
+    /// A group's members in `status` and `list` (filtered by state), and `subscribe` by the
+    /// group's name: the members as `status` of each shows them.
+    @Test func groupMembersInStatusAndList() async throws {
+        try await DispatcherFixture.with { f in
+            let jobs: [JSONValue] = (1...3).map { n in ["url": .string("http://127.0.0.1:9/\(n)"), "name": .string("p\(n).jpg")] }
+            let created = try #require(await f.request("enqueue", [
+                "group": ["name": "book", "dir": .string(f.downloads + "/book")], "jobs": .array(jobs), "paused": true,
+            ])?["result"])
+            let ids = try #require(created["results"]?.arrayValue?.compactMap { $0["id"]?.int64Value ?? $0["job"]?["id"]?.int64Value })
+            #expect(ids.count == 3)
+            _ = try #require(await f.request("cancel", ["id": .int(ids[1])])?["result"])
+
+            let status = try #require(await f.request("status", ["group": "book"])?["result"])
+            let members = try #require(status["jobs"]?.arrayValue)
+            #expect(members.compactMap { $0["id"]?.int64Value } == ids)
+            for member in members {
+                let id = try #require(member["id"]?.int64Value)
+                #expect(member == (await f.request("status", ["id": .int(id)])?["result"]), "\(id)")
+            }
+            let paused = try #require(await f.request("list", ["group": "book", "state": ["paused"]])?["result"])
+            #expect(paused["jobs"]?.arrayValue?.compactMap { $0["id"]?.int64Value } == [ids[0], ids[2]])
+            #expect(paused["next_after_id"] == .null)
+            let all = try #require(await f.request("list", ["group": "book"])?["result"])
+            #expect(all["jobs"]?.arrayValue?.map { $0["state"] } == ["paused", "canceled", "paused"])
+
+            let subscribe = await f.dispatcher.handle(line: Data(#"{"jsonrpc":"2.0","id":5,"method":"subscribe","params":{"group":"book"}}"#.utf8))
+            let group = try #require(status["group"]?["id"]?.int64Value)
+            #expect(subscribe.subscription?.filter.group == group)
+        }
+    }
+
     /// Credentials in headers and URLs are stored but shown redacted: in the enqueue reply,
     /// `status`, `list`, and the events `subscribe` streams (replayed from the table and encoded
     /// as the control server sends them).
