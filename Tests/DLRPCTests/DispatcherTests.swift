@@ -141,6 +141,28 @@ extension JSONValue {
         }
     }
 
+    /// A call of thousands is checked in two halves at once: the error names the first job in
+    /// error, in either half or both, and nothing is created.
+    @Test func largeEnqueueNamesTheFirstJobInError() async throws {
+        try await DispatcherFixture.with { f in
+            func jobs(badAt bad: Set<Int>) -> JSONValue {
+                .array((0..<1500).map { n in
+                    bad.contains(n) ? ["url": "gopher://x"] : ["url": .string("http://127.0.0.1:9/\(n)"), "paused": true]
+                })
+            }
+            for (bad, named) in [([1200, 1400], 1200), ([10, 1200], 10), ([749], 749), ([750], 750), ([1499], 1499)] {
+                let response = try #require(await f.request("enqueue", ["jobs": jobs(badAt: Set(bad))]))
+                #expect(response.stableCode == "invalid_url", "\(response.serializedString())")
+                let message = response["error"]?["message"]?.stringValue ?? ""
+                #expect(message.hasPrefix("jobs[\(named)]:"), "\(bad): \(message)")
+            }
+            #expect(await f.request("list")?["result"]?["jobs"] == .array([]))
+            let created = try #require(await f.request("enqueue", ["jobs": jobs(badAt: [])])?["result"])
+            #expect(created["created"] == 1500)
+            #expect(created["results"]?.arrayValue?.compactMap { $0["path"]?.stringValue }.last == .some(f.downloads + "/1499"))
+        }
+    }
+
     /// An existing file is never replaced unless asked; the key returns the existing job.
     @Test func destinationsAndKeys() async throws {
         try await DispatcherFixture.with { f in
