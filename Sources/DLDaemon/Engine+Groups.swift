@@ -226,7 +226,6 @@ extension Engine {
         }
     }
 
-    /// A group with its summary and members.
     /// The group, its summary and its members (those in `states`, when given) as JSON text:
     /// written at once, not built as objects (a group of 2000 small files took 5 MB of
     /// dictionaries for one `status`, the daemon's peak).
