@@ -33,12 +33,21 @@ extension JobStore {
     /// The turn in one transaction: the rows, then the claim. A turn that writes no rows
     /// (a slot refilled after a file was downloaded) does not wait for the disk, as `claim`.
     public func turn(saves: [Job], owned: Set<JobID>, owner: String, claim: TurnClaim?) async throws -> TurnOutcome {
-        guard !saves.isEmpty || (claim?.free ?? 0) > 0 else { return TurnOutcome() }
+        guard !saves.isEmpty || (claim.map { $0.free > 0 || $0.ready > 0 || !$0.started.isEmpty } ?? false) else { return TurnOutcome() }
         let wanted = sink.wanted
         let outcome = try await pool.writeWithoutTransaction { db in
             let body = {
                 try Self.inTransaction(db) { () throws -> TurnOutcome in
                     var outcome = TurnOutcome()
+                    // First the jobs already started: the outcomes of their transfers may be
+                    // among the rows.
+                    if let claim, !claim.started.isEmpty {
+                        let (claimed, range) = try Self.claimStarted(claim, in: db)
+                        outcome.startedLost = Set(claim.started).subtracting(claimed)
+                        if range.1 > range.0, wanted {
+                            outcome.events += try Self.events(after: range.0, through: range.1, limit: Int(range.1 - range.0), in: db)
+                        }
+                    }
                     let read = try db.cachedStatement(sql: "SELECT state, worker FROM jobs WHERE id = ?")
                     for job in saves {
                         let row = try Row.fetchOne(read, arguments: [job.id])
@@ -55,27 +64,45 @@ extension JobStore {
                                 .jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))
                         }
                     }
-                    guard let claim, claim.free > 0 else { return outcome }
-                    let standalone = try Row.fetchAll(
-                        db.cachedStatement(sql: """
-                            SELECT id, priority FROM jobs INDEXED BY jobs_standalone_queue
-                            WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
-                            """),
-                        arguments: [claim.free]
-                    ).map { QueueEntry(id: $0["id"], priority: $0["priority"]) }
-                    let groups = try Self.queuedGroups(excluding: claim.excludingGroups, in: db)
-                    let share = SchedulerPolicy.share(
-                        free: claim.free, standalone: standalone, groups: groups.map { (entry: $0.entry, group: $0.groupID) })
-                    outcome.standaloneSlots = share.standalone
-                    outcome.groups = share.groups
-                    let limit = min(share.standalone, claim.limit)
-                    guard limit > 0 else { return outcome }
-                    let (jobs, range) = try Self.claimRows(
-                        limit: limit, worker: claim.worker, leaseUntil: claim.leaseUntil, excludingHosts: claim.excludingHosts,
-                        group: nil, now: claim.now, in: db)
-                    outcome.claimed = jobs
-                    if range.1 > range.0, wanted {
-                        outcome.events += try Self.events(after: range.0, through: range.1, limit: Int(range.1 - range.0), in: db)
+                    guard let claim else { return outcome }
+                    var waitingGroups: [(entry: QueueEntry, groupID: GroupID)]? = nil
+                    if claim.free > 0 {
+                        let standalone = try Row.fetchAll(
+                            db.cachedStatement(sql: """
+                                SELECT id, priority FROM jobs INDEXED BY jobs_standalone_queue
+                                WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
+                                """),
+                            arguments: [claim.free]
+                        ).map { QueueEntry(id: $0["id"], priority: $0["priority"]) }
+                        let groups = try Self.queuedGroups(excluding: claim.excludingGroups, in: db)
+                        waitingGroups = groups
+                        let share = SchedulerPolicy.share(
+                            free: claim.free, standalone: standalone, groups: groups.map { (entry: $0.entry, group: $0.groupID) })
+                        outcome.standaloneSlots = share.standalone
+                        outcome.groups = share.groups
+                        let limit = min(share.standalone, claim.limit)
+                        if limit > 0 {
+                            let (jobs, range) = try Self.claimRows(
+                                limit: limit, worker: claim.worker, leaseUntil: claim.leaseUntil, excludingHosts: claim.excludingHosts,
+                                group: nil, now: claim.now, in: db)
+                            outcome.claimed = jobs
+                            if range.1 > range.0, wanted {
+                                outcome.events += try Self.events(after: range.0, through: range.1, limit: Int(range.1 - range.0), in: db)
+                            }
+                        }
+                    }
+                    // An open group that waits for a slot may come before these jobs
+                    // (`SchedulerPolicy.share`): then only a turn decides.
+                    if claim.ready > 0 {
+                        let groups = try waitingGroups ?? Self.queuedGroups(excluding: claim.excludingGroups.union(outcome.groups), in: db)
+                        if groups.filter({ !outcome.groups.contains($0.groupID) }).isEmpty {
+                            outcome.ready = try Self.jobs(
+                                db.cachedStatement(sql: """
+                                    SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_standalone_queue
+                                    WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
+                                    """),
+                                arguments: [claim.ready])
+                        }
                     }
                     return outcome
                 }
@@ -125,6 +152,24 @@ extension JobStore {
         let statement = try db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?")
         let jobs = try ids.compactMap { try Self.jobs(statement, arguments: [$0]).first }
         return (jobs, (before, try Self.lastSeq(db)))
+    }
+
+    /// Claims the jobs a worker started from a turn's `ready` rows, each only while it is still
+    /// queued (what `claimRows` writes). Returns the ids claimed and the range of their events.
+    private static func claimStarted(_ claim: TurnClaim, in db: Database) throws -> ([JobID], (Int64, Int64)) {
+        let before = try Self.lastSeq(db)
+        let ids = try JobID.fetchAll(
+            db.cachedStatement(
+                sql: """
+                    UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = ?, worker = ?, lease_until = ?
+                    WHERE id IN (SELECT value FROM json_each(?)) AND state = 'queued'
+                    RETURNING id
+                    """),
+            arguments: [claim.now.timeIntervalSince1970, claim.worker, claim.leaseUntil.timeIntervalSince1970,
+                        RowSelection.jsonArray(claim.started)]
+        ).sorted()
+        try Self.recordStates(of: ids, at: claim.now, in: db)
+        return (ids, (before, try Self.lastSeq(db)))
     }
 
     /// Runs `body` with `synchronous=NORMAL`: its commit is not waited for on disk, and the

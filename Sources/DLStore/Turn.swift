@@ -6,6 +6,11 @@ import Foundation
 /// its first queued member and takes one slot (`SchedulerPolicy.share`); of the standalone
 /// jobs among them, at most `limit` are claimed, passing over `excludingHosts`, as `claim`
 /// does.
+///
+/// Before that, `started` (jobs the worker already started from the last turn's `ready`
+/// rows, see `TurnOutcome.ready`) are claimed as `claim` would, each only while still queued;
+/// after it, the first `ready` queued standalone jobs are read, when no open group waits for
+/// a slot.
 public struct TurnClaim: Sendable {
     public var free: Int
     public var limit: Int
@@ -14,6 +19,8 @@ public struct TurnClaim: Sendable {
     public var worker: String
     public var leaseUntil: Date
     public var now: Date
+    public var started: [JobID] = []
+    public var ready = 0
 
     public init(free: Int, limit: Int, excludingGroups: Set<GroupID>, excludingHosts: Set<String>, worker: String, leaseUntil: Date, now: Date) {
         self.free = free
@@ -39,6 +46,14 @@ public struct TurnOutcome: Sendable {
     public var standaloneSlots = 0
     /// Groups that have a slot among the first `free` entries, in the queue's order.
     public var groups: [GroupID] = []
+    /// The next queued standalone jobs after the claim, in the queue's order (at most
+    /// `TurnClaim.ready`; none while an open group waits for a slot, or on a table that
+    /// several workers share). Until the table changes otherwise, the worker may start them
+    /// as slots free up, before a turn claims them (`TurnClaim.started`).
+    public var ready: [Job] = []
+    /// Jobs of `TurnClaim.started` that were no longer queued: not claimed; their transfers
+    /// must stop.
+    public var startedLost: Set<JobID> = []
 
     public init() {}
 }
@@ -55,6 +70,9 @@ extension JobTable {
         if !others.isEmpty {
             outcome.events += try await save(others, publish: true)
         }
+        // Never gives `ready` rows (a shared queue could hand them to another worker), so
+        // nothing is started from them.
+        outcome.startedLost = Set(claim?.started ?? [])
         guard let claim, claim.free > 0 else { return outcome }
         let (jobs, groups) = try await nextQueued(limit: claim.free, excludingGroups: claim.excludingGroups)
         let share = SchedulerPolicy.share(

@@ -51,6 +51,59 @@ import Testing
         }
     }
 
+    /// A turn reads the next queued standalone jobs (`ready`) after its claim, none while an
+    /// open group waits for a slot; a later turn claims the ones started from them only while
+    /// they are still queued, before its rows, and names the others lost. PostgreSQL, whose
+    /// queue is shared, gives no ready jobs.
+    @Test(arguments: Backend.allCases)
+    func turnReadsReadyJobsAndClaimsThoseStarted(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            let jobs = try await store.insert((1...6).map { new($0, priority: $0 == 4 ? 5 : 0) }, now: t0).map(\.job)
+            func claim(free: Int, started: [JobID] = [], ready: Int) -> TurnClaim {
+                var claim = TurnClaim(
+                    free: free, limit: free, excludingGroups: [], excludingHosts: [], worker: "w", leaseUntil: t0.addingTimeInterval(60),
+                    now: t0.addingTimeInterval(1))
+                claim.started = started
+                claim.ready = ready
+                return claim
+            }
+            let first = try await store.turn(saves: [], owned: [], owner: "w", claim: claim(free: 1, ready: 3))
+            #expect(first.claimed.map(\.id) == [jobs[3].id], "priority first")
+            guard backend == .sqlite else {
+                #expect(first.ready.isEmpty)
+                let lost = try await store.turn(saves: [], owned: [], owner: "w", claim: claim(free: 0, started: [jobs[0].id], ready: 3))
+                #expect(lost.startedLost == [jobs[0].id], "nothing is ever started from a shared queue's ready jobs")
+                return
+            }
+            #expect(first.ready.map(\.id) == [jobs[0].id, jobs[1].id, jobs[2].id], "after the claim, in the queue's order")
+            #expect(first.ready.allSatisfy { $0.state == .queued })
+
+            // Job 1 was started from the list, job 2 was paused meanwhile; job 1's transfer has
+            // already ended (its outcome is among the rows, owned).
+            _ = try await store.apply(.pause, to: .ids([jobs[1].id]), now: t0)
+            var done = try StateMachine.apply(.start, to: jobs[0], now: t0.addingTimeInterval(1))
+            done.worker = "w"
+            done = try StateMachine.apply(.fail(JobError(code: "http_404", message: "gone")), to: done, now: t0.addingTimeInterval(2))
+            let before = try await store.lastEventSeq()
+            let second = try await store.turn(
+                saves: [done], owned: [done.id], owner: "w", claim: claim(free: 0, started: [jobs[0].id, jobs[1].id], ready: 2))
+            #expect(second.startedLost == [jobs[1].id])
+            #expect(second.lost.isEmpty, "the started job was claimed before its outcome was written")
+            let rows = try await store.fetch([jobs[0].id, jobs[1].id])
+            #expect(rows[0].state == .failed && rows[0].attempts == 1)
+            #expect(rows[1].state == .paused && rows[1].attempts == 0)
+            let events = try await store.events(after: before)
+            #expect(events.map(\.state) == ["running", "failed"])
+            #expect(second.ready.map(\.id) == [jobs[2].id, jobs[4].id])
+
+            // An open group waiting for a slot may come first: no ready jobs then.
+            _ = try await store.insertGroup(
+                name: "g", dir: "/tmp/fleet/g", priority: 0, members: [NewJob(url: "https://e.com/m", path: "/tmp/fleet/g/m")], now: t0)
+            let third = try await store.turn(saves: [], owned: [], owner: "w", claim: claim(free: 0, ready: 3))
+            #expect(third.ready.isEmpty)
+        }
+    }
+
     /// The jobs completed since a moment, newest first, at most the limit: what a worker looks
     /// at for files that a dead worker recorded but did not link.
     @Test(arguments: Backend.allCases)
