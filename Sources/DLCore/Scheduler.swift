@@ -41,4 +41,13 @@ public enum SchedulerPolicy {
         }
         return (count, chosen)
     }
+
+    /// Which of the next queued jobs (`hosts`: each one's host, in the queue's order) a slot
+    /// that just freed up starts at once, before the next turn: the first whose host has room
+    /// (`load` counts the transfers that still run), while a slot is free. Nil: the next turn
+    /// decides.
+    public static func handOff(hosts: [String], running: Int, maxActive: Int, load: [String: Int], maxPerHost: Int) -> Int? {
+        guard running < maxActive else { return nil }
+        return hosts.firstIndex { load[$0, default: 0] < maxPerHost }
+    }
 }

@@ -45,13 +45,13 @@ extension Engine {
                 // The commit and the links wait for the disk outside the queue: transfers that
                 // end meanwhile get their slots refilled. Commands that would race a link
                 // (`remove`) wait for it (`linksSettled`).
-                let prepared = try await serial { () async throws(DLError) in
+                let prepared = try await serial(turn: true) { () async throws(DLError) in
                     linksInFlight += 1
                     return prepareCompletion(batch, syncFailures: failures)
                 }
                 let outcome = await commitAndLink(prepared)
                 linksDone()
-                try await serial { () async throws(DLError) in
+                try await serial(turn: true) { () async throws(DLError) in
                     try finishCompletion(outcome.get())
                     try await schedule()
                     try await flush()

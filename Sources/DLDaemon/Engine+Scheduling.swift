@@ -18,8 +18,12 @@ extension Engine {
         guard accepting else { return }
         for id in activeGroups.sorted() { try await settle(id) }
         guard configuration.queuePausedReason == nil else { return }
-        let free = configuration.maxActive - standaloneBusy() - activeGroups.count
+        var free = configuration.maxActive - standaloneBusy() - activeGroups.count
+        // The ready jobs first: no trip to the table before they start.
+        while free > 0, startFromReady() { free -= 1 }
         guard free > 0 else { return }
+        // The claim counts these slots free: none of them may be handed off meanwhile.
+        ready = []
         pending.claimFree = free
     }
 
@@ -63,6 +67,7 @@ extension Engine {
     /// Returns how many of the claimed jobs were held for a metered connection instead.
     @discardableResult
     func claim(_ wanted: Int, group: GroupID?) async throws(DLError) -> Int {
+        if group == nil { ready = [] }
         var left = wanted
         var held = 0
         while left > 0 {
@@ -98,12 +103,13 @@ extension Engine {
         return (full, load.values.filter { $0 < limit }.map { limit - $0 }.min() ?? limit)
     }
 
-    /// Transfers by host: running, and about to start in this turn.
-    func hostLoad() -> [String: Int] {
+    /// Transfers by host: running (with `excludingEnded`, only those that did not end on
+    /// their own yet), and about to start in this turn.
+    func hostLoad(excludingEnded: Bool = false) -> [String: Int] {
         var load: [String: Int] = [:]
         // A transfer counts the connections it may use: its ranges, until it knows it is one
         // stream (TransferProgress.connections).
-        for entry in running.values {
+        for entry in running.values where !(excludingEnded && entry.ended) {
             // With mirrors, a transfer's ranges count against the hosts they go to.
             if let byHost = entry.progress.hostConnections {
                 for (host, count) in byHost { load[host, default: 0] += count }
@@ -237,16 +243,45 @@ extension Engine {
     }
 
     /// Buffers the outcome; one turn of the queue records every outcome buffered by then.
+    /// The slot of a standalone transfer that ended on its own goes to the next ready job at
+    /// once.
     func transferEnded(_ id: JobID, attempt: UInt64, result: TransferResult) {
         ended.append((id, attempt, result))
+        if let entry = running[id], entry.attempt == attempt, entry.stop == nil {
+            running[id]?.ended = true
+            if entry.job.groupID == nil { _ = startFromReady() }
+        }
         guard !drainScheduled else { return }
         drainScheduled = true
         Task { [weak self] in await self?.drainEnded() }
     }
 
+    /// Starts the first ready job (`ready`) whose host has room, if a standalone slot is free
+    /// counting the transfers that ended but wait for the queue, without waiting for the next
+    /// turn, which commits its claim (`TurnClaim.started`). Only while the queue runs as usual:
+    /// not paused, not shutting down, not on a metered connection (whose jobs may have to
+    /// wait), not on a table other workers share.
+    private func startFromReady() -> Bool {
+        guard !ready.isEmpty, accepting, configuration.queuePausedReason == nil, !connectionMetered, !store.sharesQueue else { return false }
+        let busy = running.values.filter { $0.job.groupID == nil && !$0.ended }.count
+            + pending.launches.filter { $0.groupID == nil }.count + activeGroups.count
+        guard let index = SchedulerPolicy.handOff(
+            hosts: ready.map { URLRules.hostKey($0.url) }, running: busy, maxActive: configuration.maxActive,
+            load: hostLoad(excludingEnded: true), maxPerHost: configuration.maxPerHost)
+        else { return false }
+        let at = now()
+        guard var job = try? StateMachine.apply(.start, to: ready.remove(at: index), now: at) else { return false }
+        // What the claim writes (`TurnClaim.started`).
+        job.worker = configuration.worker
+        job.leaseUntil = at.addingTimeInterval(configuration.lease)
+        startedEarly.append(job)
+        startTransfers([job])
+        return true
+    }
+
     private func drainEnded() async {
         do {
-            try await serial { () async throws(DLError) in
+            try await serial(turn: true) { () async throws(DLError) in
                 drainScheduled = false
                 let batch = ended
                 ended = []
@@ -257,7 +292,7 @@ extension Engine {
                     record(result, for: entry.job)
                     finished += 1
                 }
-                guard finished > 0 else { return }
+                guard finished > 0 || !startedEarly.isEmpty else { return }
                 try await schedule()
                 try await flush()
             }

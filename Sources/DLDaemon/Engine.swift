@@ -134,6 +134,9 @@ public actor Engine {
         var stop: StopIntent?
         /// The unsynced progress last recorded for it (`Engine+Unsynced`).
         var recorded: UnsyncedProgress? = nil
+        /// The transfer ended on its own and its outcome waits for the queue: its slot may be
+        /// handed to a ready job already (`startFromReady`).
+        var ended = false
     }
 
     enum StopIntent: Int, Comparable {
@@ -158,6 +161,13 @@ public actor Engine {
     var publisherRunning = false
     /// Changes of this turn of the queue, committed together by `flush`.
     var pending = Pending()
+    /// The next queued standalone jobs as the last turn read them (`TurnOutcome.ready`): a
+    /// slot whose transfer ends starts the first of them at once (`startFromReady`), and the
+    /// next turn commits the claim. Emptied before anything else may change the queue: at the
+    /// start of every section of `serial` but the turns, and before every claim.
+    var ready: [Job] = []
+    /// Jobs started from `ready` whose claims are not committed yet (`TurnClaim.started`).
+    var startedEarly: [Job] = []
     /// Called after a job or group finishes (completed or failed), outside the serial queue.
     var onFinished: (@Sendable (FinishedNotice) -> Void)?
     var progressTask: Task<Void, Never>?
@@ -260,7 +270,10 @@ public actor Engine {
 
     // MARK: The serial queue
 
-    func serial<T: Sendable>(_ body: () async throws(DLError) -> T) async throws(DLError) -> T {
+    /// Runs `body` alone in the queue. A `turn` (the end of transfers, the publisher's steps)
+    /// keeps the ready jobs; any other section, which may change the queue, first drops them and
+    /// commits the claims of those already started.
+    func serial<T: Sendable>(turn: Bool = false, _ body: () async throws(DLError) -> T) async throws(DLError) -> T {
         if busy {
             await withCheckedContinuation { waiters.append($0) }
         } else {
@@ -278,6 +291,10 @@ public actor Engine {
             let claimed = pending.launches
             pending = Pending()
             if accepting { startTransfers(claimed) }
+        }
+        if !turn {
+            ready = []
+            await commitStarted()
         }
         return try await body()
     }
@@ -306,7 +323,16 @@ public actor Engine {
     /// found free, then starts the transfers of the jobs it recorded as running and tells
     /// hooks what finished. Runs inside `serial`.
     func flush() async throws(DLError) {
-        let claim = pending.claimFree.map { turnClaim(free: $0) }
+        var claim = pending.claimFree.map { turnClaim(free: $0) }
+        if !store.sharesQueue {
+            // The turn commits the claims of jobs started early and reads the next ready ones.
+            var handOff = claim ?? turnClaim(free: 0)
+            handOff.started = startedEarly.map(\.id)
+            handOff.ready = min(configuration.maxActive, 16)
+            claim = handOff
+            startedEarly = []
+        }
+        if (claim?.free ?? 0) > 0 { ready = [] }
         var batch = pending
         pending = Pending()
         if batch.saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
@@ -318,8 +344,12 @@ public actor Engine {
         } catch {
             // The claims are committed whatever became of the other rows.
             startTransfers(batch.launches)
+            await stopLost(claim?.started ?? [])
             throw error
         }
+        await stopLost(outcome.startedLost.sorted())
+        // Jobs started from the old list while the turn ran are still queued in its read.
+        ready = outcome.ready.filter { running[$0.id] == nil }
         if !outcome.lost.isEmpty {
             logger.notice("jobs taken over while their transfers ended here: not recorded", metadata: ["jobs": "\(outcome.lost.sorted())"])
         }
@@ -354,6 +384,23 @@ public actor Engine {
         try await armWakeUp()
         startTransfers(batch.launches)
         for notice in batch.notices where notice.jobID.map({ !outcome.lost.contains($0) }) ?? true { onFinished?(notice) }
+    }
+
+    /// Commits the claims of the jobs started from `ready` in a transaction of their own (a
+    /// section of `serial` that is not a turn comes first); the transfers of jobs that are no
+    /// longer queued stop.
+    func commitStarted() async {
+        guard !startedEarly.isEmpty else { return }
+        var claim = turnClaim(free: 0)
+        claim.started = startedEarly.map(\.id)
+        startedEarly = []
+        do {
+            let outcome = try await store.turn(saves: [], owned: [], owner: configuration.worker, claim: claim)
+            await stopLost(outcome.startedLost.sorted())
+        } catch {
+            logger.error("could not record the start of transfers: they stop", metadata: ["error": "\(Self.storageText(error))"])
+            await stopLost(claim.started)
+        }
     }
 
     /// Writes rows in one transaction; the `owned` ones (outcomes of this worker's transfers)

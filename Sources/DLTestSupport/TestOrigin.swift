@@ -191,6 +191,12 @@ public final class TestOrigin: Sendable {
         state.box.withLockedValue { $0.etagOverride = etag }
     }
 
+    /// The most response bodies that were ever being streamed at once, to every client: how
+    /// many transfers really ran together.
+    public var mostConcurrentBodies: Int {
+        state.box.withLockedValue { $0.mostStreaming }
+    }
+
     /// Every request seen so far, in order.
     public var requests: [RecordedRequest] {
         state.box.withLockedValue { $0.requests }
@@ -288,6 +294,9 @@ final class OriginState: Sendable {
         var isShutdown = false
         /// Replaces every `/bytes` ETag: the resource "changed" on the server.
         var etagOverride: String?
+        /// Streamed bodies begun and not yet ended (or cut), and the most there ever were.
+        var streaming = 0
+        var mostStreaming = 0
     }
 
     let box = NIOLockedValueBox(Values())
@@ -305,6 +314,14 @@ final class OriginState: Sendable {
         box.withLockedValue {
             $0.bytesServed += Int64(n)
             $0.servedByURI[uri, default: 0] += Int64(n)
+        }
+    }
+
+    /// A streamed body begins (`true`) or ends.
+    func streaming(_ begins: Bool) {
+        box.withLockedValue { values in
+            values.streaming += begins ? 1 : -1
+            values.mostStreaming = max(values.mostStreaming, values.streaming)
         }
     }
 
@@ -408,6 +425,8 @@ final class OriginHandler: ChannelInboundHandler {
     private var closing = false
     private var timer: Scheduled<Void>?
     private var lastWrite: EventLoopFuture<Void>?
+    /// A body of this connection counts in `OriginState.streaming`.
+    private var counted = false
 
     init(state: OriginState) {
         self.state = state
@@ -452,6 +471,10 @@ final class OriginHandler: ChannelInboundHandler {
     }
 
     private func reset() {
+        if counted {
+            counted = false
+            state.streaming(false)
+        }
         timer?.cancel()
         timer = nil
         body = nil
@@ -745,6 +768,10 @@ final class OriginHandler: ChannelInboundHandler {
         }
         let head = HTTPResponseHead(version: request.version, status: status, headers: headers)
         lastWrite = context.write(wrapOutboundOut(.head(head)))
+        if !counted {
+            counted = true
+            state.streaming(true)
+        }
         body = stream
         body?.uri = request.uri
         pump(context: context)
@@ -836,6 +863,10 @@ final class OriginHandler: ChannelInboundHandler {
 
     private func finish(context: ChannelHandlerContext, stream: BodyStream) {
         body = nil
+        if counted {
+            counted = false
+            state.streaming(false)
+        }
         switch stream.ending {
         case .keepAlive:
             lastWrite = nil

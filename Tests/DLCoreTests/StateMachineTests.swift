@@ -135,6 +135,21 @@ func makeJob(_ state: JobState, attempts: Int = 0, clock: TestClock = TestClock(
     }
 }
 
+extension SchedulerPolicyTests {
+    /// A freed slot starts the first ready job whose host has room; none while every slot is
+    /// taken (max_active 1 stays one at a time) or every host is full.
+    @Test func handOffTakesTheFirstJobWithRoom() {
+        let hosts = ["a", "b", "a"]
+        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 2, maxActive: 3, load: ["a": 2], maxPerHost: 6) == 0)
+        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 2, maxActive: 3, load: ["a": 6], maxPerHost: 6) == 1)
+        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 2, maxActive: 3, load: ["a": 6, "b": 6], maxPerHost: 6) == nil)
+        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 3, maxActive: 3, load: [:], maxPerHost: 6) == nil)
+        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 1, maxActive: 1, load: [:], maxPerHost: 6) == nil)
+        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 0, maxActive: 1, load: [:], maxPerHost: 6) == 0)
+        #expect(SchedulerPolicy.handOff(hosts: [], running: 0, maxActive: 3, load: [:], maxPerHost: 6) == nil)
+    }
+}
+
 @Suite struct BackoffTests {
     /// Full jitter: the delay is the draw times min(cap, base·2^(n-1)).
     @Test func exponentialWithFullJitter() {

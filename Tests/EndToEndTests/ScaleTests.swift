@@ -165,6 +165,60 @@ import Testing
         }
     }
 
+    /// A small file's slot goes straight to the next queued job, before a turn of the queue
+    /// claims it: still never more transfers at once than `max_active` (the origin counts the
+    /// bodies it streams at once), each job started once, and a `pause` of all in the middle
+    /// leaves every job paused or completed, and no file under the name of a job that is not
+    /// completed. `resume` then completes every file byte-exact.
+    @Test func handedOffSlotsKeepTheLimitAndObeyPause() async throws {
+        try await withOrigin { origin in
+            // Two names of the origin, each allowed fewer transfers than there are slots: the
+            // slots are handed over across hosts.
+            let daemon = try DaemonHarness(config: "max_active = 3\nmax_per_host = 2\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            let other = origin.baseURL.replacingOccurrences(of: "127.0.0.1", with: "localhost")
+            let files = 120
+            // Each body takes about 30 ms (a burst of 800 bytes, then 40 000 bytes/s): more
+            // transfers than the slots would overlap at the origin.
+            let jobs = JSONValue.array((0..<files).map { n in
+                ["url": .string("\(n % 3 == 0 ? other : origin.baseURL)/bytes/\(2000 + n)?rate=40000"), "name": .string("f\(n)")]
+            })
+            _ = try daemon.call("enqueue", ["jobs": jobs])
+            let deadline = Date().addingTimeInterval(120)
+            while Date() < deadline, (try daemon.call("stats")["counts"]?["completed"]?.int64Value ?? 0) < 30 {
+                usleep(2000)
+            }
+            let paused = try daemon.call("pause", ["all": true])
+            #expect((paused["count"]?.int64Value ?? 0) > 0)
+            var rows = try allJobs(daemon)
+            let settle = Date().addingTimeInterval(30)
+            while Date() < settle, rows.contains(where: { $0["state"] != "paused" && $0["state"] != "completed" }) {
+                usleep(20_000)
+                rows = try allJobs(daemon)
+            }
+            for job in rows {
+                let name = daemon.downloadDir + "/f\((job["id"]?.int64Value ?? 1) - 1)"
+                if job["state"] == "completed" {
+                    #expect(job["attempts"]?.int64Value == 1, "\(job.serializedString())")
+                } else {
+                    #expect(job["state"] == "paused", "\(job.serializedString())")
+                    #expect(!FileManager.default.fileExists(atPath: name), "\(name) exists for a paused job")
+                }
+            }
+            let completed = rows.filter { $0["state"] == "completed" }.count
+            #expect(completed >= 30 && completed < files, "paused in the middle: \(completed) completed")
+
+            _ = try daemon.call("resume", ["all": true])
+            for id in Int64(1)...Int64(files) {
+                let job = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
+                #expect(job["state"] == "completed", "\(job.serializedString())")
+            }
+            for n in 0..<files { try expectOriginBytes(at: daemon.downloadDir + "/f\(n)", count: 2000 + n) }
+            #expect(origin.mostConcurrentBodies == 3, "bodies streamed at once: \(origin.mostConcurrentBodies)")
+        }
+    }
+
     /// Reads the job table of a killed daemon and checks that no change was half made.
     private func checkAfterCrash(_ daemon: DaemonHarness, groupDir: String) async throws {
         let store = try JobStore(path: daemon.stateDir + "/jobs.sqlite")
