@@ -17,11 +17,13 @@ extension Engine {
         let active = activeGroups.contains(groupID)
         let busy = running.values.filter { $0.job.groupID == groupID }.count
             + pending.launches.filter { $0.groupID == groupID }.count
-        let want = active && configuration.queuePausedReason == nil ? configuration.groupParallel - busy : 0
+        var want = active && configuration.queuePausedReason == nil ? configuration.groupParallel - busy : 0
         if busy > 0 {
             // Members of it run here, so it is open and not finished: a turn only refills its
-            // places, without reading the group (a claim finds no member when none is queued).
-            // Members held for a metered connection may leave it nothing to run: look again.
+            // places, from its ready members first, without reading the group (a claim finds
+            // no member when none is queued). Members held for a metered connection may leave
+            // it nothing to run: look again.
+            while want > 0, startFromReady(group: groupID) { want -= 1 }
             if want > 0, try await claim(want, group: groupID) > 0 { try await settle(groupID) }
             return
         }

@@ -67,7 +67,7 @@ extension Engine {
     /// Returns how many of the claimed jobs were held for a metered connection instead.
     @discardableResult
     func claim(_ wanted: Int, group: GroupID?) async throws(DLError) -> Int {
-        if group == nil { ready = [] }
+        if let group { readyMembers[group] = nil } else { ready = [] }
         var left = wanted
         var held = 0
         while left > 0 {
@@ -249,7 +249,7 @@ extension Engine {
         ended.append((id, attempt, result))
         if let entry = running[id], entry.attempt == attempt, entry.stop == nil {
             running[id]?.ended = true
-            if entry.job.groupID == nil { _ = startFromReady() }
+            _ = startFromReady(group: entry.job.groupID)
         }
         guard !drainScheduled else { return }
         drainScheduled = true
@@ -258,19 +258,32 @@ extension Engine {
 
     /// Starts the first ready job (`ready`) whose host has room, if a standalone slot is free
     /// counting the transfers that ended but wait for the queue, without waiting for the next
-    /// turn, which commits its claim (`TurnClaim.started`). Only while the queue runs as usual:
-    /// not paused, not shutting down, not on a metered connection (whose jobs may have to
-    /// wait), not on a table other workers share.
-    private func startFromReady() -> Bool {
-        guard !ready.isEmpty, accepting, configuration.queuePausedReason == nil, !connectionMetered, !store.sharesQueue else { return false }
-        let busy = running.values.filter { $0.job.groupID == nil && !$0.ended }.count
-            + pending.launches.filter { $0.groupID == nil }.count + activeGroups.count
+    /// turn, which commits its claim (`TurnClaim.started`). With `group`, the first ready member
+    /// of that group (which holds a slot), if one of its `group_parallel` places is free. Only
+    /// while the queue runs as usual: not paused, not shutting down, not on a metered
+    /// connection (whose jobs may have to wait), not on a table other workers share.
+    func startFromReady(group: GroupID? = nil) -> Bool {
+        guard accepting, configuration.queuePausedReason == nil, !connectionMetered, !store.sharesQueue else { return false }
+        let list = group.map { readyMembers[$0] ?? [] } ?? ready
+        guard !list.isEmpty else { return false }
+        let busy: Int
+        let places: Int
+        if let group {
+            guard activeGroups.contains(group) else { return false }
+            busy = running.values.filter { $0.job.groupID == group && !$0.ended }.count + pending.launches.filter { $0.groupID == group }.count
+            places = configuration.groupParallel
+        } else {
+            busy = running.values.filter { $0.job.groupID == nil && !$0.ended }.count
+                + pending.launches.filter { $0.groupID == nil }.count + activeGroups.count
+            places = configuration.maxActive
+        }
         guard let index = SchedulerPolicy.handOff(
-            hosts: ready.map { URLRules.hostKey($0.url) }, running: busy, maxActive: configuration.maxActive,
+            hosts: list.map { URLRules.hostKey($0.url) }, running: busy, maxActive: places,
             load: hostLoad(excludingEnded: true), maxPerHost: configuration.maxPerHost)
         else { return false }
         let at = now()
-        guard var job = try? StateMachine.apply(.start, to: ready.remove(at: index), now: at) else { return false }
+        if let group { readyMembers[group]?.remove(at: index) } else { ready.remove(at: index) }
+        guard var job = try? StateMachine.apply(.start, to: list[index], now: at) else { return false }
         // What the claim writes (`TurnClaim.started`).
         job.worker = configuration.worker
         job.leaseUntil = at.addingTimeInterval(configuration.lease)

@@ -166,6 +166,9 @@ public actor Engine {
     /// next turn commits the claim. Emptied before anything else may change the queue: at the
     /// start of every section of `serial` but the turns, and before every claim.
     var ready: [Job] = []
+    /// The same for the members of each group that holds a slot (`TurnOutcome.readyMembers`):
+    /// a place in the group that frees up starts the next of them.
+    var readyMembers: [GroupID: [Job]] = [:]
     /// Jobs started from `ready` whose claims are not committed yet (`TurnClaim.started`).
     var startedEarly: [Job] = []
     /// Called after a job or group finishes (completed or failed), outside the serial queue.
@@ -293,7 +296,7 @@ public actor Engine {
             if accepting { startTransfers(claimed) }
         }
         if !turn {
-            ready = []
+            dropReady()
             await commitStarted()
         }
         return try await body()
@@ -329,6 +332,7 @@ public actor Engine {
             var handOff = claim ?? turnClaim(free: 0)
             handOff.started = startedEarly.map(\.id)
             handOff.ready = min(configuration.maxActive, 16)
+            handOff.readyMembers = min(configuration.groupParallel, 16)
             claim = handOff
             startedEarly = []
         }
@@ -350,6 +354,7 @@ public actor Engine {
         await stopLost(outcome.startedLost.sorted())
         // Jobs started from the old list while the turn ran are still queued in its read.
         ready = outcome.ready.filter { running[$0.id] == nil }
+        readyMembers = outcome.readyMembers.mapValues { $0.filter { running[$0.id] == nil } }
         if !outcome.lost.isEmpty {
             logger.notice("jobs taken over while their transfers ended here: not recorded", metadata: ["jobs": "\(outcome.lost.sorted())"])
         }
@@ -384,6 +389,12 @@ public actor Engine {
         try await armWakeUp()
         startTransfers(batch.launches)
         for notice in batch.notices where notice.jobID.map({ !outcome.lost.contains($0) }) ?? true { onFinished?(notice) }
+    }
+
+    /// Forgets the ready jobs and members: the queue may change otherwise.
+    func dropReady() {
+        ready = []
+        readyMembers = [:]
     }
 
     /// Commits the claims of the jobs started from `ready` in a transaction of their own (a

@@ -33,7 +33,9 @@ extension JobStore {
     /// The turn in one transaction: the rows, then the claim. A turn that writes no rows
     /// (a slot refilled after a file was downloaded) does not wait for the disk, as `claim`.
     public func turn(saves: [Job], owned: Set<JobID>, owner: String, claim: TurnClaim?) async throws -> TurnOutcome {
-        guard !saves.isEmpty || (claim.map { $0.free > 0 || $0.ready > 0 || !$0.started.isEmpty } ?? false) else { return TurnOutcome() }
+        guard !saves.isEmpty || (claim.map { $0.free > 0 || $0.ready > 0 || $0.readyMembers > 0 || !$0.started.isEmpty } ?? false) else {
+            return TurnOutcome()
+        }
         let wanted = sink.wanted
         let outcome = try await pool.writeWithoutTransaction { db in
             let body = {
@@ -102,6 +104,16 @@ extension JobStore {
                                     WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
                                     """),
                                 arguments: [claim.ready])
+                        }
+                    }
+                    if claim.readyMembers > 0 {
+                        let members = try db.cachedStatement(sql: """
+                            SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_by_group_state
+                            WHERE group_id = ? AND state = 'queued' ORDER BY id LIMIT ?
+                            """)
+                        for group in claim.excludingGroups {
+                            let next = try Self.jobs(members, arguments: [group, claim.readyMembers])
+                            if !next.isEmpty { outcome.readyMembers[group] = next }
                         }
                     }
                     return outcome

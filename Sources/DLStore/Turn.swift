@@ -10,7 +10,8 @@ import Foundation
 /// Before that, `started` (jobs the worker already started from the last turn's `ready`
 /// rows, see `TurnOutcome.ready`) are claimed as `claim` would, each only while still queued;
 /// after it, the first `ready` queued standalone jobs are read, when no open group waits for
-/// a slot.
+/// a slot, and the first `readyMembers` queued members of each group in `excludingGroups` (the
+/// groups that hold slots).
 public struct TurnClaim: Sendable {
     public var free: Int
     public var limit: Int
@@ -21,6 +22,7 @@ public struct TurnClaim: Sendable {
     public var now: Date
     public var started: [JobID] = []
     public var ready = 0
+    public var readyMembers = 0
 
     public init(free: Int, limit: Int, excludingGroups: Set<GroupID>, excludingHosts: Set<String>, worker: String, leaseUntil: Date, now: Date) {
         self.free = free
@@ -51,6 +53,10 @@ public struct TurnOutcome: Sendable {
     /// several workers share). Until the table changes otherwise, the worker may start them
     /// as slots free up, before a turn claims them (`TurnClaim.started`).
     public var ready: [Job] = []
+    /// The next queued members of each group that holds a slot, by id (at most
+    /// `TurnClaim.readyMembers` each; none on a shared table): started as `ready` jobs are, as
+    /// places in their group free up.
+    public var readyMembers: [GroupID: [Job]] = [:]
     /// Jobs of `TurnClaim.started` that were no longer queued: not claimed; their transfers
     /// must stop.
     public var startedLost: Set<JobID> = []

@@ -52,7 +52,7 @@ import Testing
     }
 
     /// A turn reads the next queued standalone jobs (`ready`) after its claim, none while an
-    /// open group waits for a slot; a later turn claims the ones started from them only while
+    /// open group waits for a slot, and the next members of groups that hold slots; a later turn claims the ones started from them only while
     /// they are still queued, before its rows, and names the others lost. PostgreSQL, whose
     /// queue is shared, gives no ready jobs.
     @Test(arguments: Backend.allCases)
@@ -97,10 +97,19 @@ import Testing
             #expect(second.ready.map(\.id) == [jobs[2].id, jobs[4].id])
 
             // An open group waiting for a slot may come first: no ready jobs then.
-            _ = try await store.insertGroup(
-                name: "g", dir: "/tmp/fleet/g", priority: 0, members: [NewJob(url: "https://e.com/m", path: "/tmp/fleet/g/m")], now: t0)
+            let (group, groupMembers) = try await store.insertGroup(
+                name: "g", dir: "/tmp/fleet/g", priority: 0,
+                members: (1...3).map { NewJob(url: "https://e.com/m\($0)", path: "/tmp/fleet/g/m\($0)") }, now: t0)
             let third = try await store.turn(saves: [], owned: [], owner: "w", claim: claim(free: 0, ready: 3))
             #expect(third.ready.isEmpty)
+            #expect(third.readyMembers.isEmpty, "the group holds no slot")
+
+            // A group that holds a slot: its next queued members, by id.
+            var members = claim(free: 0, ready: 0)
+            members.excludingGroups = [group.id]
+            members.readyMembers = 2
+            let fourth = try await store.turn(saves: [], owned: [], owner: "w", claim: members)
+            #expect(fourth.readyMembers[group.id]?.map(\.id) == Array(groupMembers.map(\.id).sorted().prefix(2)))
         }
     }
 

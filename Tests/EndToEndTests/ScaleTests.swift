@@ -219,6 +219,31 @@ import Testing
         }
     }
 
+    /// The same for a group: a member's place goes straight to the next member, never more at
+    /// once than `group_parallel`, each member started once, and the group is published whole
+    /// and byte-exact.
+    @Test func handedOffPlacesKeepTheGroupLimit() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: "max_active = 1\ngroup_parallel = 2\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            let files = 60
+            let dir = daemon.downloadDir + "/lesson"
+            let members = JSONValue.array((0..<files).map { n in
+                ["url": .string("\(origin.baseURL)/bytes/\(2000 + n)?rate=40000"), "name": .string("p\(n)")]
+            })
+            _ = try daemon.call("enqueue", ["group": ["name": "lesson", "dir": .string(dir)], "jobs": members])
+            for id in Int64(1)...Int64(files) {
+                let job = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
+                #expect(job["state"] == "completed", "\(job.serializedString())")
+                #expect(job["attempts"]?.int64Value == 1, "\(job.serializedString())")
+            }
+            _ = try daemon.waitForJob(1) { _ in FileManager.default.fileExists(atPath: dir + "/p\(files - 1)") }
+            for n in 0..<files { try expectOriginBytes(at: dir + "/p\(n)", count: 2000 + n) }
+            #expect(origin.mostConcurrentBodies == 2, "bodies streamed at once: \(origin.mostConcurrentBodies)")
+        }
+    }
+
     /// Reads the job table of a killed daemon and checks that no change was half made.
     private func checkAfterCrash(_ daemon: DaemonHarness, groupDir: String) async throws {
         let store = try JobStore(path: daemon.stateDir + "/jobs.sqlite")
