@@ -327,12 +327,17 @@ public actor Engine {
     /// hooks what finished. Runs inside `serial`.
     func flush() async throws(DLError) {
         var claim = pending.claimFree.map { turnClaim(free: $0) }
-        if !store.sharesQueue {
-            // The turn commits the claims of jobs started early and reads the next ready ones.
+        // A turn that writes anything commits the claims of jobs started early and reads the
+        // next ready ones. One that writes nothing is not taken for that alone: the list is
+        // still valid then, and a slot that finds it empty claims in a turn anyway.
+        let readsReady = !store.sharesQueue && (claim != nil || !startedEarly.isEmpty || !pending.saves.isEmpty)
+        if readsReady {
             var handOff = claim ?? turnClaim(free: 0)
             handOff.started = startedEarly.map(\.id)
-            handOff.ready = min(configuration.maxActive, 16)
-            handOff.readyMembers = min(configuration.groupParallel, 16)
+            // A few ends may come between two turns: four rows a slot (2000 files of 16 KiB
+            // with three slots: 0.72–0.81 s with 12 rows, 1.02 s with 3, 0.85 s with 48).
+            handOff.ready = min(4 * configuration.maxActive, 16)
+            handOff.readyMembers = min(4 * configuration.groupParallel, 16)
             claim = handOff
             startedEarly = []
         }
@@ -352,9 +357,11 @@ public actor Engine {
             throw error
         }
         await stopLost(outcome.startedLost.sorted())
-        // Jobs started from the old list while the turn ran are still queued in its read.
-        ready = outcome.ready.filter { running[$0.id] == nil }
-        readyMembers = outcome.readyMembers.mapValues { $0.filter { running[$0.id] == nil } }
+        if readsReady {
+            // Jobs started from the old list while the turn ran are still queued in its read.
+            ready = outcome.ready.filter { running[$0.id] == nil }
+            readyMembers = outcome.readyMembers.mapValues { $0.filter { running[$0.id] == nil } }
+        }
         if !outcome.lost.isEmpty {
             logger.notice("jobs taken over while their transfers ended here: not recorded", metadata: ["jobs": "\(outcome.lost.sorted())"])
         }
