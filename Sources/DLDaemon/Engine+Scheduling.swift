@@ -68,6 +68,9 @@ extension Engine {
     @discardableResult
     func claim(_ wanted: Int, group: GroupID?) async throws(DLError) -> Int {
         if let group { readyMembers[group] = nil } else { ready = [] }
+        // Jobs started from the lists are still `queued` until their claims are committed:
+        // committed first, so that this claim does not take them a second time.
+        await commitStarted()
         var left = wanted
         var held = 0
         while left > 0 {

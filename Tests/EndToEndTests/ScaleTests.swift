@@ -216,6 +216,7 @@ import Testing
             }
             for n in 0..<files { try expectOriginBytes(at: daemon.downloadDir + "/f\(n)", count: 2000 + n) }
             #expect(origin.mostConcurrentBodies == 3, "bodies streamed at once: \(origin.mostConcurrentBodies)")
+            #expect(!daemon.log.contains("transfers stop here"), "a job was started twice: \(daemon.log.suffix(2000))")
         }
     }
 
@@ -241,6 +242,38 @@ import Testing
             _ = try daemon.waitForJob(1) { _ in FileManager.default.fileExists(atPath: dir + "/p\(files - 1)") }
             for n in 0..<files { try expectOriginBytes(at: dir + "/p\(n)", count: 2000 + n) }
             #expect(origin.mostConcurrentBodies == 2, "bodies streamed at once: \(origin.mostConcurrentBodies)")
+            #expect(!daemon.log.contains("transfers stop here"), "a member was started twice: \(daemon.log.suffix(2000))")
+        }
+    }
+
+    /// Hundreds of small members at full speed, so that places are handed over while the
+    /// group also claims members: each member starts once, and the group is published whole.
+    @Test func fastGroupMembersStartOnce() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness()
+            try daemon.start()
+            defer { daemon.stop() }
+            let files = 600
+            let dir = daemon.downloadDir + "/chapter"
+            let members = JSONValue.array((0..<files).map { n in
+                ["url": .string("\(origin.baseURL)/bytes/\(1000 + n)"), "name": .string("p\(n)")]
+            })
+            _ = try daemon.call("enqueue", ["group": ["name": "chapter", "dir": .string(dir)], "jobs": members])
+            var state: String? = nil
+            let deadline = Date().addingTimeInterval(120)
+            while Date() < deadline {
+                state = try daemon.call("status", ["group": "chapter"])["group"]?["state"]?.stringValue
+                if state == "completed" || state == "failed" { break }
+                usleep(20_000)
+            }
+            #expect(state == "completed")
+            let jobs = try allJobs(daemon)
+            #expect(jobs.count == files)
+            for job in jobs {
+                #expect(job["state"] == "completed" && job["attempts"]?.int64Value == 1, "\(job.serializedString())")
+            }
+            for n in 0..<files { try expectOriginBytes(at: dir + "/p\(n)", count: 1000 + n) }
+            #expect(!daemon.log.contains("transfers stop here"), "a member was started twice: \(daemon.log.suffix(2000))")
         }
     }
 
