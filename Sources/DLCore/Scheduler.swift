@@ -45,8 +45,10 @@ public enum SchedulerPolicy {
     /// Which of the next queued jobs (`hosts`: each one's host, in the queue's order) a slot
     /// that just freed up starts at once, before the next turn: the first whose host has room
     /// (`load` counts the transfers that still run), while a slot is free. Nil: the next turn
-    /// decides.
-    public static func handOff(hosts: [String], running: Int, maxActive: Int, load: [String: Int], maxPerHost: Int) -> Int? {
+    /// decides. `hosts` may be lazy: it is read only up to the job chosen.
+    public static func handOff<Hosts: Collection<String>>(
+        hosts: Hosts, running: Int, maxActive: Int, load: [String: Int], maxPerHost: Int
+    ) -> Hosts.Index? {
         guard running < maxActive else { return nil }
         return hosts.firstIndex { load[$0, default: 0] < maxPerHost }
     }

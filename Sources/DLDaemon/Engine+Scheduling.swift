@@ -281,7 +281,8 @@ extension Engine {
             places = configuration.maxActive
         }
         guard let index = SchedulerPolicy.handOff(
-            hosts: list.map { URLRules.hostKey($0.url) }, running: busy, maxActive: places,
+            // Each URL is parsed only if the jobs before it cannot start.
+            hosts: list.lazy.map { URLRules.hostKey($0.url) }, running: busy, maxActive: places,
             load: hostLoad(excludingEnded: true), maxPerHost: configuration.maxPerHost)
         else { return false }
         let at = now()
