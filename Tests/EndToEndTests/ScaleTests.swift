@@ -225,24 +225,8 @@ import Testing
     /// and byte-exact.
     @Test func handedOffPlacesKeepTheGroupLimit() async throws {
         try await withOrigin { origin in
-            let daemon = try DaemonHarness(config: "max_active = 1\ngroup_parallel = 2\n")
-            try daemon.start()
-            defer { daemon.stop() }
-            let files = 60
-            let dir = daemon.downloadDir + "/lesson"
-            let members = JSONValue.array((0..<files).map { n in
-                ["url": .string("\(origin.baseURL)/bytes/\(2000 + n)?rate=40000"), "name": .string("p\(n)")]
-            })
-            _ = try daemon.call("enqueue", ["group": ["name": "lesson", "dir": .string(dir)], "jobs": members])
-            for id in Int64(1)...Int64(files) {
-                let job = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
-                #expect(job["state"] == "completed", "\(job.serializedString())")
-                #expect(job["attempts"]?.int64Value == 1, "\(job.serializedString())")
-            }
-            _ = try daemon.waitForJob(1) { _ in FileManager.default.fileExists(atPath: dir + "/p\(files - 1)") }
-            for n in 0..<files { try expectOriginBytes(at: dir + "/p\(n)", count: 2000 + n) }
+            try groupRunsWhole(origin, config: "max_active = 1\ngroup_parallel = 2\n", files: 60, query: "?rate=40000")
             #expect(origin.mostConcurrentBodies == 2, "bodies streamed at once: \(origin.mostConcurrentBodies)")
-            #expect(!daemon.log.contains("transfers stop here"), "a member was started twice: \(daemon.log.suffix(2000))")
         }
     }
 
@@ -250,31 +234,37 @@ import Testing
     /// group also claims members: each member starts once, and the group is published whole.
     @Test func fastGroupMembersStartOnce() async throws {
         try await withOrigin { origin in
-            let daemon = try DaemonHarness()
-            try daemon.start()
-            defer { daemon.stop() }
-            let files = 600
-            let dir = daemon.downloadDir + "/chapter"
-            let members = JSONValue.array((0..<files).map { n in
-                ["url": .string("\(origin.baseURL)/bytes/\(1000 + n)"), "name": .string("p\(n)")]
-            })
-            _ = try daemon.call("enqueue", ["group": ["name": "chapter", "dir": .string(dir)], "jobs": members])
-            var state: String? = nil
-            let deadline = Date().addingTimeInterval(120)
-            while Date() < deadline {
-                state = try daemon.call("status", ["group": "chapter"])["group"]?["state"]?.stringValue
-                if state == "completed" || state == "failed" { break }
-                usleep(20_000)
-            }
-            #expect(state == "completed")
-            let jobs = try allJobs(daemon)
-            #expect(jobs.count == files)
-            for job in jobs {
-                #expect(job["state"] == "completed" && job["attempts"]?.int64Value == 1, "\(job.serializedString())")
-            }
-            for n in 0..<files { try expectOriginBytes(at: dir + "/p\(n)", count: 1000 + n) }
-            #expect(!daemon.log.contains("transfers stop here"), "a member was started twice: \(daemon.log.suffix(2000))")
+            try groupRunsWhole(origin, config: "", files: 600, query: "")
         }
+    }
+
+    /// Runs one group of `files` members (`/bytes/<2000 + n><query>`) in a fresh daemon and
+    /// checks that it completed, every member after one start, every file byte-exact, and that
+    /// no transfer was stopped as lost (what a job started twice leads to).
+    private func groupRunsWhole(_ origin: TestOrigin, config: String, files: Int, query: String) throws {
+        let daemon = try DaemonHarness(config: config)
+        try daemon.start()
+        defer { daemon.stop() }
+        let dir = daemon.downloadDir + "/chapter"
+        let members = JSONValue.array((0..<files).map { n in
+            ["url": .string("\(origin.baseURL)/bytes/\(2000 + n)\(query)"), "name": .string("p\(n)")]
+        })
+        _ = try daemon.call("enqueue", ["group": ["name": "chapter", "dir": .string(dir)], "jobs": members])
+        var state: String? = nil
+        let deadline = Date().addingTimeInterval(120)
+        while Date() < deadline {
+            state = try daemon.call("status", ["group": "chapter"])["group"]?["state"]?.stringValue
+            if state == "completed" || state == "failed" { break }
+            usleep(20_000)
+        }
+        #expect(state == "completed")
+        let jobs = try allJobs(daemon)
+        #expect(jobs.count == files)
+        for job in jobs {
+            #expect(job["state"] == "completed" && job["attempts"]?.int64Value == 1, "\(job.serializedString())")
+        }
+        for n in 0..<files { try expectOriginBytes(at: dir + "/p\(n)", count: 2000 + n) }
+        #expect(!daemon.log.contains("transfers stop here"), "a member was started twice: \(daemon.log.suffix(2000))")
     }
 
     /// Reads the job table of a killed daemon and checks that no change was half made.
