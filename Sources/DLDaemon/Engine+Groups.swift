@@ -15,8 +15,7 @@ extension Engine {
     /// standalone jobs are; all members are read only to publish them.
     func settle(_ groupID: GroupID) async throws(DLError) {
         let active = activeGroups.contains(groupID)
-        let busy = running.values.filter { $0.job.groupID == groupID }.count
-            + pending.launches.filter { $0.groupID == groupID }.count
+        let busy = self.busy(group: groupID)
         var want = active && configuration.queuePausedReason == nil ? configuration.groupParallel - busy : 0
         if busy > 0 {
             // Members of it run here, so it is open and not finished: a turn only refills its

@@ -18,7 +18,7 @@ extension Engine {
         guard accepting else { return }
         for id in activeGroups.sorted() { try await settle(id) }
         guard configuration.queuePausedReason == nil else { return }
-        var free = configuration.maxActive - standaloneBusy() - activeGroups.count
+        var free = configuration.maxActive - busy(group: nil) - activeGroups.count
         // The ready jobs first: no trip to the table before they start.
         while free > 0, startFromReady() { free -= 1 }
         guard free > 0 else { return }
@@ -27,9 +27,11 @@ extension Engine {
         pending.claimFree = free
     }
 
-    /// Slots held by standalone transfers, running or about to start.
-    private func standaloneBusy() -> Int {
-        running.values.filter { $0.job.groupID == nil }.count + pending.launches.filter { $0.groupID == nil }.count
+    /// Transfers of `group`'s members (nil: standalone jobs), running or about to start; with
+    /// `excludingEnded`, not those that ended on their own and wait for the queue.
+    func busy(group: GroupID?, excludingEnded: Bool = false) -> Int {
+        running.values.filter { $0.job.groupID == group && !(excludingEnded && $0.ended) }.count
+            + pending.launches.filter { $0.groupID == group }.count
     }
 
     /// The claim a turn makes for `free` slots: hosts at their limit are passed over, and
@@ -269,20 +271,13 @@ extension Engine {
         guard accepting, configuration.queuePausedReason == nil, !connectionMetered, !store.sharesQueue else { return false }
         let list = group.map { readyMembers[$0] ?? [] } ?? ready
         guard !list.isEmpty else { return false }
-        let busy: Int
-        let places: Int
-        if let group {
-            guard activeGroups.contains(group) else { return false }
-            busy = running.values.filter { $0.job.groupID == group && !$0.ended }.count + pending.launches.filter { $0.groupID == group }.count
-            places = configuration.groupParallel
-        } else {
-            busy = running.values.filter { $0.job.groupID == nil && !$0.ended }.count
-                + pending.launches.filter { $0.groupID == nil }.count + activeGroups.count
-            places = configuration.maxActive
-        }
+        if let group, !activeGroups.contains(group) { return false }
+        // A group's places are its own; standalone slots are shared with the groups' slots.
+        let taken = busy(group: group, excludingEnded: true) + (group == nil ? activeGroups.count : 0)
         guard let index = SchedulerPolicy.handOff(
             // Each URL is parsed only if the jobs before it cannot start.
-            hosts: list.lazy.map { URLRules.hostKey($0.url) }, running: busy, maxActive: places,
+            hosts: list.lazy.map { URLRules.hostKey($0.url) }, running: taken,
+            maxActive: group == nil ? configuration.maxActive : configuration.groupParallel,
             load: hostLoad(excludingEnded: true), maxPerHost: configuration.maxPerHost)
         else { return false }
         let at = now()

@@ -169,7 +169,8 @@ public actor Engine {
     /// The same for the members of each group that holds a slot (`TurnOutcome.readyMembers`):
     /// a place in the group that frees up starts the next of them.
     var readyMembers: [GroupID: [Job]] = [:]
-    /// Jobs started from `ready` whose claims are not committed yet (`TurnClaim.started`).
+    /// Jobs started from `ready` or `readyMembers` whose claims are not committed yet
+    /// (`TurnClaim.started`).
     var startedEarly: [Job] = []
     /// Called after a job or group finishes (completed or failed), outside the serial queue.
     var onFinished: (@Sendable (FinishedNotice) -> Void)?

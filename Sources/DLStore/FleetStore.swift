@@ -96,8 +96,8 @@ extension JobStore {
                     // An open group that waits for a slot may come before these jobs
                     // (`SchedulerPolicy.share`): then only a turn decides.
                     if claim.ready > 0 {
-                        let groups = try waitingGroups ?? Self.queuedGroups(excluding: claim.excludingGroups.union(outcome.groups), in: db)
-                        if groups.filter({ !outcome.groups.contains($0.groupID) }).isEmpty {
+                        let groups = try waitingGroups ?? Self.queuedGroups(excluding: claim.excludingGroups, in: db)
+                        if groups.allSatisfy({ outcome.groups.contains($0.groupID) }) {
                             outcome.ready = try Self.jobs(
                                 db.cachedStatement(sql: """
                                     SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_standalone_queue

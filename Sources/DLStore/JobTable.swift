@@ -162,8 +162,10 @@ public protocol JobTable: Sendable {
     /// One turn of the scheduler: writes `saves` (the `owned` ones as `saveOwned` does for
     /// `owner`, the others as `save`), then, with `claim`, takes the next queued work as
     /// `nextQueued` and `claim` would (see `TurnClaim`), publishing every event after the
-    /// commit. The SQLite store does it all in one transaction; the default runs those calls
-    /// one after the other.
+    /// commit. Jobs already started from an earlier turn's ready rows are claimed first, and
+    /// the next ready rows read last (`TurnClaim.started`, `.ready`). The SQLite store does it
+    /// all in one transaction; the default runs those calls one after the other, and gives no
+    /// ready rows.
     func turn(saves: [Job], owned: Set<JobID>, owner: String, claim: TurnClaim?) async throws -> TurnOutcome
     /// The workers whose last heartbeat is at or after `seenSince`, by id.
     func workers(seenSince: Date) async throws -> [(id: String, seenAt: Date)]

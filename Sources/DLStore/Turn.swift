@@ -7,9 +7,9 @@ import Foundation
 /// jobs among them, at most `limit` are claimed, passing over `excludingHosts`, as `claim`
 /// does.
 ///
-/// Before that, `started` (jobs the worker already started from the last turn's `ready`
-/// rows, see `TurnOutcome.ready`) are claimed as `claim` would, each only while still queued;
-/// after it, the first `ready` queued standalone jobs are read, when no open group waits for
+/// First of all, before the turn's rows (the outcomes of their transfers may be among them),
+/// `started` (jobs the worker already started from the last turn's `ready` or `readyMembers`
+/// rows) are claimed as `claim` would, each only while still queued; after the claim, the first `ready` queued standalone jobs are read, when no open group waits for
 /// a slot, and the first `readyMembers` queued members of each group in `excludingGroups` (the
 /// groups that hold slots).
 public struct TurnClaim: Sendable {
