@@ -19,11 +19,12 @@ run: release
 
 # All tests: unit tests and end-to-end tests of the real binaries. The build step builds the
 # executables too, which the end-to-end tests start. Every test uses Swift Testing, so the
-# XCTest runner (which would only report "0 tests") is turned off.
+# XCTest runner (which would only report "0 tests") is turned off. scripts/test.sh repeats the
+# failing tests' lines at the end of the output.
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) build --product generate-manual
-	$(SWIFT) test --skip-build --disable-xctest
+	SWIFT=$(SWIFT) scripts/test.sh
 
 # Figures, not assertions: prints times, ratios and memory (see docs/benchmarks.md).
 # All parts by default; `make bench PARTS="small scale"` runs some of them.
