@@ -46,6 +46,10 @@ extension Engine {
                 // end meanwhile get their slots refilled. Commands that would race a link
                 // (`remove`) wait for it (`linksSettled`).
                 let prepared = try await serial(turn: true) { () async throws(DLError) in
+                    // A completion is written after its claim: claims left waiting go first.
+                    if !startedEarly.isEmpty, batch.contains(where: { item in startedEarly.contains { $0.id == item.job.id } }) {
+                        await commitStarted()
+                    }
                     linksInFlight += 1
                     return prepareCompletion(batch, syncFailures: failures)
                 }

@@ -229,6 +229,7 @@ extension Engine {
             try await serial { () async throws(DLError) in
                 accepting = false
                 wakeTask?.cancel()
+                claimFlushTask?.cancel()
                 progressTask?.cancel()
                 unsyncedTask?.cancel()
                 retentionTask?.cancel()

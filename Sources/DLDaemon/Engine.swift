@@ -172,6 +172,8 @@ public actor Engine {
     /// Jobs started from `ready` or `readyMembers` whose claims are not committed yet
     /// (`TurnClaim.started`).
     var startedEarly: [Job] = []
+    /// Commits claims that `deferStartedClaims` left waiting, after `claimDelay`.
+    var claimFlushTask: Task<Void, Never>?
     /// Called after a job or group finishes (completed or failed), outside the serial queue.
     var onFinished: (@Sendable (FinishedNotice) -> Void)?
     var progressTask: Task<Void, Never>?

@@ -238,6 +238,42 @@ import Testing
         }
     }
 
+    /// A transfer started straight from the ready list may have its claim left for a later
+    /// commit (small files' slots cost no transaction each): the claim is still committed
+    /// long before the transfer's first checkpoint, which is written only for this worker's
+    /// `running` job. A slow file handed a slot by a small one shows `running`, checkpoints,
+    /// and completes after one attempt, byte-exact, as do the small files around it.
+    @Test func handedOffLongTransferIsClaimedBeforeItsCheckpoints() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: "max_active = 1\ncheckpoint_interval = 0.25\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            // About 1.5 s at 200 000 bytes/s: several checkpoints.
+            let slow = 300_000
+            let sizes = [2000, slow, 2001, 2002, 2003, 2004, 2005]
+            let jobs = JSONValue.array(sizes.enumerated().map { n, size in
+                let rate = size == slow ? "?rate=200000" : ""
+                return ["url": .string("\(origin.baseURL)/bytes/\(size)\(rate)"), "name": .string("f\(n)")]
+            })
+            _ = try daemon.call("enqueue", ["jobs": jobs])
+            var sawRunning = false
+            let deadline = Date().addingTimeInterval(60)
+            while Date() < deadline {
+                let job = try daemon.call("status", ["id": 2])
+                if job["state"] == "running" { sawRunning = true }
+                if job["state"] == "completed" || job["state"] == "failed" { break }
+                usleep(20_000)
+            }
+            #expect(sawRunning, "the slow job's claim was committed while it ran")
+            for (n, size) in sizes.enumerated() {
+                let job = try daemon.waitForState(Int64(n + 1), ["completed", "failed"], timeout: 60)
+                #expect(job["state"] == "completed" && job["attempts"]?.int64Value == 1, "\(job.serializedString())")
+                try expectOriginBytes(at: daemon.downloadDir + "/f\(n)", count: size)
+            }
+            #expect(!daemon.log.contains("lease_lost"), "a checkpoint found the job not running: \(daemon.log.suffix(2000))")
+        }
+    }
+
     /// Runs one group of `files` members (`/bytes/<2000 + n><query>`) in a fresh daemon and
     /// checks that it completed, every member after one start, every file byte-exact, and that
     /// no transfer was stopped as lost (what a job started twice leads to).
