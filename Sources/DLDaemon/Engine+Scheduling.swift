@@ -329,6 +329,7 @@ extension Engine {
         guard claimFlushTask == nil else { return true }
         claimFlushTask = Task { [weak self] in
             try? await Task.sleep(for: Self.claimDelay)
+            guard !Task.isCancelled else { return }
             await self?.commitDeferredClaims()
         }
         return true
