@@ -195,13 +195,6 @@ def part_small(files):
         print(f"small files: {files} × {SMALL_SIZE >> 10} KiB from {origin_name} on loopback; "
               f"each tool into a fresh folder, every file checked by SHA-256; {SMALL_ROUNDS} rounds, "
               f"the order rotated each round, medians compared")
-        # Every tool writes under `out_root`: the fresh filesystem when one could be made (5 tools).
-        out_root, cleanup_fs, why = fresh_filesystem(files, tools=5)
-        if out_root is None:
-            print(f"  note: the files are written under {work} ({why})")
-            out_root = work
-        else:
-            print(f"  the files are written to a fresh ext4 (with a journal) on a loop device at {out_root}")
 
         def curl_config(out):
             write_curl_config(lists["curl.cfg"], entries, out)
@@ -239,6 +232,14 @@ def part_small(files):
             if program and not shutil.which(program):
                 print(f"  note: {program} is not installed; skipping `{label}`")
         runners = [r for r in runners if not r[1] or shutil.which(r[1])]
+        # Every tool writes under `out_root` (the runners read it when they run): the fresh
+        # filesystem, sized for the tools that run, when one could be made.
+        out_root, cleanup_fs, why = fresh_filesystem(files, tools=len(runners))
+        if out_root is None:
+            print(f"  note: the files are written under {work} ({why})")
+            out_root = work
+        else:
+            print(f"  the files are written to a fresh ext4 (with a journal) on a loop device at {out_root}")
 
         times = {label: [] for label, _, _ in runners}  # seconds of the good runs
         errors = {label: None for label, _, _ in runners}

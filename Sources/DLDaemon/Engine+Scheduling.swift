@@ -316,9 +316,10 @@ extension Engine {
 
     /// Whether this turn may leave its commit to a later one: it has nothing to write but the
     /// claims of jobs started from the ready lists, and the lists still hold a job for every
-    /// slot, so the next ends need no turn either. The claims then wait for the next turn that
-    /// writes, for the publisher's commit (a completion is written after its claim), or for
-    /// `claimDelay`, whichever comes first; a small file's slot then costs no transaction of
+    /// slot, so the next ends need no turn either. The claims then wait for the next commit (any
+    /// turn that writes, and every section of `serial` that is not a turn, commits them first),
+    /// for the publisher (a completion is written after its claim), or for `claimDelay`,
+    /// whichever comes first; a small file's slot then costs no transaction of
     /// its own (2000 files of 16 KiB: a turn each 1.6 files before).
     func deferStartedClaims() -> Bool {
         guard pending.saves.isEmpty, pending.launches.isEmpty, pending.notices.isEmpty, pending.claimFree == nil,
