@@ -26,6 +26,20 @@ int dld_rename_noreplace(const char *from, const char *to) {
     return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
 }
 
+#include <unistd.h>
+
+int dld_syncfs(int fd) {
+    return syncfs(fd);
+}
+
+#include <sys/vfs.h>
+
+long dld_filesystem_type(int fd) {
+    struct statfs info;
+    if (fstatfs(fd, &info) != 0) return 0;
+    return (long)info.f_type;
+}
+
 #include <sys/socket.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>

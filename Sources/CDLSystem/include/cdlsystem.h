@@ -23,6 +23,13 @@ int dld_trim_malloc(void);
 /// filesystem or kernel cannot do it).
 int dld_rename_noreplace(const char *from, const char *to);
 
+/// syncfs(fd): writes back and flushes everything of the filesystem that holds `fd`, and
+/// returns a writeback error of that filesystem since `fd` was opened (Linux 5.8 and later).
+/// Returns 0, or -1 with errno set.
+int dld_syncfs(int fd);
+
+/// The filesystem type (statfs f_type) of the one that holds `fd`, or 0 when unknown.
+long dld_filesystem_type(int fd);
 
 /// A netlink socket (NETLINK_ROUTE, non-blocking, close-on-exec) that receives the kernel's
 /// notifications of links, addresses and routes (IPv4 and IPv6) coming and going. Returns the
