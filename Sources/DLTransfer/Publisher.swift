@@ -43,9 +43,25 @@ public enum Publisher {
 
     /// Whether a batch of `files` is synced with `syncfs`, with `unwritten` bytes of the
     /// system not yet on disk (nil: unknown).
-    static func wholeFilesystem(files: Int, unwritten: Int64?) -> Bool {
-        guard files >= wholeFilesystemFrom, let unwritten else { return false }
+    static func wholeFilesystem(files: Int, unwritten: Int64?, kernelReportsErrors: Bool = syncfsReportsErrors) -> Bool {
+        guard kernelReportsErrors, files >= wholeFilesystemFrom, let unwritten else { return false }
         return unwritten <= wholeFilesystemUnwrittenLimit
+    }
+
+    /// Whether this kernel's `syncfs` reports writeback errors (Linux 5.8 and later): before,
+    /// it returned 0 whatever became of the data, and only `fdatasync` told.
+    static let syncfsReportsErrors: Bool = {
+        var names = utsname()
+        guard uname(&names) == 0 else { return false }
+        let release = withUnsafeBytes(of: &names.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        return kernel(release, isAtLeast: (5, 8))
+    }()
+
+    /// Whether a kernel release such as `6.1.0-18-amd64` is at least `version`.
+    static func kernel(_ release: String, isAtLeast version: (Int, Int)) -> Bool {
+        let numbers = release.split(whereSeparator: { !$0.isNumber }).prefix(2).compactMap { Int($0) }
+        guard numbers.count == 2 else { return false }
+        return (numbers[0], numbers[1]) >= version
     }
 
     /// The system's dirty and writeback bytes (`/proc/meminfo`), or nil when unreadable.

@@ -39,6 +39,18 @@ import Testing
         #expect(Publisher.wholeFilesystem(files: 500, unwritten: limit))
         #expect(!Publisher.wholeFilesystem(files: 500, unwritten: limit + 1))
         #expect(!Publisher.wholeFilesystem(files: 500, unwritten: nil))
+        // A kernel whose syncfs does not report writeback errors: never.
+        #expect(!Publisher.wholeFilesystem(files: 500, unwritten: 0, kernelReportsErrors: false))
+    }
+
+    @Test func syncfsIsTrustedFromLinux5_8() {
+        #expect(Publisher.kernel("6.1.0-18-amd64", isAtLeast: (5, 8)))
+        #expect(Publisher.kernel("5.8.0", isAtLeast: (5, 8)))
+        #expect(Publisher.kernel("5.10.209-1", isAtLeast: (5, 8)))
+        #expect(!Publisher.kernel("5.4.0-150-generic", isAtLeast: (5, 8)))
+        #expect(!Publisher.kernel("4.19.0", isAtLeast: (5, 8)))
+        #expect(!Publisher.kernel("", isAtLeast: (5, 8)))
+        #expect(!Publisher.kernel("linux", isAtLeast: (5, 8)))
     }
 
     @Test func oneSyncPerFilesystem() throws {
