@@ -2,6 +2,7 @@ import CDLSystem
 import DLCore
 import Foundation
 import NIOPosix
+import Synchronization
 
 /// The last steps of finished files, done in batches so that many small files cost a few
 /// disk flushes and not several each: sync their data in parallel, choose their names, and,
@@ -16,17 +17,22 @@ public enum Publisher {
     /// Files synced at once: as many as the disk pool has threads.
     static let parallelSyncs = DiskPool.threads
 
-    /// Makes the data of every file durable. A batch of several files, while the system holds
-    /// little unwritten data, is synced with one `syncfs` per filesystem (one journal commit
-    /// for all of them, where each `fdatasync` would wait for one of its own); otherwise, and
-    /// for the files `syncfs` could not vouch for, `fdatasync` of each, several at a time, on
-    /// the disk pool. Returns the failures by path; the others are durable.
+    /// Makes the data of every file durable. A batch of several files is synced with one
+    /// `syncfs` per filesystem (one journal commit for all of them, where each `fdatasync`
+    /// would wait for one of its own) while that stays cheap (`wholeFilesystem`); otherwise,
+    /// and for the files `syncfs` could not vouch for, with `fdatasync` of each, several at a
+    /// time, on the disk pool. Returns the failures by path; the others are durable.
     public static func syncAll(_ paths: [String]) async -> [String: TransferFailure] {
         var rest = paths
         if paths.count >= wholeFilesystemFrom,
            let left = try? await DiskPool.shared.runIfActive({ () -> [String]? in
-               guard wholeFilesystem(files: paths.count, unwritten: unwrittenBytes()) else { return nil }
-               return syncFilesystems(of: paths)
+               let start = ContinuousClock.now
+               guard wholeFilesystem(files: paths.count, unwritten: unwrittenBytes()),
+                     slowSyncfs.withLock({ $0.allows(at: start) }) else { return nil }
+               let left = syncFilesystems(of: paths)
+               let end = ContinuousClock.now
+               slowSyncfs.withLock { $0.record(end - start, at: end) }
+               return left
            }) {
             rest = left
         }
@@ -35,11 +41,12 @@ public enum Publisher {
 
     /// From this many files on, a batch may be synced a filesystem at a time.
     static let wholeFilesystemFrom = 2
-    /// `syncfs` writes everything unwritten on the filesystem, not only the batch: it is used
-    /// only while the whole system holds at most this much (a copy or a large download that
-    /// is being written would make it wait for all of its bytes; 64 MiB is well under a
-    /// second on a disk of 100 MB/s).
-    static let wholeFilesystemUnwrittenLimit: Int64 = 64 << 20
+    /// `syncfs` writes everything unwritten on the filesystem, not only the batch: it is not
+    /// used while the whole system holds more than this (a copy, or a large download being
+    /// written, would make it wait for all of its bytes: 256 MiB is 2.6 s on a disk of
+    /// 100 MB/s), nor for a while after one was slow (`SlowSyncfs`: most of what is unwritten
+    /// was on its filesystem).
+    static let wholeFilesystemUnwrittenLimit: Int64 = 256 << 20
 
     /// Whether a batch of `files` is synced with `syncfs`, with `unwritten` bytes of the
     /// system not yet on disk (nil: unknown).
@@ -47,6 +54,24 @@ public enum Publisher {
         guard kernelReportsErrors, files >= wholeFilesystemFrom, let unwritten else { return false }
         return unwritten <= wholeFilesystemUnwrittenLimit
     }
+
+    /// After a `syncfs` that took longer than `slow` (it had other data to write than the
+    /// batch's), the next `pause` of batches use `fdatasync`, which waits for its own file only.
+    struct SlowSyncfs: Sendable {
+        static let slow: Duration = .milliseconds(250)
+        static let pause: Duration = .seconds(60)
+        var offUntil: ContinuousClock.Instant?
+
+        func allows(at now: ContinuousClock.Instant) -> Bool {
+            offUntil.map { now >= $0 } ?? true
+        }
+
+        mutating func record(_ elapsed: Duration, at now: ContinuousClock.Instant) {
+            if elapsed > Self.slow { offUntil = now + Self.pause }
+        }
+    }
+
+    static let slowSyncfs = Mutex(SlowSyncfs())
 
     /// Whether this kernel's `syncfs` reports writeback errors (Linux 5.8 and later): before,
     /// it returned 0 whatever became of the data, and only `fdatasync` told.

@@ -43,6 +43,18 @@ import Testing
         #expect(!Publisher.wholeFilesystem(files: 500, unwritten: 0, kernelReportsErrors: false))
     }
 
+    @Test func aSlowSyncfsTurnsItOffForAMinute() {
+        let start = ContinuousClock.now
+        var gate = Publisher.SlowSyncfs()
+        #expect(gate.allows(at: start))
+        gate.record(.milliseconds(40), at: start)
+        #expect(gate.allows(at: start + .milliseconds(1)))
+        gate.record(.milliseconds(900), at: start + .seconds(1))
+        #expect(!gate.allows(at: start + .seconds(2)))
+        #expect(!gate.allows(at: start + .seconds(60)))
+        #expect(gate.allows(at: start + .seconds(61)))
+    }
+
     @Test func syncfsIsTrustedFromLinux5_8() {
         #expect(Publisher.kernel("6.1.0-18-amd64", isAtLeast: (5, 8)))
         #expect(Publisher.kernel("5.8.0", isAtLeast: (5, 8)))
