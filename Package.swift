@@ -114,7 +114,7 @@ let package = Package(
         .testTarget(
             name: "DLTransferTests",
             dependencies: [
-                "DLTransfer", "DLCore", "DLTestSupport",
+                "DLTransfer", "DLCore", "DLTestSupport", "CDLSystem",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
             ]

@@ -26,10 +26,20 @@ int dld_rename_noreplace(const char *from, const char *to) {
     return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE);
 }
 
+#include <errno.h>
 #include <unistd.h>
 
 int dld_syncfs(int fd) {
     return syncfs(fd);
+}
+
+int dld_written_back(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return errno;
+    int code = 0;
+    if (sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0) code = errno;
+    close(fd);
+    return code;
 }
 
 #include <sys/vfs.h>

@@ -24,19 +24,21 @@ public enum Publisher {
     /// time, on the disk pool. Returns the failures by path; the others are durable.
     public static func syncAll(_ paths: [String]) async -> [String: TransferFailure] {
         var rest = paths
+        var failures: [String: TransferFailure] = [:]
         if paths.count >= wholeFilesystemFrom,
-           let left = try? await DiskPool.shared.runIfActive({ () -> [String]? in
+           let synced = try? await DiskPool.shared.runIfActive({ () -> WholeFilesystemSync? in
                let start = ContinuousClock.now
                guard wholeFilesystem(files: paths.count, unwritten: unwrittenBytes()),
                      slowSyncfs.withLock({ $0.allows(at: start) }) else { return nil }
-               let left = syncFilesystems(of: paths)
+               let synced = syncFilesystems(of: paths)
                let end = ContinuousClock.now
                slowSyncfs.withLock { $0.record(end - start, at: end) }
-               return left
+               return synced
            }) {
-            rest = left
+            rest = synced.rest
+            failures = synced.failures
         }
-        return await syncEach(rest)
+        return failures.merging(await syncEach(rest)) { first, _ in first }
     }
 
     /// From this many files on, a batch may be synced a filesystem at a time.
@@ -113,20 +115,30 @@ public enum Publisher {
     /// among them) each file is synced on its own.
     static let syncfsTypes: Set<Int> = [0xEF53, 0x5846_5342, 0x9123_683E, 0xF2F5_2010, 0x0102_1994]
 
-    /// Syncs the filesystems that hold `paths`, one `sync` (`syncfs`) each, where their type
-    /// is known to honour it. Returns the paths not known to be durable: not a regular file
-    /// (missing, or a symbolic link), on another type of filesystem, or on a filesystem that
-    /// could not be opened or whose sync reported an error. Each of those is then synced on
-    /// its own, so that an error is told for the file it belongs to.
-    static func syncFilesystems(
-        of paths: [String], type: (Int32) -> Int = { dld_filesystem_type($0) }, sync: (Int32) -> Int32 = { dld_syncfs($0) }
-    ) -> [String] {
-        var byDevice: [UInt64: [String]] = [:]
+    /// What `syncFilesystems` did: files that failed, and files left to `fdatasync`.
+    struct WholeFilesystemSync: Sendable {
+        var failures: [String: TransferFailure] = [:]
         var rest: [String] = []
+    }
+
+    /// Syncs the filesystems that hold `paths`, one `sync` (`syncfs`) each, where their type
+    /// is known to honour it, then asks each file whether its own data was written
+    /// (`writtenBack`): `syncfs` reports a writeback error of the filesystem only once, to
+    /// the first who asks, and another program may have asked first; a file's own error is
+    /// seen by dld alone. A file whose check fails is a failure. Left to `fdatasync` are the
+    /// files not known to be durable: not a regular file (missing, or a symbolic link), on
+    /// another type of filesystem, or on one that could not be opened or whose `syncfs`
+    /// failed (each file's own `fdatasync` then tells whether it is one of those that failed).
+    static func syncFilesystems(
+        of paths: [String], type: (Int32) -> Int = { dld_filesystem_type($0) }, sync: (Int32) -> Int32 = { dld_syncfs($0) },
+        writtenBack: (String) -> Int32 = { dld_written_back($0) }
+    ) -> WholeFilesystemSync {
+        var byDevice: [UInt64: [String]] = [:]
+        var outcome = WholeFilesystemSync()
         for path in paths {
             var info = stat()
             guard lstat(path, &info) == 0, info.st_mode & S_IFMT == S_IFREG else {
-                rest.append(path)
+                outcome.rest.append(path)
                 continue
             }
             byDevice[UInt64(info.st_dev), default: []].append(path)
@@ -135,13 +147,21 @@ public enum Publisher {
             // Any of the files opens its filesystem; it is opened as the per-file sync would.
             let fd = open(files[0], O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
             guard fd >= 0 else {
-                rest += files
+                outcome.rest += files
                 continue
             }
-            if !syncfsTypes.contains(type(fd)) || sync(fd) != 0 { rest += files }
+            let synced = syncfsTypes.contains(type(fd)) && sync(fd) == 0
             close(fd)
+            guard synced else {
+                outcome.rest += files
+                continue
+            }
+            for file in files {
+                let code = writtenBack(file)
+                if code != 0 { outcome.failures[file] = PartialFile.failure("sync", file, code) }
+            }
         }
-        return rest
+        return outcome
     }
 
     /// `fdatasync` of each file, several at a time.

@@ -1,3 +1,4 @@
+import CDLSystem
 @testable import DLTransfer
 import Foundation
 import Synchronization
@@ -69,27 +70,55 @@ import Testing
         let (root, paths) = try files(3)
         defer { try? FileManager.default.removeItem(atPath: root) }
         let calls = Mutex(0)
-        let rest = Publisher.syncFilesystems(of: paths, type: { _ in 0xEF53 }, sync: { fd in
+        let checked = Mutex<[String]>([])
+        let outcome = Publisher.syncFilesystems(of: paths, type: { _ in 0xEF53 }, sync: { fd in
             calls.withLock { $0 += 1 }
             return fsync(fd)
+        }, writtenBack: { path in
+            checked.withLock { $0.append(path) }
+            return dld_written_back(path)
         })
-        #expect(rest.isEmpty)
-        // Both folders are on one filesystem: one sync for the six files.
+        #expect(outcome.rest.isEmpty)
+        #expect(outcome.failures.isEmpty)
+        // Both folders are on one filesystem: one sync for the six files, then each file's
+        // own writeback is checked.
         #expect(calls.withLock { $0 } == 1)
+        #expect(Set(checked.withLock { $0 }) == Set(paths))
+    }
+
+    @Test func aFileWhoseWritebackFailedIsAFailure() throws {
+        let (root, paths) = try files(2)
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        // syncfs said nothing (another program saw the filesystem's error first); the file's
+        // own check did.
+        let outcome = Publisher.syncFilesystems(of: paths, type: { _ in 0xEF53 }, sync: { _ in 0 },
+                                                writtenBack: { $0 == paths[1] ? EIO : 0 })
+        #expect(outcome.rest.isEmpty)
+        #expect(Set(outcome.failures.keys) == [paths[1]])
+        #expect(outcome.failures[paths[1]]?.error.code == "file_error")
+        #expect(outcome.failures[paths[1]]?.error.message.contains(paths[1]) == true)
     }
 
     @Test func filesSyncfsCannotVouchForAreLeftToFdatasync() throws {
         let (root, paths) = try files(2)
         defer { try? FileManager.default.removeItem(atPath: root) }
-        // A sync that reports an error: every file of that filesystem is left over.
-        #expect(Set(Publisher.syncFilesystems(of: paths, type: { _ in 0xEF53 }, sync: { _ in -1 })) == Set(paths))
+        // A sync that reports an error: every file of that filesystem is left over, unchecked
+        // (its own fdatasync sees its own error).
+        let checked = Mutex(0)
+        let failed = Publisher.syncFilesystems(of: paths, type: { _ in 0xEF53 }, sync: { _ in -1 }, writtenBack: { _ in
+            checked.withLock { $0 += 1 }
+            return 0
+        })
+        #expect(Set(failed.rest) == Set(paths))
+        #expect(failed.failures.isEmpty)
+        #expect(checked.withLock { $0 } == 0)
         // A filesystem whose syncfs is not trusted (here, NFS): not synced at all.
         let calls = Mutex(0)
         let nfs = Publisher.syncFilesystems(of: paths, type: { _ in 0x6969 }, sync: { _ in
             calls.withLock { $0 += 1 }
             return 0
         })
-        #expect(Set(nfs) == Set(paths))
+        #expect(Set(nfs.rest) == Set(paths))
         #expect(calls.withLock { $0 } == 0)
         // A file that is not there, in a folder that is or is not, and a symbolic link.
         let goneFolder = root + "/gone/f.part"
@@ -97,7 +126,8 @@ import Testing
         let link = root + "/b/link.part"
         try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: paths[0])
         let left = Publisher.syncFilesystems(of: [goneFolder] + paths + [goneFile, link], type: { _ in 0xEF53 }, sync: { _ in 0 })
-        #expect(Set(left) == [goneFolder, goneFile, link])
+        #expect(Set(left.rest) == [goneFolder, goneFile, link])
+        #expect(left.failures.isEmpty)
     }
 
     @Test func syncAllReportsOnlyTheFilesThatFail() async throws {

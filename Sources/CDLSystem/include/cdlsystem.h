@@ -28,6 +28,11 @@ int dld_rename_noreplace(const char *from, const char *to);
 /// Returns 0, or -1 with errno set.
 int dld_syncfs(int fd);
 
+/// Opens `path` (not following a symbolic link), waits for its data to be written back
+/// (sync_file_range, without a journal commit or a cache flush), and returns 0, or the errno
+/// of opening it or of a writeback error of the file that this call is the first to see.
+int dld_written_back(const char *path);
+
 /// The filesystem type (statfs f_type) of the one that holds `fd`, or 0 when unknown.
 long dld_filesystem_type(int fd);
 
