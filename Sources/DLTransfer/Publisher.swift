@@ -23,22 +23,20 @@ public enum Publisher {
     /// and for the files `syncfs` could not vouch for, with `fdatasync` of each, several at a
     /// time, on the disk pool. Returns the failures by path; the others are durable.
     public static func syncAll(_ paths: [String]) async -> [String: TransferFailure] {
-        var rest = paths
-        var failures: [String: TransferFailure] = [:]
-        if paths.count >= wholeFilesystemFrom,
-           let synced = try? await DiskPool.shared.runIfActive({ () -> WholeFilesystemSync? in
-               let start = ContinuousClock.now
-               guard wholeFilesystem(files: paths.count, unwritten: unwrittenBytes()),
-                     slowSyncfs.withLock({ $0.allows(at: start) }) else { return nil }
-               let synced = syncFilesystems(of: paths)
-               let end = ContinuousClock.now
-               slowSyncfs.withLock { $0.record(end - start, at: end) }
-               return synced
-           }) {
-            rest = synced.rest
-            failures = synced.failures
+        var outcome = WholeFilesystemSync(rest: paths)
+        if paths.count >= wholeFilesystemFrom, let synced = try? await DiskPool.shared.runIfActive({ syncIfCheap(paths) }) {
+            outcome = synced
         }
-        return failures.merging(await syncEach(rest)) { first, _ in first }
+        return outcome.failures.merging(await syncEach(outcome.rest)) { first, _ in first }
+    }
+
+    /// `syncFilesystems`, when `wholeFilesystem` and `slowSyncfs` allow it now; nil otherwise.
+    static func syncIfCheap(_ paths: [String]) -> WholeFilesystemSync? {
+        guard wholeFilesystem(files: paths.count, unwritten: unwrittenBytes()),
+              slowSyncfs.withLock({ $0.allows(at: .now) }) else { return nil }
+        let synced = syncFilesystems(of: paths)
+        slowSyncfs.withLock { $0.record(synced.longestSync, at: .now) }
+        return synced
     }
 
     /// From this many files on, a batch may be synced a filesystem at a time.
@@ -119,6 +117,8 @@ public enum Publisher {
     struct WholeFilesystemSync: Sendable {
         var failures: [String: TransferFailure] = [:]
         var rest: [String] = []
+        /// The longest `syncfs` of the batch.
+        var longestSync: Duration = .zero
     }
 
     /// Syncs the filesystems that hold `paths`, one `sync` (`syncfs`) each, where their type
@@ -150,7 +150,9 @@ public enum Publisher {
                 outcome.rest += files
                 continue
             }
+            let start = ContinuousClock.now
             let synced = syncfsTypes.contains(type(fd)) && sync(fd) == 0
+            outcome.longestSync = max(outcome.longestSync, ContinuousClock.now - start)
             close(fd)
             guard synced else {
                 outcome.rest += files

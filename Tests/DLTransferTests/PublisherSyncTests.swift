@@ -73,6 +73,7 @@ import Testing
         let checked = Mutex<[String]>([])
         let outcome = Publisher.syncFilesystems(of: paths, type: { _ in 0xEF53 }, sync: { fd in
             calls.withLock { $0 += 1 }
+            usleep(30_000)
             return fsync(fd)
         }, writtenBack: { path in
             checked.withLock { $0.append(path) }
@@ -84,6 +85,8 @@ import Testing
         // own writeback is checked.
         #expect(calls.withLock { $0 } == 1)
         #expect(Set(checked.withLock { $0 }) == Set(paths))
+        // How long the sync took, for `SlowSyncfs` (at least the 30 ms it slept).
+        #expect(outcome.longestSync >= .milliseconds(30))
     }
 
     @Test func aFileWhoseWritebackFailedIsAFailure() throws {
