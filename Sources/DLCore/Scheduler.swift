@@ -26,30 +26,42 @@ public enum SchedulerPolicy {
         return queued.sorted(by: order).prefix(free).map(\.id)
     }
 
-    /// How `free` slots are shared between standalone jobs and groups: the first `free`
-    /// entries in the queue's order, where a group stands at its first queued member and takes
-    /// a slot of its own. Returns how many standalone jobs get a slot, and the groups that do,
-    /// in order.
-    public static func share<Group>(free: Int, standalone: [QueueEntry], groups: [(entry: QueueEntry, group: Group)]) -> (standalone: Int, groups: [Group]) {
-        let taken = jobsToStart(queued: standalone + groups.map(\.entry), active: 0, maxActive: free)
+    /// How `free` slots are shared between standalone jobs and groups: the first entries in the
+    /// queue's order, where a group stands at its first queued member and takes a slot of its
+    /// own; at most `standaloneLimit` standalone jobs and `groupLimit` groups (nil: `free`)
+    /// take one, and an entry over its kind's limit is passed over (it does not block the
+    /// others). Returns how many standalone jobs get a slot, and the groups that do, in order.
+    public static func share<Group>(
+        free: Int, standaloneLimit: Int? = nil, groupLimit: Int? = nil,
+        standalone: [QueueEntry], groups: [(entry: QueueEntry, group: Group)]
+    ) -> (standalone: Int, groups: [Group]) {
         var groupAt: [JobID: Group] = [:]
         for (entry, group) in groups where groupAt[entry.id] == nil { groupAt[entry.id] = group }
+        let standaloneLimit = min(free, standaloneLimit ?? free)
+        let groupLimit = min(free, groupLimit ?? free)
         var count = 0
         var chosen: [Group] = []
-        for id in taken {
-            if let group = groupAt[id] { chosen.append(group) } else { count += 1 }
+        for entry in (standalone + groups.map(\.entry)).sorted(by: order) {
+            guard count + chosen.count < free else { break }
+            if let group = groupAt[entry.id] {
+                if chosen.count < groupLimit { chosen.append(group) }
+            } else if count < standaloneLimit {
+                count += 1
+            }
         }
         return (count, chosen)
     }
 
     /// Which of the next queued jobs (`hosts`: each one's host, in the queue's order) a slot
-    /// that just freed up starts at once, before the next turn: the first whose host has room
-    /// (`load` counts the transfers that still run), while a slot is free. Nil: the next turn
+    /// that just freed up starts at once, before the next turn: the first that `mayStart` lets
+    /// start (the lanes, `Lanes.mayStart`) whose host has room (`load` counts the transfers
+    /// that still run; `limit` is each host's limit), while a slot is free. Nil: the next turn
     /// decides. `hosts` may be lazy: it is read only up to the job chosen.
     public static func handOff<Hosts: Collection<String>>(
-        hosts: Hosts, running: Int, maxActive: Int, load: [String: Int], maxPerHost: Int
+        hosts: Hosts, free: Int, load: [String: Int], limit: (String) -> Int,
+        mayStart: (Hosts.Index) -> Bool = { _ in true }
     ) -> Hosts.Index? {
-        guard running < maxActive else { return nil }
-        return hosts.firstIndex { load[$0, default: 0] < maxPerHost }
+        guard free > 0 else { return nil }
+        return hosts.indices.first { load[hosts[$0], default: 0] < limit(hosts[$0]) && mayStart($0) }
     }
 }

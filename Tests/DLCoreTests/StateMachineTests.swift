@@ -140,13 +140,91 @@ extension SchedulerPolicyTests {
     /// taken (max_active 1 stays one at a time) or every host is full.
     @Test func handOffTakesTheFirstJobWithRoom() {
         let hosts = ["a", "b", "a"]
-        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 2, maxActive: 3, load: ["a": 2], maxPerHost: 6) == 0)
-        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 2, maxActive: 3, load: ["a": 6], maxPerHost: 6) == 1)
-        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 2, maxActive: 3, load: ["a": 6, "b": 6], maxPerHost: 6) == nil)
-        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 3, maxActive: 3, load: [:], maxPerHost: 6) == nil)
-        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 1, maxActive: 1, load: [:], maxPerHost: 6) == nil)
-        #expect(SchedulerPolicy.handOff(hosts: hosts, running: 0, maxActive: 1, load: [:], maxPerHost: 6) == 0)
-        #expect(SchedulerPolicy.handOff(hosts: [], running: 0, maxActive: 3, load: [:], maxPerHost: 6) == nil)
+        let six: (String) -> Int = { _ in 6 }
+        #expect(SchedulerPolicy.handOff(hosts: hosts, free: 1, load: ["a": 2], limit: six) == 0)
+        #expect(SchedulerPolicy.handOff(hosts: hosts, free: 1, load: ["a": 6], limit: six) == 1)
+        #expect(SchedulerPolicy.handOff(hosts: hosts, free: 1, load: ["a": 6, "b": 6], limit: six) == nil)
+        #expect(SchedulerPolicy.handOff(hosts: hosts, free: 0, load: [:], limit: six) == nil)
+        #expect(SchedulerPolicy.handOff(hosts: [], free: 3, load: [:], limit: six) == nil)
+        // Each host has its own limit (a host that answered over HTTP/2 takes more).
+        #expect(SchedulerPolicy.handOff(hosts: hosts, free: 1, load: ["a": 6, "b": 6], limit: { $0 == "a" ? 32 : 6 }) == 0)
+        // A job the lanes do not let start is passed over, not waited for.
+        #expect(SchedulerPolicy.handOff(hosts: hosts, free: 1, load: [:], limit: six, mayStart: { $0 != 0 }) == 1)
+    }
+
+    /// Kinds over their limit are passed over without blocking the others: a group waiting
+    /// for a bulk slot does not stop standalone jobs behind it from taking light slots.
+    @Test func shareKeepsEachKindWithinItsLimit() {
+        let standalone = [QueueEntry(id: 4, priority: 0), QueueEntry(id: 9, priority: 0), QueueEntry(id: 2, priority: 5)]
+        let groups = [(entry: QueueEntry(id: 6, priority: 0), group: "g6"), (entry: QueueEntry(id: 1, priority: 0), group: "g1")]
+        var share = SchedulerPolicy.share(free: 5, groupLimit: 0, standalone: standalone, groups: groups)
+        #expect(share.standalone == 3 && share.groups.isEmpty)
+        share = SchedulerPolicy.share(free: 5, standaloneLimit: 1, groupLimit: 1, standalone: standalone, groups: groups)
+        #expect(share.standalone == 1 && share.groups == ["g1"])
+        share = SchedulerPolicy.share(free: 2, standaloneLimit: 0, groupLimit: 5, standalone: standalone, groups: groups)
+        #expect(share.standalone == 0 && share.groups == ["g1", "g6"])
+    }
+}
+
+@Suite struct LanesTests {
+    let lanes = Lanes(maxActive: 3, maxLight: 32, lightBytes: 2 << 20)
+
+    /// Every job starts in the light lane, whatever the bulk lane holds: small files do not
+    /// wait behind big ones.
+    @Test func startsFollowTheLightLane() {
+        #expect(lanes.free(bulk: 0, light: 0) == 32)
+        #expect(lanes.free(bulk: 3, light: 0) == 32)
+        #expect(lanes.free(bulk: 3, light: 30) == 2)
+        #expect(lanes.free(bulk: 0, light: 40) == 0)
+        // Groups are bulk work: they take bulk slots.
+        #expect(lanes.freeForGroups(bulk: 1, light: 30) == 2)
+        #expect(lanes.freeForGroups(bulk: 3, light: 0) == 0)
+    }
+
+    /// A transfer whose answer tells a small rest stays light; a big one takes a free bulk
+    /// slot, or is parked while all are taken. An unknown size is light until the file on
+    /// disk is big.
+    @Test func admission() {
+        #expect(lanes.admit(remaining: 16 << 10, received: 0, bulk: 3) == .light)
+        #expect(lanes.admit(remaining: 2 << 20, received: 0, bulk: 3) == .light)
+        #expect(lanes.admit(remaining: (2 << 20) + 1, received: 0, bulk: 2) == .bulk)
+        #expect(lanes.admit(remaining: (2 << 20) + 1, received: 0, bulk: 3) == .park)
+        #expect(lanes.admit(remaining: nil, received: 1 << 20, bulk: 3) == .light)
+        #expect(lanes.admit(remaining: nil, received: 3 << 20, bulk: 3) == .park)
+        #expect(lanes.admit(remaining: 100 << 20, received: 10, bulk: 5) == .park)
+    }
+
+    /// max_active = 1 keeps its meaning: strictly one transfer at a time, of any size.
+    @Test func oneMeansStrictlyOne() {
+        let one = Lanes(maxActive: 1)
+        #expect(one.strict)
+        #expect(one.free(bulk: 0, light: 0) == 1)
+        #expect(one.free(bulk: 0, light: 1) == 0)
+        #expect(one.free(bulk: 1, light: 0) == 0)
+        #expect(one.freeForGroups(bulk: 0, light: 1) == 0)
+        #expect(one.admit(remaining: 1 << 40, received: 0, bulk: 0) == .bulk)
+        #expect(one.claimFilter(bulk: 1) == nil)
+        #expect(Lanes(maxActive: 3, maxLight: 0).strict)
+    }
+
+    /// A job known to be bulk (it was parked, or it was half downloaded) is not started, nor
+    /// claimed, while every bulk slot is taken; a job with a small rest is.
+    @Test func knownBulkJobsWaitForABulkSlot() {
+        #expect(!lanes.mayStart(size: 100 << 20, received: 0, bulk: 3))
+        #expect(lanes.mayStart(size: 100 << 20, received: 0, bulk: 2))
+        #expect(lanes.mayStart(size: 100 << 20, received: (100 << 20) - 10, bulk: 3))
+        #expect(lanes.mayStart(size: nil, received: 0, bulk: 3))
+        #expect(!lanes.mayStart(size: nil, received: 10 << 20, bulk: 3))
+        #expect(lanes.claimFilter(bulk: 3) == 2 << 20)
+        #expect(lanes.claimFilter(bulk: 2) == nil)
+    }
+
+    /// Over HTTP/2 a host takes `max_streams_per_host` streams; otherwise `max_per_host`
+    /// connections.
+    @Test func hostLimits() {
+        let limits = HostLimits(maxPerHost: 6, maxStreams: 32)
+        #expect(limits.limit(multiplexed: false) == 6)
+        #expect(limits.limit(multiplexed: true) == 32)
     }
 }
 
