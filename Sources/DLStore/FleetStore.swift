@@ -9,7 +9,7 @@ import Synchronization
 extension JobStore {
     public var sharesQueue: Bool { false }
 
-    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws -> [Job] {
+    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date) async throws -> [Job] {
         guard limit > 0 else { return [] }
         // Power loss may undo a claim: its jobs are then queued again, as start-up leaves a
         // crashed daemon's running jobs, and their transfers start over from the committed
@@ -20,7 +20,8 @@ extension JobStore {
             try Self.withoutWaitingForTheDisk(db) {
                 try Self.inTransaction(db) { () throws -> ([Job], [StoredEvent]) in
                     let (jobs, range) = try Self.claimRows(
-                        limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, group: group, now: now, in: db)
+                        limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, lightOnly: lightOnly, group: group,
+                        now: now, in: db)
                     guard range.1 > range.0, sink.wanted else { return (jobs, []) }
                     return (jobs, try Self.events(after: range.0, through: range.1, limit: Int(range.1 - range.0), in: db))
                 }
@@ -79,14 +80,15 @@ extension JobStore {
                         let groups = try Self.queuedGroups(excluding: claim.excludingGroups, in: db)
                         waitingGroups = groups
                         let share = SchedulerPolicy.share(
-                            free: claim.free, standalone: standalone, groups: groups.map { (entry: $0.entry, group: $0.groupID) })
+                            free: claim.free, standaloneLimit: claim.standaloneLimit, groupLimit: claim.groupLimit,
+                            standalone: standalone, groups: groups.map { (entry: $0.entry, group: $0.groupID) })
                         outcome.standaloneSlots = share.standalone
                         outcome.groups = share.groups
                         let limit = min(share.standalone, claim.limit)
                         if limit > 0 {
                             let (jobs, range) = try Self.claimRows(
                                 limit: limit, worker: claim.worker, leaseUntil: claim.leaseUntil, excludingHosts: claim.excludingHosts,
-                                group: nil, now: claim.now, in: db)
+                                lightOnly: claim.lightOnly, group: nil, now: claim.now, in: db)
                             outcome.claimed = jobs
                             if range.1 > range.0, wanted {
                                 outcome.events += try Self.events(after: range.0, through: range.1, limit: Int(range.1 - range.0), in: db)
@@ -125,7 +127,9 @@ extension JobStore {
         return outcome
     }
 
-    private static func claimRows(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date, in db: Database) throws -> ([Job], (Int64, Int64)) {
+    private static func claimRows(
+        limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date, in db: Database
+    ) throws -> ([Job], (Int64, Int64)) {
         let before = try Self.lastSeq(db)
         let hosts = Self.jsonTexts(excludingHosts.sorted())
         let ids: [JobID]
@@ -139,17 +143,19 @@ extension JobStore {
                     """),
                 arguments: [group, hosts, limit])
         } else {
-            // With hosts excluded, only the first `claimWindow` queued jobs are looked at.
-            let window = excludingHosts.isEmpty ? limit : Self.claimWindow
+            // With hosts excluded, or only light jobs wanted, only the first `claimWindow`
+            // queued jobs are looked at.
+            let window = excludingHosts.isEmpty && lightOnly == nil ? limit : Self.claimWindow
             ids = try JobID.fetchAll(
                 db.cachedStatement(sql: """
                     SELECT id FROM (
-                        SELECT id, host, priority FROM jobs INDEXED BY jobs_standalone_queue
+                        SELECT id, host, priority, size, received FROM jobs INDEXED BY jobs_standalone_queue
                         WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?)
                     WHERE host NOT IN (SELECT value FROM json_each(?))
+                        AND (? IS NULL OR (CASE WHEN size IS NULL THEN received ELSE size - received END) <= ?)
                     ORDER BY priority DESC, id LIMIT ?
                     """),
-                arguments: [window, hosts, limit])
+                arguments: [window, hosts, lightOnly, lightOnly, limit])
         }
         guard !ids.isEmpty else { return ([], (before, before)) }
         // What `StateMachine.apply(.start)` sets, plus the worker and its lease.

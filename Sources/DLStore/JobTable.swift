@@ -137,9 +137,12 @@ public protocol JobTable: Sendable {
     /// While hosts are excluded, a standalone claim looks only at the first `claimWindow` queued
     /// jobs, so that a long queue of an excluded host costs no more than that (jobs further back
     /// wait for the window).
+    /// With `lightOnly`, only standalone jobs with at most that many bytes left (`size -
+    /// received`), or with an unknown size and at most that many received, are taken
+    /// (`Lanes.claimFilter`), likewise from the first `claimWindow` queued jobs.
     /// With `group`, the same among that group's members (each of which runs on one worker,
     /// though a group's members may run on several).
-    func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws -> [Job]
+    func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date) async throws -> [Job]
     /// Whether other daemons share this table (PostgreSQL): then rows running under another
     /// worker are left to it at start-up, and changes by others are watched (`changes()`).
     var sharesQueue: Bool { get }
@@ -222,9 +225,14 @@ extension JobTable {
     /// Queued standalone jobs a claim that excludes hosts looks at, at most.
     public static var claimWindow: Int { 1000 }
 
-    /// Standalone jobs (see `claim(limit:worker:leaseUntil:excludingHosts:group:now:)`).
+    /// Standalone jobs (see `claim(limit:worker:leaseUntil:excludingHosts:lightOnly:group:now:)`).
     public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, now: Date) async throws -> [Job] {
-        try await claim(limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, group: nil, now: now)
+        try await claim(limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, lightOnly: nil, group: nil, now: now)
+    }
+
+    /// Any of the lanes' jobs (see `claim(limit:worker:leaseUntil:excludingHosts:lightOnly:group:now:)`).
+    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws -> [Job] {
+        try await claim(limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, lightOnly: nil, group: group, now: now)
     }
 
     @discardableResult

@@ -20,6 +20,14 @@ public struct TurnClaim: Sendable {
     public var worker: String
     public var leaseUntil: Date
     public var now: Date
+    /// Of the `free` entries, standalone jobs take at most this many and groups at most
+    /// `groupLimit` (nil: `free`); an entry over its kind's limit is passed over
+    /// (`SchedulerPolicy.share`, the lanes of `Lanes`).
+    public var standaloneLimit: Int? = nil
+    public var groupLimit: Int? = nil
+    /// While every bulk slot is taken: only standalone jobs with at most this many bytes left
+    /// (or an unknown size and at most this many on disk) are claimed (`Lanes.claimFilter`).
+    public var lightOnly: Int64? = nil
     public var started: [JobID] = []
     public var ready = 0
     public var readyMembers = 0
@@ -82,7 +90,8 @@ extension JobTable {
         guard let claim, claim.free > 0 else { return outcome }
         let (jobs, groups) = try await nextQueued(limit: claim.free, excludingGroups: claim.excludingGroups)
         let share = SchedulerPolicy.share(
-            free: claim.free, standalone: jobs.map { QueueEntry(id: $0.id, priority: $0.priority) },
+            free: claim.free, standaloneLimit: claim.standaloneLimit, groupLimit: claim.groupLimit,
+            standalone: jobs.map { QueueEntry(id: $0.id, priority: $0.priority) },
             groups: groups.map { (entry: $0.entry, group: $0.groupID) })
         outcome.standaloneSlots = share.standalone
         outcome.groups = share.groups
@@ -90,7 +99,7 @@ extension JobTable {
         if limit > 0 {
             outcome.claimed = try await self.claim(
                 limit: limit, worker: claim.worker, leaseUntil: claim.leaseUntil, excludingHosts: claim.excludingHosts,
-                group: nil, now: claim.now)
+                lightOnly: claim.lightOnly, group: nil, now: claim.now)
         }
         return outcome
     }

@@ -18,12 +18,13 @@ extension PostgresJobStore {
     /// once: as a plain `id IN (SELECT … LIMIT n)` the planner may run it again for each row
     /// of a join, and then its LIMIT no longer bounds the claim (seen here: 4 rows for 3).
     /// While hosts are excluded, the rows looked at are the first `claimWindow` queued ones.
-    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws -> [Job] {
+    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date) async throws -> [Job] {
         guard limit > 0 else { return [] }
         return try await eventTransaction(publish: true, events: { $0.events }) { connection -> (jobs: [Job], events: [StoredEvent]) in
             let at = now.timeIntervalSince1970
             let hosts = excludingHosts.sorted().map(storedText)
-            let window = group != nil || hosts.isEmpty ? "" : """
+            let light = group != nil ? nil : lightOnly
+            let window = group != nil || (hosts.isEmpty && light == nil) ? "" : """
                 AND id IN (SELECT id FROM jobs WHERE state = 'queued' AND group_id IS NULL
                            ORDER BY priority DESC, id LIMIT \(Self.claimWindow))
                 """
@@ -32,7 +33,7 @@ extension PostgresJobStore {
                 WITH picked AS MATERIALIZED (
                     SELECT id FROM jobs
                     WHERE state = 'queued' AND \(unescaped: group.map { "group_id = \($0)" } ?? "group_id IS NULL") AND host <> ALL(\(hosts))
-                        \(unescaped: window)
+                        \(unescaped: window) \(unescaped: light.map { "AND (CASE WHEN size IS NULL THEN received ELSE size - received END) <= \($0)" } ?? "")
                     ORDER BY priority DESC, id LIMIT \(Int64(limit))
                     FOR UPDATE SKIP LOCKED)
                 UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = \(at),
