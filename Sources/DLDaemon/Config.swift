@@ -25,8 +25,16 @@ public struct DaemonConfig: Sendable, Equatable {
     public var checkpointInterval: Double = 2
     public var diskRecheck: Double = 30
     public var groupParallel: Int = 4
-    /// Transfers to one host (and port) at once, as browsers limit theirs.
+    /// Transfers to one host (and port) at once over HTTP/1.1 (connections), as browsers
+    /// limit theirs.
     public var maxPerHost: Int = 6
+    /// Transfers to one host at once when it answers over HTTP/2 (streams of one connection).
+    public var maxStreamsPerHost: Int = HostLimits.defaultMaxStreams
+    /// Transfers bound by round trips (small files, first bytes) at once beside the
+    /// `max_active` bulk ones; 0 turns that lane off (`Lanes`).
+    public var maxLight: Int = Lanes.defaultMaxLight
+    /// HTTP/2 where a server offers it over TLS.
+    public var http2 = true
     /// Seconds completed and canceled records are kept; 0 keeps them forever.
     public var keepFinished: Double = RetentionPolicy.defaultKeepFinished
     /// Seconds failed records are kept; 0 keeps them forever.
@@ -171,7 +179,7 @@ public struct DaemonConfig: Sendable, Equatable {
         "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size", "worker_name", "lease",
         "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy", "keep_finished", "keep_failed", "max_speed",
         "speed_schedule", "segments", "segment_min_size", "metered", "cache_dir", "cache_max_bytes", "cache_max_age",
-        "cache_default_max_age",
+        "cache_default_max_age", "max_light", "max_streams_per_host", "http2",
     ]
 
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
@@ -226,6 +234,11 @@ public struct DaemonConfig: Sendable, Equatable {
         case "max_connections": maxConnections = try int(1...10_000)
         case "group_parallel": groupParallel = try int(1...64)
         case "max_per_host": maxPerHost = try int(1...64)
+        case "max_streams_per_host": maxStreamsPerHost = try int(1...256)
+        case "max_light": maxLight = try int(0...256)
+        case "http2":
+            guard case .bool(let allowed) = value else { throw DaemonError("http2 must be true or false") }
+            http2 = allowed
         case "keep_finished": keepFinished = try duration()
         case "keep_failed": keepFailed = try duration()
         case "segments": segments = try int(1...16)
@@ -388,6 +401,9 @@ public struct DaemonConfig: Sendable, Equatable {
         lines.append("disk_recheck = \(number(diskRecheck))")
         lines.append("group_parallel = \(groupParallel)")
         lines.append("max_per_host = \(maxPerHost)")
+        lines.append("max_streams_per_host = \(maxStreamsPerHost)")
+        lines.append("max_light = \(maxLight)")
+        lines.append("http2 = \(http2)")
         lines.append("keep_finished = \"\(DurationText.describe(keepFinished))\"")
         lines.append("keep_failed = \"\(DurationText.describe(keepFailed))\"")
         lines.append("segments = \(segments)")

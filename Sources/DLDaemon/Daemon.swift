@@ -45,6 +45,7 @@ public enum Daemon {
         downloaderConfig.connectTimeout = .seconds(Int64(config.connectTimeout))
         downloaderConfig.readTimeout = .seconds(Int64(config.readTimeout))
         downloaderConfig.connectionsPerHost = max(8, config.maxPerHost)
+        downloaderConfig.http2 = config.http2
         downloaderConfig.tls = config.tls
         let (systemTrust, ignored) = SystemTrust.fromEnvironment(ProcessInfo.processInfo.environment)
         downloaderConfig.systemTrust = systemTrust
@@ -155,6 +156,8 @@ public enum Daemon {
         configuration.maxQueued = config.maxQueued
         configuration.netrcPath = config.effectiveNetrc
         configuration.maxPerHost = config.maxPerHost
+        configuration.maxStreamsPerHost = config.maxStreamsPerHost
+        configuration.maxLight = config.maxLight
         configuration.retention = RetentionPolicy(keepFinished: config.keepFinished, keepFailed: config.keepFailed)
         configuration.speed.maxSpeed = config.maxSpeed
         configuration.speed.schedule = config.speedSchedule

@@ -6,25 +6,30 @@ import Logging
 
 /// Slots, transfers and their outcomes.
 extension Engine {
-    /// Starts queued work while slots are free. A slot holds a standalone job or a whole group;
-    /// inside its slot a group runs up to `groupParallel` members; no host gets more than
-    /// `maxPerHost` transfers. Groups that hold slots are settled here; the free slots are
-    /// taken by the turn's commit (`flush`), which writes the turn's rows and claims the next
-    /// jobs in one transaction (`JobTable.turn`): a claim marks them running under this worker
-    /// in one statement (on a shared table, no other worker gets them), and their transfers
-    /// start after that commit. Runs inside `serial`; the caller flushes (which also arms the
-    /// wake-up of waiting jobs, once their rows are committed).
+    /// Starts queued work while slots are free. Slots follow the network (`Lanes`): every
+    /// standalone job starts in the light lane (up to `maxLight` at once, beside the bulk
+    /// transfers) and takes one of the `maxActive` bulk slots only when its answer tells it is
+    /// big (`admit`); a group takes a bulk slot as a whole, and inside it runs up to
+    /// `groupParallel` members; no host gets more than its limit (`HostLimits`). Groups that
+    /// hold slots are settled here; the free slots are taken by the turn's commit (`flush`),
+    /// which writes the turn's rows and claims the next jobs in one transaction
+    /// (`JobTable.turn`): a claim marks them running under this worker in one statement (on a
+    /// shared table, no other worker gets them), and their transfers start after that commit.
+    /// Runs inside `serial`; the caller flushes (which also arms the wake-up of waiting jobs,
+    /// once their rows are committed).
     func schedule() async throws(DLError) {
         guard accepting else { return }
         for id in activeGroups.sorted() { try await settle(id) }
         guard configuration.queuePausedReason == nil else { return }
-        var free = configuration.maxActive - busy(group: nil) - activeGroups.count
+        var free = configuration.lanes.free(bulk: bulkTaken(), light: lightTaken())
         // The ready jobs first: no trip to the table before they start.
         while free > 0, startFromReady() { free -= 1 }
-        guard free > 0 else { return }
+        let forGroups = configuration.lanes.freeForGroups(bulk: bulkTaken(), light: lightTaken())
+        let total = configuration.lanes.strict ? free : free + forGroups
+        guard total > 0 else { return }
         // The claim counts these slots free: none of them may be handed off meanwhile.
         ready = []
-        pending.claimFree = free
+        pending.claimFree = total
     }
 
     /// Transfers of `group`'s members (nil: standalone jobs), running or about to start; with
@@ -34,15 +39,42 @@ extension Engine {
             + pending.launches.filter { $0.groupID == group }.count
     }
 
+    /// Bulk slots taken: standalone transfers in the bulk lane and the groups that hold
+    /// slots (`Lanes`); with `excludingEnded`, not transfers that ended on their own.
+    func bulkTaken(excludingEnded: Bool = false) -> Int {
+        running.values.filter { $0.job.groupID == nil && $0.bulk && !(excludingEnded && $0.ended) }.count + activeGroups.count
+    }
+
+    /// Standalone transfers in the light lane, running or about to start (every start is
+    /// light until its answer tells its size).
+    func lightTaken(excludingEnded: Bool = false) -> Int {
+        busy(group: nil, excludingEnded: excludingEnded) - bulkTaken(excludingEnded: excludingEnded) + activeGroups.count
+    }
+
+    /// The limit of `host`: a host that answered over HTTP/2 takes more streams than an
+    /// HTTP/1.1 host takes connections (`HostLimits`).
+    func hostLimit(_ host: String) -> Int {
+        configuration.hostLimits.limit(multiplexed: downloader.multiplexed(host: host))
+    }
+
     /// The claim a turn makes for `free` slots: hosts at their limit are passed over, and
     /// while some host is near it, no more than that host has room for (it might take all of
-    /// them from it).
+    /// them from it). Standalone jobs take light slots and groups bulk ones; while every bulk
+    /// slot is taken, jobs known to be big are left in the queue.
     func turnClaim(free: Int) -> TurnClaim {
         let (full, room) = hostRoom()
         let at = now()
-        return TurnClaim(
-            free: free, limit: min(free, room), excludingGroups: activeGroups, excludingHosts: full,
+        let lanes = configuration.lanes
+        let bulk = bulkTaken()
+        let light = lightTaken()
+        let standalone = min(free, lanes.free(bulk: bulk, light: light))
+        var claim = TurnClaim(
+            free: free, limit: min(standalone, room), excludingGroups: activeGroups, excludingHosts: full,
             worker: configuration.worker, leaseUntil: at.addingTimeInterval(configuration.lease), now: at)
+        claim.standaloneLimit = standalone
+        claim.groupLimit = min(free, lanes.freeForGroups(bulk: bulk, light: light))
+        claim.lightOnly = lanes.claimFilter(bulk: bulk)
+        return claim
     }
 
     /// After a turn's commit: its claimed jobs start (or wait for an unmetered connection),
@@ -79,10 +111,11 @@ extension Engine {
             let (full, room) = hostRoom()
             let batch = min(left, room)
             let at = now()
+            let lightOnly = group == nil ? configuration.lanes.claimFilter(bulk: bulkTaken()) : nil
             let claimed = try await storage {
                 try await store.claim(
                     limit: batch, worker: configuration.worker, leaseUntil: at.addingTimeInterval(configuration.lease),
-                    excludingHosts: full, group: group, now: at)
+                    excludingHosts: full, lightOnly: lightOnly, group: group, now: at)
             }
             // Jobs that may not download on a metered connection wait instead of starting:
             // committed at once, so that a group's next look sees them waiting.
@@ -99,13 +132,19 @@ extension Engine {
         return held
     }
 
-    /// The hosts at their limit, and the room of the fullest other host (`maxPerHost` when
-    /// none is busy): a claim passes over the first and takes no more than the second.
+    /// The hosts at their limit, and the room of the fullest other host (the default limit
+    /// when none is busy): a claim passes over the first and takes no more than the second.
     func hostRoom() -> (full: Set<String>, room: Int) {
-        let limit = configuration.maxPerHost
         let load = hostLoad()
-        let full = Set(load.filter { $0.value >= limit }.keys)
-        return (full, load.values.filter { $0 < limit }.map { limit - $0 }.min() ?? limit)
+        var full: Set<String> = []
+        var room = configuration.maxPerHost
+        var busiest: Int? = nil
+        for (host, count) in load {
+            let left = hostLimit(host) - count
+            if left <= 0 { full.insert(host) } else { busiest = min(busiest ?? left, left) }
+        }
+        if let busiest { room = busiest }
+        return (full, room)
     }
 
     /// Transfers by host: running (with `excludingEnded`, only those that did not end on
@@ -139,7 +178,7 @@ extension Engine {
         for host in hosts { waiting[host, default: 0] += 1 }
         for (job, host) in zip(jobs, hosts) {
             waiting[host, default: 1] -= 1
-            let free = configuration.maxPerHost - load[host, default: 0] - waiting[host, default: 0]
+            let free = hostLimit(host) - load[host, default: 0] - waiting[host, default: 0]
             // An encrypted file is one stream (its chunks are sealed in order): one connection.
             let wanted = job.options.isEncrypted ? 1 : job.options.segments ?? configuration.segments
             if !job.mirrors.isEmpty {
@@ -150,7 +189,7 @@ extension Engine {
                 let hosts = [host] + job.mirrors.filter { allDropped || $0.dropped == nil }.map { URLRules.hostKey($0.url) }
                 var frees: [String: Int] = [:]
                 for other in hosts {
-                    frees[other] = configuration.maxPerHost - load[other, default: 0] - waiting[other, default: 0]
+                    frees[other] = hostLimit(other) - load[other, default: 0] - waiting[other, default: 0]
                 }
                 frees[host] = free
                 let allowance = MirrorAllowance.slots(wanted: wanted, hosts: hosts, free: frees)
@@ -195,15 +234,21 @@ extension Engine {
         }
         let store = self.store
         let downloader = self.downloader
+        lastAttempt += 1
+        let attempt = lastAttempt
+        let id = started.id
+        // Standalone jobs start in the light lane; the answer's size decides (`admit`).
+        if started.groupID == nil {
+            progress.setAdmission { [weak self] remaining, received in
+                await self?.admit(id, attempt: attempt, remaining: remaining, received: received) ?? false
+            }
+        }
         // Set before the transfer starts, removed when it has ended (a restart awaits the end
         // of the transfer it replaces, so the two never overlap).
         downloader.limiter.setJob(started.id, started.options.maxSpeed)
         let worker = configuration.worker
         let shared = store.sharesQueue
         let logger = self.logger
-        let id = started.id
-        lastAttempt += 1
-        let attempt = lastAttempt
         // The transfer hands its outcome to the serial queue itself when it ends. A transfer
         // stopped by a command is handled by that command, and the queue finds it gone.
         let task = Task { [weak self] in
@@ -228,6 +273,46 @@ extension Engine {
         }
         running[id] = Running(
             job: started, progress: progress, task: task, host: host ?? URLRules.hostKey(started.url), attempt: attempt, stop: nil)
+    }
+
+    /// A light transfer's answer told its size (`remaining` bytes left, nil when unknown, with
+    /// `received` on disk): it stays light, takes a free bulk slot, or is parked (false: it
+    /// stops before writing and goes back to the queue). A light slot freed by a transfer
+    /// that moved to the bulk lane is filled at once.
+    func admit(_ id: JobID, attempt: UInt64, remaining: Int64?, received: Int64) -> Bool {
+        guard let entry = running[id], entry.attempt == attempt, entry.stop == nil else { return true }
+        guard !entry.bulk else { return true }
+        switch configuration.lanes.admit(remaining: remaining, received: received, bulk: bulkTaken(excludingEnded: true)) {
+        case .light:
+            return true
+        case .bulk:
+            running[id]?.bulk = true
+            if !startFromReady() { scheduleTurn() }
+            return true
+        case .park:
+            running[id]?.parked = true
+            logger.debug("parked until a bulk slot is free", metadata: ["job": "\(id)", "remaining": "\(remaining.map(String.init) ?? "unknown")"])
+            return false
+        }
+    }
+
+    /// A turn that fills free slots, soon (a slot freed outside of a turn).
+    func scheduleTurn() {
+        guard !refillScheduled else { return }
+        refillScheduled = true
+        Task { [weak self] in await self?.refill() }
+    }
+
+    private func refill() async {
+        do {
+            try await serial(turn: true) { () async throws(DLError) in
+                refillScheduled = false
+                try await schedule()
+                try await flush()
+            }
+        } catch {
+            logger.error("could not start queued jobs", metadata: ["error": "\(error)"])
+        }
     }
 
     /// The `~/.netrc` entries as the file is now: read again only when its size, times or
@@ -272,13 +357,22 @@ extension Engine {
         let list = group.map { readyMembers[$0] ?? [] } ?? ready
         guard !list.isEmpty else { return false }
         if let group, !activeGroups.contains(group) { return false }
-        // A group's places are its own; standalone slots are shared with the groups' slots.
-        let taken = busy(group: group, excludingEnded: true) + (group == nil ? activeGroups.count : 0)
+        // A group's places are its own; standalone jobs start in the lanes' free slots, and a
+        // job known to be big only while a bulk slot is free.
+        let free: Int
+        var mayStart: (Int) -> Bool = { _ in true }
+        if let group {
+            free = configuration.groupParallel - busy(group: group, excludingEnded: true)
+        } else {
+            let lanes = configuration.lanes
+            let bulk = bulkTaken(excludingEnded: true)
+            free = lanes.free(bulk: bulk, light: lightTaken(excludingEnded: true))
+            mayStart = { lanes.mayStart(size: list[$0].size, received: list[$0].received, bulk: bulk) }
+        }
         guard let index = SchedulerPolicy.handOff(
             // Each URL is parsed only if the jobs before it cannot start.
-            hosts: list.lazy.map { URLRules.hostKey($0.url) }, running: taken,
-            maxActive: group == nil ? configuration.maxActive : configuration.groupParallel,
-            load: hostLoad(excludingEnded: true), maxPerHost: configuration.maxPerHost)
+            hosts: list.lazy.map { URLRules.hostKey($0.url) }, free: free,
+            load: hostLoad(excludingEnded: true), limit: hostLimit, mayStart: mayStart)
         else { return false }
         let at = now()
         if let group { readyMembers[group]?.remove(at: index) } else { ready.remove(at: index) }
@@ -301,7 +395,7 @@ extension Engine {
                 for (id, attempt, result) in batch {
                     guard let entry = running[id], entry.attempt == attempt, entry.stop == nil else { continue }
                     running[id] = nil
-                    record(result, for: entry.job)
+                    record(result, for: entry.job, parked: entry.parked)
                     finished += 1
                 }
                 guard finished > 0 || !startedEarly.isEmpty else { return }
@@ -324,7 +418,7 @@ extension Engine {
     func deferStartedClaims() -> Bool {
         guard pending.saves.isEmpty, pending.launches.isEmpty, pending.notices.isEmpty, pending.claimFree == nil,
               !startedEarly.isEmpty, startedEarly.count < Self.deferredClaimsLimit,
-              ready.count >= configuration.maxActive,
+              ready.count >= (configuration.lanes.strict ? configuration.maxActive : min(configuration.maxLight, 16)),
               activeGroups.allSatisfy({ (readyMembers[$0]?.count ?? 0) >= configuration.groupParallel })
         else { return false }
         guard claimFlushTask == nil else { return true }
@@ -358,9 +452,14 @@ extension Engine {
 
     /// Records what a transfer reported into this turn's changes. `started` is the row as it
     /// was committed when the transfer began; the checkpoint carries everything since.
-    func record(_ result: TransferResult, for started: Job) {
+    func record(_ result: TransferResult, for started: Job, parked: Bool = false) {
         var job = started
         pending.owned.insert(started.id)
+        if parked {
+            // Parked for a bulk slot (`admit`): not an attempt. It waits in the queue with its
+            // size known, and is claimed again when a bulk slot is free.
+            job.attempts = max(0, job.attempts - 1)
+        }
         switch result {
         case .downloaded(let checkpoint):
             apply(checkpoint, to: &job, startedAt: started.received)

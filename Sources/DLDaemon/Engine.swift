@@ -50,8 +50,12 @@ public struct EnqueueSpec: Sendable, Equatable {
 /// Engine settings.
 public struct EngineConfiguration: Sendable {
     public var downloadDir: String
-    /// Transfers at once; 1 means strictly one at a time.
+    /// Transfers that move bulk data at once; 1 means strictly one transfer at a time
+    /// (`Lanes`).
     public var maxActive: Int
+    /// Transfers bound by round trips (small files, the first bytes of any file) at once
+    /// beside the bulk ones (`Lanes`).
+    public var maxLight = Lanes.defaultMaxLight
     public var backoff: BackoffPolicy
     public var diskSpace: DiskSpacePolicy
     public var checkpoints: CheckpointPolicy
@@ -65,8 +69,14 @@ public struct EngineConfiguration: Sendable {
     public var maxQueued = 1_000_000
     /// Credentials by host (`~/.netrc`), read when a transfer starts; never stored.
     public var netrcPath: String?
-    /// Transfers to one host (host and port) at once, across jobs and group members.
+    /// Transfers to one host (host and port) at once, across jobs and group members: over
+    /// HTTP/1.1, connections; a host that answered over HTTP/2 takes `maxStreamsPerHost`
+    /// streams of one connection instead.
     public var maxPerHost = 6
+    public var maxStreamsPerHost = HostLimits.defaultMaxStreams
+    /// The lanes of `maxActive` and `maxLight`.
+    public var lanes: Lanes { Lanes(maxActive: maxActive, maxLight: maxLight) }
+    public var hostLimits: HostLimits { HostLimits(maxPerHost: maxPerHost, maxStreams: maxStreamsPerHost) }
     /// This daemon's worker id: the jobs it claims carry it.
     public var worker = "local/dld"
     /// Seconds a claim holds without renewal (a shared table's workers renew every third).
@@ -137,6 +147,12 @@ public actor Engine {
         /// The transfer ended on its own and its outcome waits for the queue: its slot may be
         /// handed to a ready job already (`startFromReady`).
         var ended = false
+        /// It holds a bulk slot (`Lanes`): its answer told more than `lightBytes` left. Until
+        /// then it is in the light lane.
+        var bulk = false
+        /// It stopped before writing because no bulk slot was free (`Lanes.Admission.park`):
+        /// it goes back to the queue without using up an attempt.
+        var parked = false
     }
 
     enum StopIntent: Int, Comparable {
@@ -148,6 +164,8 @@ public actor Engine {
 
     /// Transfers in flight; each holds a slot (or a place in its group's slot).
     var running: [JobID: Running] = [:]
+    /// A turn to fill slots freed outside of a turn is on its way (`scheduleTurn`).
+    var refillScheduled = false
     /// Groups holding a slot of the queue.
     var activeGroups: Set<GroupID> = []
     /// Transfers that ended and wait for the queue's next turn, which records them together.
@@ -339,7 +357,7 @@ public actor Engine {
             handOff.started = startedEarly.map(\.id)
             // A few ends may come between two turns: four rows a slot (2000 files of 16 KiB
             // with three slots: 0.72–0.81 s with 12 rows, 1.02 s with 3, 0.85 s with 48).
-            handOff.ready = min(4 * configuration.maxActive, 16)
+            handOff.ready = min(4 * (configuration.lanes.strict ? configuration.maxActive : configuration.maxLight), 16)
             handOff.readyMembers = min(4 * configuration.groupParallel, 16)
             claim = handOff
             startedEarly = []

@@ -19,7 +19,7 @@ extension DaemonConfig {
     public static let restartKeys: Set<String> = [
         "socket", "state_dir", "database", "database_pool_size", "worker_name", "lease",
         "connect_timeout", "read_timeout", "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy",
-        "cache_dir",
+        "cache_dir", "http2",
     ]
 
     /// The keys whose values differ, as `--print-config` shows them.
@@ -55,6 +55,7 @@ extension DaemonConfig {
         out.proxy = running.proxy
         out.noProxy = running.noProxy
         out.cacheDir = running.cacheDir
+        out.http2 = running.http2
         return out
     }
 }

@@ -35,6 +35,7 @@ import Foundation
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
+import NIOHTTP2
 import NIOPosix
 import NIOSSL
 
@@ -124,8 +125,12 @@ public final class TestOrigin: Sendable {
     }
 
     /// Starts listening on 127.0.0.1 with an OS-chosen port (or `port` if non-zero); over
-    /// https when `tls` is given.
-    public static func start(host: String = "127.0.0.1", port: Int = 0, tls: TLSFiles? = nil) async throws -> TestOrigin {
+    /// https when `tls` is given, offering HTTP/2 in ALPN with `http2` (each stream is served
+    /// as an HTTP/1.1 request is). Every answer waits `latency` before its head is sent, as a
+    /// round trip to a distant server would.
+    public static func start(
+        host: String = "127.0.0.1", port: Int = 0, tls: TLSFiles? = nil, http2: Bool = false, latency: TimeAmount = .zero
+    ) async throws -> TestOrigin {
         let sslContext: NIOSSLContext?
         if let tls {
             let chain = try NIOSSLCertificate.fromPEMFile(tls.certificatePath).map { NIOSSLCertificateSource.certificate($0) }
@@ -135,12 +140,14 @@ public final class TestOrigin: Sendable {
                 configuration.certificateVerification = .noHostnameVerification
                 configuration.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(clientCA))
             }
+            if http2 { configuration.applicationProtocols = ["h2", "http/1.1"] }
             sslContext = try NIOSSLContext(configuration: configuration)
         } else {
             sslContext = nil
         }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let state = OriginState()
+        state.box.withLockedValue { $0.latency = latency }
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -148,12 +155,36 @@ public final class TestOrigin: Sendable {
             .childChannelOption(.writeBufferWaterMark, value: .init(low: 256 * 1024, high: 1024 * 1024))
             .childChannelOption(.maxMessagesPerRead, value: 16)
             .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    if let sslContext {
-                        try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: sslContext))
+                state.box.withLockedValue { $0.connections += 1 }
+                guard let sslContext, http2 else {
+                    return channel.eventLoop.makeCompletedFuture {
+                        if let sslContext {
+                            try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: sslContext))
+                        }
+                        try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                        try channel.pipeline.syncOperations.addHandler(OriginHandler(state: state))
                     }
-                    try channel.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
-                    try channel.pipeline.syncOperations.addHandler(OriginHandler(state: state))
+                }
+                return channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: sslContext))
+                }.flatMap {
+                    channel.configureHTTP2SecureUpgrade(
+                        h2ChannelConfigurator: { connection in
+                            state.box.withLockedValue { $0.http2Connections += 1 }
+                            return connection.configureHTTP2Pipeline(mode: .server, inboundStreamInitializer: { stream in
+                                stream.eventLoop.makeCompletedFuture {
+                                    state.box.withLockedValue { $0.http2Streams += 1 }
+                                    try stream.pipeline.syncOperations.addHandler(HTTP2FramePayloadToHTTP1ServerCodec())
+                                    try stream.pipeline.syncOperations.addHandler(OriginHandler(state: state))
+                                }
+                            }).map { _ in }
+                        },
+                        http1ChannelConfigurator: { connection in
+                            connection.eventLoop.makeCompletedFuture {
+                                try connection.pipeline.syncOperations.configureHTTPServerPipeline(withErrorHandling: true)
+                                try connection.pipeline.syncOperations.addHandler(OriginHandler(state: state))
+                            }
+                        })
                 }
             }
         do {
@@ -195,6 +226,26 @@ public final class TestOrigin: Sendable {
     /// many transfers really ran together.
     public var mostConcurrentBodies: Int {
         state.box.withLockedValue { $0.mostStreaming }
+    }
+
+    /// The most requests ever waiting for or receiving their answers at once: how many
+    /// requests a client really had in flight together.
+    public var mostInFlight: Int {
+        state.box.withLockedValue { $0.mostInFlight }
+    }
+
+    /// TCP connections accepted so far (each one TLS handshake with https).
+    public var connections: Int {
+        state.box.withLockedValue { $0.connections }
+    }
+
+    /// Connections that spoke HTTP/2, and the streams (requests) they carried.
+    public var http2Connections: Int {
+        state.box.withLockedValue { $0.http2Connections }
+    }
+
+    public var http2Streams: Int {
+        state.box.withLockedValue { $0.http2Streams }
     }
 
     /// Every request seen so far, in order.
@@ -297,6 +348,15 @@ final class OriginState: Sendable {
         /// Streamed bodies begun and not yet ended (or cut), and the most there ever were.
         var streaming = 0
         var mostStreaming = 0
+        /// Requests received and not yet answered in full (waiting for `latency` included),
+        /// and the most there ever were.
+        var inFlight = 0
+        var mostInFlight = 0
+        /// Each answer waits this long before its head (`start(latency:)`).
+        var latency: TimeAmount = .zero
+        var connections = 0
+        var http2Connections = 0
+        var http2Streams = 0
     }
 
     let box = NIOLockedValueBox(Values())
@@ -322,6 +382,14 @@ final class OriginState: Sendable {
         box.withLockedValue { values in
             values.streaming += begins ? 1 : -1
             values.mostStreaming = max(values.mostStreaming, values.streaming)
+        }
+    }
+
+    /// A request was received in full (`true`), or its answer ended or was cut.
+    func inFlight(_ begins: Bool) {
+        box.withLockedValue { values in
+            values.inFlight += begins ? 1 : -1
+            values.mostInFlight = max(values.mostInFlight, values.inFlight)
         }
     }
 
@@ -427,6 +495,8 @@ final class OriginHandler: ChannelInboundHandler {
     private var lastWrite: EventLoopFuture<Void>?
     /// A body of this connection counts in `OriginState.streaming`.
     private var counted = false
+    /// A request of this connection counts in `OriginState.inFlight`.
+    private var answering = false
 
     init(state: OriginState) {
         self.state = state
@@ -445,7 +515,22 @@ final class OriginHandler: ChannelInboundHandler {
             guard let head = requestHead else { return }
             requestHead = nil
             guard !closing else { return }
-            respond(context: context, request: head)
+            if !answering {
+                answering = true
+                state.inFlight(true)
+            }
+            let latency = state.box.withLockedValue { $0.latency }
+            guard latency > .zero else {
+                respond(context: context, request: head)
+                return
+            }
+            // A distant server: the answer comes a round trip later.
+            let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+            context.eventLoop.scheduleTask(in: latency) {
+                let (handler, context) = loopBound.value
+                guard !handler.closing, context.channel.isActive else { return }
+                handler.respond(context: context, request: head)
+            }
         }
     }
 
@@ -475,6 +560,7 @@ final class OriginHandler: ChannelInboundHandler {
             counted = false
             state.streaming(false)
         }
+        answered()
         timer?.cancel()
         timer = nil
         body = nil
@@ -853,6 +939,13 @@ final class OriginHandler: ChannelInboundHandler {
         }
     }
 
+    /// The request of this connection is no longer in flight.
+    private func answered() {
+        guard answering else { return }
+        answering = false
+        state.inFlight(false)
+    }
+
     private func scheduleWake(context: ChannelHandlerContext, in delay: TimeAmount) {
         guard timer == nil else { return }
         timer = context.eventLoop.assumeIsolated().scheduleTask(in: delay) {
@@ -867,6 +960,7 @@ final class OriginHandler: ChannelInboundHandler {
             counted = false
             state.streaming(false)
         }
+        answered()
         switch stream.ending {
         case .keepAlive:
             lastWrite = nil

@@ -6,6 +6,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOHTTP1
 import NIOSSL
+import Synchronization
 
 /// What one transfer attempt is asked to do.
 public struct TransferRequest: Sendable {
@@ -129,12 +130,15 @@ public struct DownloaderConfiguration: Sendable {
     public var systemTrust = SystemTrust()
     /// Which proxy each URL goes through (the config's `proxy`, or `http_proxy` and the rest).
     public var proxies = ProxyRules()
+    /// HTTP/2 where a server offers it over TLS (ALPN); false: HTTP/1.1 only (config `http2`).
+    public var http2 = true
 
     public init() {}
 }
 
-/// Downloads one job's URL into its partial file, then publishes it. HTTP/1.1 only,
-/// decompression off (bytes on disk are the bytes served), redirects followed by our own code
+/// Downloads one job's URL into its partial file, then publishes it. HTTP/2 where the server
+/// offers it over TLS (many transfers as streams of one connection), else HTTP/1.1 with
+/// kept-alive connections; decompression off (bytes on disk are the bytes served), redirects followed by our own code
 /// so that a downgrade to http and non-HTTP schemes are refused.
 ///
 /// One HTTP client per distinct TLS setting (the daemon's; `insecure`; a job's own CA or
@@ -151,6 +155,14 @@ public final class Downloader: Sendable {
     /// Told the head of each final answer (after redirects) that carries a body: the URL
     /// cache keeps the freshness headers of its downloads.
     public let responseHeads = ResponseHeadObserver()
+    /// Hosts (`URLRules.hostKey`) that answered over HTTP/2: the engine gives them more
+    /// transfers at once (`HostLimits`).
+    private let multiplexedHosts = Mutex<Set<String>>([])
+
+    /// Whether `host` (`URLRules.hostKey`) last answered over HTTP/2.
+    public func multiplexed(host: String) -> Bool {
+        multiplexedHosts.withLock { $0.contains(host) }
+    }
 
     private struct ClientKey: Hashable {
         var tls: TLSSettings
@@ -185,7 +197,10 @@ public final class Downloader: Sendable {
             config.proxy = proxy?.clientProxy
             config.redirectConfiguration = .disallow
             config.decompression = .disabled
-            config.httpVersion = .http1Only
+            // HTTP/2 where the server offers it (ALPN): the transfers to a host share one
+            // connection and one TLS handshake, each a stream, which saves the round trips of
+            // new connections (docs/architecture.md, "Two lanes").
+            config.httpVersion = configuration.http2 ? .automatic : .http1Only
             // A refused connection is a failed attempt for our own backoff, not a silent loop
             // inside the client until the deadline.
             config.connectionPool.retryConnectionEstablishment = false
@@ -193,6 +208,7 @@ public final class Downloader: Sendable {
             config.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = configuration.connectionsPerHost
             let limiter = self.limiter
             config.http1_1ConnectionDebugInitializer = { channel in Self.largeReads(channel, limiter: limiter) }
+            config.http2ConnectionDebugInitializer = { channel in Self.largeReads(channel, limiter: limiter) }
             let client = HTTPClient(eventLoopGroup: HTTPClient.defaultEventLoopGroup, configuration: config)
             clients.byKey[key] = client
             return client
@@ -297,6 +313,13 @@ public final class Downloader: Sendable {
                 return .failed(syncFailure, state.checkpoint)
             }
             if Task.isCancelled { return .stopped(state.checkpoint) }
+            if error is TransferParked {
+                if state.received == 0 {
+                    file.close()
+                    unlink(request.partialPath)
+                }
+                return .stopped(state.checkpoint)
+            }
             if state.received == 0 {
                 // Nothing was kept: leave no empty partial file behind.
                 file.close()
@@ -522,6 +545,9 @@ public final class Downloader: Sendable {
             throw TransferFailure(.permanent, "size_mismatch", "\(hostName(state)) announces \(announced) bytes, expected \(expected) (size)")
         }
         progress.update(received: state.received, size: state.size)
+        // The answer told the size: the transfer stays in its lane, moves to the bulk lane or
+        // waits for a bulk slot, before a byte of the body is written.
+        try await progress.admit(remaining: state.size.map { $0 - state.received }, received: state.received)
         try reserveSpace(request, file: file, state: state)
         // Digests continue over the bytes already on disk, read back once per attempt.
         try digests.rebuild(from: file, upTo: state.received)
@@ -575,6 +601,7 @@ public final class Downloader: Sendable {
             state.sourceURL = book.url(first)
         }
         progress.update(received: state.received, size: state.size)
+        try await progress.admit(remaining: state.size.map { $0 - state.received }, received: state.received)
         try reserveSpace(request, file: file, state: state, from: layout.prefix)
         // The digests continue over the contiguous prefix, read back once per attempt.
         try digests.rebuild(from: file, upTo: layout.prefix)
@@ -665,6 +692,7 @@ public final class Downloader: Sendable {
                 }
             }
             let response = try await client.execute(http, timeout: configuration.headTimeout, logger: logger)
+            noteVersion(response.version, of: current)
             let status = Int(response.status.code)
             guard [301, 302, 303, 307, 308].contains(status), let location = response.headers.first(name: "location") else {
                 state.finalURL = current
@@ -681,6 +709,15 @@ public final class Downloader: Sendable {
                 throw TransferFailure(.permanent, "invalid_url", "the URL \(URLRules.redacted(current).prefix(200)) cannot be requested; check it")
             }
             current = try RedirectPolicy.target(from: base, location: location).get().absoluteString
+        }
+    }
+
+    /// Remembers whether the host of `url` answered over HTTP/2.
+    private func noteVersion(_ version: HTTPVersion, of url: String) {
+        let host = URLRules.hostKey(url)
+        let multiplexed = version.major >= 2
+        multiplexedHosts.withLock { hosts in
+            if multiplexed { hosts.insert(host) } else { hosts.remove(host) }
         }
     }
 

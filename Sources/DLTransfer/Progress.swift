@@ -76,6 +76,25 @@ public final class TransferProgress: Sendable {
         state.withLock { Snapshot(received: $0.received, size: $0.size, speed: $0.speed, startedOver: $0.startedOver) }
     }
 
+    /// Asked once the transfer knows what it has left (the answer's head), before it writes
+    /// a byte of the body: false parks it (`TransferParked`). Set by the engine for jobs that
+    /// start in the light lane (`Lanes`); nil: always go on.
+    private let admission = Mutex<(@Sendable (Int64?, Int64) async -> Bool)?>(nil)
+
+    public func setAdmission(_ decide: (@Sendable (_ remaining: Int64?, _ received: Int64) async -> Bool)?) {
+        admission.withLock { $0 = decide }
+    }
+
+    /// Asks the admission once (it is cleared after): throws `TransferParked` when the
+    /// transfer must stop and wait for a bulk slot.
+    func admit(remaining: Int64?, received: Int64) async throws {
+        guard let decide = admission.withLock({ value -> (@Sendable (Int64?, Int64) async -> Bool)? in
+            defer { value = nil }
+            return value
+        }) else { return }
+        if await !decide(remaining, received) { throw TransferParked() }
+    }
+
     /// Reads what the body loop has written so far (not synced): set while bytes stream into
     /// the partial file, nil before and after. A closure over the stream's own state, so that
     /// the per-chunk path costs nothing more: the engine asks it a few times a second.
@@ -92,3 +111,7 @@ public final class TransferProgress: Sendable {
         writtenSource.withLock { $0 }?()
     }
 }
+
+/// A transfer stopped before writing its body because no bulk slot was free (`Lanes`): its
+/// outcome is `stopped`, and its job waits in the queue.
+public struct TransferParked: Error, Sendable {}

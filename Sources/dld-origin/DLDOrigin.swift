@@ -10,7 +10,7 @@ import Foundation
 struct DLDOrigin: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dld-origin",
-        abstract: "Serve deterministic test bytes over HTTP/1.1 on loopback."
+        abstract: "Serve deterministic test bytes over HTTP/1.1 (or HTTP/2 over TLS) on loopback."
     )
 
     @Option(help: "Port to listen on (0 lets the OS choose).")
@@ -18,6 +18,15 @@ struct DLDOrigin: AsyncParsableCommand {
 
     @Option(help: "Address to listen on.")
     var host: String = "127.0.0.1"
+
+    @Option(help: "Serve https with a self-signed certificate made in this folder (cert.pem, key.pem).")
+    var tlsDir: String?
+
+    @Flag(help: "With --tls-dir: offer HTTP/2 (ALPN).")
+    var http2 = false
+
+    @Option(help: "Milliseconds each answer waits before its head, as a distant server's would.")
+    var latencyMs: Int64 = 0
 
     func run() async throws {
         let (signals, continuation) = AsyncStream.makeStream(of: Int32.self)
@@ -31,7 +40,8 @@ struct DLDOrigin: AsyncParsableCommand {
             sources.append(source)
         }
 
-        let origin = try await TestOrigin.start(host: host, port: port)
+        let tls = try tlsDir.map { try TLSFiles.selfSigned(in: $0) }
+        let origin = try await TestOrigin.start(host: host, port: port, tls: tls, http2: http2, latency: .milliseconds(latencyMs))
         // Unbuffered, so a parent reading the pipe sees the line at once.
         FileHandle.standardOutput.write(Data((origin.baseURL + "\n").utf8))
 

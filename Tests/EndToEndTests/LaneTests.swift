@@ -1,0 +1,143 @@
+import DLCore
+import DLRPC
+import DLTestSupport
+import Foundation
+import Testing
+
+/// Concurrency that follows the network (issue 26, `Lanes`): small files run beside big ones
+/// instead of behind them, big files share `max_active` bulk slots, `max_active = 1` is still
+/// one at a time, and a host that speaks HTTP/2 carries many transfers on one connection.
+/// The real daemon against the loopback origin; the origin's `latency` stands for round trips.
+@Suite(.serialized) struct LaneTests {
+    /// Every job's row, through `list`'s pages.
+    private func rows(_ daemon: DaemonHarness) throws -> [JSONValue] {
+        try daemon.call("list", ["limit": 1000])["jobs"]?.arrayValue ?? []
+    }
+
+    /// Three slow big files fill the bulk lane; thirty small files enqueued after them all
+    /// complete while the big ones still run. More big files than bulk slots are parked: at no
+    /// time do more than `max_active` big files have bytes in flight, and a parked file is
+    /// queued with its size known and no attempt used up; every file ends byte-exact.
+    @Test func smallFilesRunBesideBigOnesAndBigOnesShareTheBulkSlots() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: "max_active = 2\nmax_per_host = 8\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            let big = 3 << 20
+            // About 3 s each at 1 MB/s: still running when the small ones are done.
+            let bigIDs = try (0..<4).map { n in
+                try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(big + n)?rate=1000000"), "name": .string("big\(n)")])
+            }
+            let small = (0..<30).map { n in
+                JSONValue.object(["url": .string("\(origin.baseURL)/bytes/\(4000 + n)"), "name": .string("s\(n)")])
+            }
+            let reply = try daemon.call("enqueue", ["jobs": .array(small)])
+            let smallIDs = reply["results"]?.arrayValue?.compactMap { $0["id"]?.int64Value } ?? []
+            #expect(smallIDs.count == 30, "\(reply.serializedString())")
+            var mostBulk = 0
+            var sawParked = false
+            let deadline = Date().addingTimeInterval(60)
+            while Date() < deadline {
+                let all = try rows(daemon)
+                let bigRows = all.filter { bigIDs.contains($0["id"]?.int64Value ?? 0) }
+                // In flight: started, not yet all there.
+                let inFlight = bigRows.filter {
+                    $0["state"] == "running" && ($0["received"]?.int64Value ?? 0) > 0
+                        && ($0["received"]?.int64Value ?? 0) < ($0["size"]?.int64Value ?? Int64.max)
+                }
+                mostBulk = max(mostBulk, inFlight.count)
+                if bigRows.contains(where: { $0["state"] == "queued" && $0["size"]?.int64Value != nil && $0["received"] == 0 }) {
+                    sawParked = true
+                }
+                let smallDone = all.filter { smallIDs.contains($0["id"]?.int64Value ?? 0) && $0["state"] == "completed" }.count
+                if smallDone == smallIDs.count {
+                    let running = bigRows.filter { $0["state"] == "running" }.count
+                    #expect(running > 0, "every small file waited for the big ones: \(bigRows.map { $0.serializedString() })")
+                    break
+                }
+                usleep(20_000)
+            }
+            #expect(mostBulk <= 2, "more big files than max_active in flight at once: \(mostBulk)")
+            #expect(sawParked, "no big file was seen parked (queued with its size known)")
+            for id in bigIDs {
+                let job = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
+                #expect(job["state"] == "completed", "\(job.serializedString())")
+                #expect((job["attempts"]?.int64Value ?? 0) == 1, "parking used up an attempt: \(job.serializedString())")
+            }
+            for n in 0..<4 { try expectOriginBytes(at: daemon.downloadDir + "/big\(n)", count: big + n) }
+            for n in 0..<30 { try expectOriginBytes(at: daemon.downloadDir + "/s\(n)", count: 4000 + n) }
+        }
+    }
+
+    /// With round trips (the origin answers 50 ms late), small files over HTTP/1.1 run up to
+    /// `max_per_host` at once, not `max_active`; and `max_active = 1` is still strictly one
+    /// at a time.
+    @Test func smallFilesFillTheHostLimitAndOneMeansOne() async throws {
+        for (config, expected) in [("max_per_host = 5\n", 5), ("max_active = 1\n", 1)] {
+            try await withStarted(try await TestOrigin.start(latency: .milliseconds(50))) { origin in
+                let daemon = try DaemonHarness(config: config)
+                try daemon.start()
+                defer { daemon.stop() }
+                let jobs = (0..<40).map { n in
+                    JSONValue.object(["url": .string("\(origin.baseURL)/bytes/\(20_000 + n)?rate=200000"), "name": .string("f\(n)")])
+                }
+                let ids = try daemon.call("enqueue", ["jobs": .array(jobs)])["results"]?.arrayValue?.compactMap { $0["id"]?.int64Value } ?? []
+                for id in ids {
+                    let job = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
+                    #expect(job["state"] == "completed", "\(job.serializedString())")
+                }
+                for n in 0..<40 { try expectOriginBytes(at: daemon.downloadDir + "/f\(n)", count: 20_000 + n) }
+                #expect(origin.mostConcurrentBodies == expected, "\(config): bodies at once \(origin.mostConcurrentBodies)")
+            }
+        }
+    }
+
+    /// A server that offers HTTP/2: many jobs are streams of one connection (one TLS
+    /// handshake), more of them at once than `max_per_host` allows connections, every file
+    /// byte-exact.
+    @Test func http2CarriesManyJobsOnOneConnection() async throws {
+        let tlsRoot = try DaemonHarness()
+        let tls = try TLSFiles.selfSigned(in: tlsRoot.root)
+        try await withStarted(try await TestOrigin.start(tls: tls, http2: true, latency: .milliseconds(50))) { origin in
+            let daemon = try DaemonHarness(config: "ca_file = \"\(tls.certificatePath)\"\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            // One job first: its answer tells dld that the host speaks HTTP/2.
+            let first = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": .string("first")])
+            #expect(try daemon.waitForState(first, ["completed", "failed"])["state"] == "completed")
+            let jobs = (0..<60).map { n in
+                JSONValue.object(["url": .string("\(origin.baseURL)/bytes/\(30_000 + n)"), "name": .string("f\(n)")])
+            }
+            let ids = try daemon.call("enqueue", ["jobs": .array(jobs)])["results"]?.arrayValue?.compactMap { $0["id"]?.int64Value } ?? []
+            #expect(ids.count == 60)
+            for id in ids {
+                let job = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
+                #expect(job["state"] == "completed", "\(job.serializedString())")
+            }
+            for n in 0..<60 { try expectOriginBytes(at: daemon.downloadDir + "/f\(n)", count: 30_000 + n) }
+            #expect(origin.connections == 1, "connections: \(origin.connections)")
+            #expect(origin.http2Connections == 1)
+            #expect(origin.http2Streams == 61, "streams: \(origin.http2Streams)")
+            // More requests at once than max_per_host connections would carry.
+            #expect(origin.mostInFlight > 6, "requests in flight at once over HTTP/2: \(origin.mostInFlight)")
+        }
+    }
+
+    /// `http2 = false`: the same server is spoken to over HTTP/1.1, within `max_per_host`
+    /// connections.
+    @Test func http2CanBeTurnedOff() async throws {
+        let tlsRoot = try DaemonHarness()
+        let tls = try TLSFiles.selfSigned(in: tlsRoot.root)
+        try await withStarted(try await TestOrigin.start(tls: tls, http2: true, latency: .milliseconds(20))) { origin in
+            let daemon = try DaemonHarness(config: "ca_file = \"\(tls.certificatePath)\"\nhttp2 = false\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            let jobs = (0..<20).map { n in JSONValue.object(["url": .string("\(origin.baseURL)/bytes/\(5000 + n)"), "name": .string("f\(n)")]) }
+            let ids = try daemon.call("enqueue", ["jobs": .array(jobs)])["results"]?.arrayValue?.compactMap { $0["id"]?.int64Value } ?? []
+            for id in ids { #expect(try daemon.waitForState(id, ["completed", "failed"])["state"] == "completed") }
+            #expect(origin.http2Streams == 0)
+            #expect(origin.connections >= 1 && origin.connections <= 6, "connections: \(origin.connections)")
+            #expect(origin.mostInFlight <= 6, "requests in flight at once: \(origin.mostInFlight)")
+        }
+    }
+}
