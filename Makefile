@@ -30,6 +30,7 @@ test: deps
 # All parts by default; `make bench PARTS="small scale"` runs some of them.
 PARTS ?=
 bench: release
+	@scripts/bench-deps.sh
 	scripts/bench.sh $(PARTS)
 
 # Installs for one user by default (PREFIX=~/.local); packagers set PREFIX=/usr and DESTDIR.

@@ -36,6 +36,9 @@ segments    Segmented downloads. BENCH_SEG_MIB (default 200) MiB from nginx with
 Run through `make bench`, which builds release binaries first. BENCH_SIZE_MIB (default 1024)
 and BENCH_RUNS (default 3, the best run of each is reported) change the work of the first two;
 BENCH_STEP_TIMEOUT (default 400 s) bounds every step of the last two.
+wan         Over a link with round trips (a relay that delays every byte 20 ms each way):
+            many small files over https (HTTP/2) and plain http, and one 200 MiB file; dld
+            with its defaults beside curl --parallel and aria2c; see bench_wan.py.
 """
 import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
 
@@ -45,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import BIN, Client, peak_rss_kib, start_nginx  # noqa: E402
 import bench_fleet  # noqa: E402
 import bench_many  # noqa: E402
+import bench_wan  # noqa: E402
 
 SIZE = int(os.environ.get("BENCH_SIZE_MIB", "1024")) << 20
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
@@ -57,7 +61,7 @@ KILL_SIZE = int(os.environ.get("BENCH_KILL_MIB", "64")) << 20
 KILL_RATE = int(os.environ.get("BENCH_KILL_RATE", "8000000"))
 KILL_AFTER = float(os.environ.get("BENCH_KILL_AFTER", "0.9"))
 KILL_CYCLES = int(os.environ.get("BENCH_KILL_CYCLES", "10"))
-PARTS = ("throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments", "kill")
+PARTS = ("throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments", "kill", "wan")
 
 
 def wait_for_socket(path, proc, timeout=20):
@@ -493,6 +497,8 @@ def main():
             bench_many.part_scale(args.jobs)
         elif part == "postgres":
             bench_many.part_postgres(args.jobs)
+        elif part == "wan":
+            bench_wan.part_wan()
         else:
             bench_fleet.part_fleet()
         print(f"  ({part}: {time.monotonic() - started:.0f} s in all)")
