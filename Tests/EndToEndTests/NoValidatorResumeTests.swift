@@ -1,0 +1,128 @@
+import DLCore
+import DLRPC
+import DLTestSupport
+import Foundation
+import Testing
+
+/// Resume from a server that sends neither an ETag nor Last-Modified: the last 64 KiB on disk
+/// are asked again in the same request (`Range: bytes=(offset - 64 KiB)-`) and compared with the
+/// file; the resume goes on when they and the total agree, else the file starts over and the
+/// job says why (`started_over`). Bytes and requests are asserted, never times.
+@Suite(.serialized) struct NoValidatorResumeTests {
+    static let size: Int64 = 1_500_000
+    static let overlap: Int64 = 64 << 10
+
+    /// The file's bytes equal the origin's stream from byte `variant` on.
+    static func expectVariantBytes(at path: String, count: Int64, variant: Int64, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let data = try Data(contentsOf: URL(fileURLWithPath: path))
+        #expect(data.count == Int(count), sourceLocation: sourceLocation)
+        #expect(data == Data(TestOrigin.bytes(from: variant, count: Int(count))), "content differs", sourceLocation: sourceLocation)
+    }
+
+    /// Paused after some bytes, then resumed: one request from 64 KiB before the kept offset,
+    /// without If-Range; the bytes are kept and the file is byte-exact.
+    @Test func resumesAfterComparingTheOverlap() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: quickRetries)
+            try daemon.start()
+            defer { daemon.stop() }
+            let uri = "/bytes/\(Self.size)?novalidators&rate=400000"
+            let id = try daemon.enqueue(["url": .string(origin.baseURL + uri), "name": "plain.bin"])
+            try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 300_000 }
+            _ = try daemon.call("pause", ["id": .int(id)])
+            let kept = try #require(try daemon.job(id)["received"]?.int64Value)
+            #expect(kept > Self.overlap && kept < Self.size)
+            let before = origin.requests.count
+            _ = try daemon.call("resume", ["id": .int(id)])
+            let done = try daemon.waitForState(id, ["completed", "failed"])
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            let path = daemon.downloadDir + "/plain.bin"
+            try Self.expectVariantBytes(at: path, count: Self.size, variant: 0)
+            #expect(done["sha256"]?.stringValue == (try sha256sum(path)))
+            let resumed = Array(origin.requests.dropFirst(before))
+            #expect(resumed.count == 1, "\(resumed.map { $0.header("range") ?? "-" })")
+            #expect(resumed.first?.header("range") == "bytes=\(kept - Self.overlap)-")
+            #expect(resumed.first?.header("if-range") == nil)
+            #expect(!daemon.log.contains("starting over"), "\(daemon.log.suffix(2000))")
+        }
+    }
+
+    /// The file changed on the server and kept its size: the bytes compared differ, so the
+    /// download starts over, says why while it runs, and ends with the new file, byte-exact.
+    /// (Trusting the bytes on disk would publish a mix of both files.)
+    @Test func aFileChangedUnderTheSameSizeStartsOver() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: quickRetries)
+            try daemon.start()
+            defer { daemon.stop() }
+            let uri = "/bytes/\(Self.size)?novalidators&rate=400000"
+            let id = try daemon.enqueue(["url": .string(origin.baseURL + uri), "name": "changed.bin"])
+            try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 300_000 }
+            _ = try daemon.call("pause", ["id": .int(id)])
+            let kept = try #require(try daemon.job(id)["received"]?.int64Value)
+            origin.setVariant(7)
+            let servedBefore = origin.bytesServed(uri: uri)
+            _ = try daemon.call("resume", ["id": .int(id)])
+            let over = try daemon.waitForJob(id) { $0["error"]?["code"] == "started_over" || $0["state"] != "running" }
+            let message = over["error"]?["message"]?.stringValue ?? ""
+            #expect(over["error"]?["code"] == "started_over", "\(over.serializedString())")
+            #expect(message.contains("changed") && message.contains("\(kept) bytes dropped"), "\(message)")
+            let done = try daemon.waitForState(id, ["completed", "failed"])
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            let path = daemon.downloadDir + "/changed.bin"
+            try Self.expectVariantBytes(at: path, count: Self.size, variant: 7)
+            #expect(done["sha256"]?.stringValue == (try sha256sum(path)))
+            // The whole new file was fetched after the compared overlap.
+            #expect(origin.bytesServed(uri: uri) - servedBefore >= Self.size)
+            #expect(daemon.log.contains("starting over"))
+        }
+    }
+
+    /// The file has another size now (a new URL by `change`): the total of the answer does
+    /// not match the recorded size, so the download starts over and says so.
+    @Test func anotherTotalStartsOver() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: quickRetries)
+            try daemon.start()
+            defer { daemon.stop() }
+            let id = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(Self.size)?novalidators&rate=400000"), "name": "resized.bin",
+            ])
+            try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 300_000 }
+            _ = try daemon.call("pause", ["id": .int(id)])
+            let bigger = Self.size + 4096
+            _ = try daemon.call("change", ["id": .int(id), "url": .string("\(origin.baseURL)/bytes/\(bigger)?novalidators&rate=400000")])
+            _ = try daemon.call("resume", ["id": .int(id)])
+            let over = try daemon.waitForJob(id) { $0["error"]?["code"] == "started_over" || $0["state"] != "running" }
+            let message = over["error"]?["message"]?.stringValue ?? ""
+            #expect(over["error"]?["code"] == "started_over", "\(over.serializedString())")
+            #expect(message.contains("\(bigger) bytes") && message.contains("\(Self.size)-byte"), "\(message)")
+            let done = try daemon.waitForState(id, ["completed", "failed"])
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            try Self.expectVariantBytes(at: daemon.downloadDir + "/resized.bin", count: bigger, variant: 0)
+        }
+    }
+
+    /// A 200 to the overlap request (the server ignores ranges now) still means start over,
+    /// with the body that came.
+    @Test func a200StillStartsOver() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: quickRetries)
+            try daemon.start()
+            defer { daemon.stop() }
+            let uri = "/bytes/\(Self.size)?novalidators&rate=400000&ranges_for=0"
+            let id = try daemon.enqueue(["url": .string(origin.baseURL + uri), "name": "whole.bin"])
+            try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 300_000 }
+            _ = try daemon.call("pause", ["id": .int(id)])
+            let before = origin.requests.count
+            _ = try daemon.call("resume", ["id": .int(id)])
+            let over = try daemon.waitForJob(id) { $0["error"]?["code"] == "started_over" || $0["state"] != "running" }
+            #expect(over["error"]?["code"] == "started_over", "\(over.serializedString())")
+            let done = try daemon.waitForState(id, ["completed", "failed"])
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            try Self.expectVariantBytes(at: daemon.downloadDir + "/whole.bin", count: Self.size, variant: 0)
+            // One request: the 200's body was the new start, not asked for again.
+            #expect(origin.requests.count - before == 1, "\(origin.requests.map { $0.header("range") ?? "-" })")
+        }
+    }
+}
