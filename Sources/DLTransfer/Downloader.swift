@@ -494,8 +494,12 @@ public final class Downloader: Sendable {
             let range = ContentRange(headers.first(name: "content-range"))
             let total = range?.total ?? state.size
             let refusal: String?
+            let length = headers.first(name: "content-length").flatMap { Int64($0) }
             if firstEnd != nil, range?.total == nil {
                 refusal = "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) does not say the file's size"
+            } else if firstEnd != nil, let range, let end = range.end, let length, length != end - range.start + 1 {
+                // Its framing and its range disagree: neither is trusted, the whole file is asked for.
+                refusal = "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) comes with a length of \(length) bytes"
             } else if overlap > 0, let size = state.size {
                 refusal = OverlapResume.refusal(start: range?.start, total: range?.total, from: state.received - overlap, size: size)
             } else if let range, range.start == state.received, state.size == nil || total == state.size {
