@@ -125,4 +125,43 @@ import Testing
             #expect(origin.requests.count - before == 1, "\(origin.requests.map { $0.header("range") ?? "-" })")
         }
     }
+
+    /// A file over segment_min_size without validators stays one stream: its first request
+    /// (a range with an end, as for any file that might be fetched in ranges) is continued by one
+    /// request from 64 KiB before where it ended, checked the same way. Unchanged, the bytes
+    /// are kept (two requests, the file plus 64 KiB served); changed between the two requests,
+    /// the download starts over and ends with the new file.
+    @Test func aLargerFileStaysOneStreamWithChecks() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: quickRetries + "\nsegments = 4\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            let size: Int64 = 6 << 20
+            let first: Int64 = 4 << 20
+            let uri = "/bytes/\(size)?novalidators"
+            let kept = try daemon.enqueue(["url": .string(origin.baseURL + uri), "name": "kept.bin"])
+            let done = try daemon.waitForState(kept, ["completed", "failed"])
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            try Self.expectVariantBytes(at: daemon.downloadDir + "/kept.bin", count: size, variant: 0)
+            let asked = origin.requests.filter { $0.uri == uri }
+            #expect(asked.map { $0.header("range") ?? "-" } == ["bytes=0-\(first - 1)", "bytes=\(first - Self.overlap)-\(size - 1)"])
+            #expect(asked.allSatisfy { $0.header("if-range") == nil })
+            #expect(origin.bytesServed(uri: uri) == size + Self.overlap)
+
+            // Changed while the first range streams (its answer keeps the old bytes).
+            let slow = "/bytes/\(size)?novalidators&rate=3000000"
+            let changed = try daemon.enqueue(["url": .string(origin.baseURL + slow), "name": "changed.bin"])
+            try daemon.waitForJob(changed) { ($0["received"]?.int64Value ?? 0) > 1 << 20 }
+            origin.setVariant(3)
+            let over = try daemon.waitForJob(changed) { $0["error"]?["code"] == "started_over" || $0["state"] != "running" }
+            #expect(over["error"]?["code"] == "started_over", "\(over.serializedString())")
+            #expect(over["error"]?["message"]?.stringValue?.contains("changed") == true, "\(over.serializedString())")
+            let second = try daemon.waitForState(changed, ["completed", "failed"])
+            #expect(second["state"] == "completed", "\(second.serializedString())")
+            try Self.expectVariantBytes(at: daemon.downloadDir + "/changed.bin", count: size, variant: 3)
+            let again = origin.requests.filter { $0.uri == slow }.map { $0.header("range") ?? "-" }
+            #expect(again.prefix(2) == ["bytes=0-\(first - 1)", "bytes=\(first - Self.overlap)-\(size - 1)"], "\(again)")
+            #expect(again.last == "-", "started over with the whole file: \(again)")
+        }
+    }
 }
