@@ -19,6 +19,23 @@ import Testing
         #expect(data == Data(TestOrigin.bytes(from: variant, count: Int(count))), "content differs", sourceLocation: sourceLocation)
     }
 
+    /// Enqueues `url` as `name`, and pauses it once more than 300 kB are in: its id and the
+    /// committed bytes.
+    static func pausedWithBytes(_ daemon: DaemonHarness, url: String, name: String) throws -> (id: Int64, kept: Int64) {
+        let id = try daemon.enqueue(["url": .string(url), "name": .string(name)])
+        try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 300_000 }
+        _ = try daemon.call("pause", ["id": .int(id)])
+        let kept = try #require(try daemon.job(id)["received"]?.int64Value)
+        return (id, kept)
+    }
+
+    /// Waits until the running job says it started over (or stops running): its message.
+    static func startedOver(_ daemon: DaemonHarness, _ id: Int64, sourceLocation: SourceLocation = #_sourceLocation) throws -> String {
+        let over = try daemon.waitForJob(id) { $0["error"]?["code"] == "started_over" || $0["state"] != "running" }
+        #expect(over["error"]?["code"] == "started_over", "\(over.serializedString())", sourceLocation: sourceLocation)
+        return over["error"]?["message"]?.stringValue ?? ""
+    }
+
     /// Paused after some bytes, then resumed: one request from 64 KiB before the kept offset,
     /// without If-Range; the bytes are kept and the file is byte-exact.
     @Test func resumesAfterComparingTheOverlap() async throws {
@@ -27,10 +44,7 @@ import Testing
             try daemon.start()
             defer { daemon.stop() }
             let uri = "/bytes/\(Self.size)?novalidators&rate=400000"
-            let id = try daemon.enqueue(["url": .string(origin.baseURL + uri), "name": "plain.bin"])
-            try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 300_000 }
-            _ = try daemon.call("pause", ["id": .int(id)])
-            let kept = try #require(try daemon.job(id)["received"]?.int64Value)
+            let (id, kept) = try Self.pausedWithBytes(daemon, url: origin.baseURL + uri, name: "plain.bin")
             #expect(kept > Self.overlap && kept < Self.size)
             let before = origin.requests.count
             _ = try daemon.call("resume", ["id": .int(id)])
@@ -56,16 +70,11 @@ import Testing
             try daemon.start()
             defer { daemon.stop() }
             let uri = "/bytes/\(Self.size)?novalidators&rate=400000"
-            let id = try daemon.enqueue(["url": .string(origin.baseURL + uri), "name": "changed.bin"])
-            try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 300_000 }
-            _ = try daemon.call("pause", ["id": .int(id)])
-            let kept = try #require(try daemon.job(id)["received"]?.int64Value)
+            let (id, kept) = try Self.pausedWithBytes(daemon, url: origin.baseURL + uri, name: "changed.bin")
             origin.setVariant(7)
             let servedBefore = origin.bytesServed(uri: uri)
             _ = try daemon.call("resume", ["id": .int(id)])
-            let over = try daemon.waitForJob(id) { $0["error"]?["code"] == "started_over" || $0["state"] != "running" }
-            let message = over["error"]?["message"]?.stringValue ?? ""
-            #expect(over["error"]?["code"] == "started_over", "\(over.serializedString())")
+            let message = try Self.startedOver(daemon, id)
             #expect(message.contains("changed") && message.contains("\(kept) bytes dropped"), "\(message)")
             let done = try daemon.waitForState(id, ["completed", "failed"])
             #expect(done["state"] == "completed", "\(done.serializedString())")
@@ -85,17 +94,11 @@ import Testing
             let daemon = try DaemonHarness(config: quickRetries)
             try daemon.start()
             defer { daemon.stop() }
-            let id = try daemon.enqueue([
-                "url": .string("\(origin.baseURL)/bytes/\(Self.size)?novalidators&rate=400000"), "name": "resized.bin",
-            ])
-            try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 300_000 }
-            _ = try daemon.call("pause", ["id": .int(id)])
+            let (id, _) = try Self.pausedWithBytes(daemon, url: "\(origin.baseURL)/bytes/\(Self.size)?novalidators&rate=400000", name: "resized.bin")
             let bigger = Self.size + 4096
             _ = try daemon.call("change", ["id": .int(id), "url": .string("\(origin.baseURL)/bytes/\(bigger)?novalidators&rate=400000")])
             _ = try daemon.call("resume", ["id": .int(id)])
-            let over = try daemon.waitForJob(id) { $0["error"]?["code"] == "started_over" || $0["state"] != "running" }
-            let message = over["error"]?["message"]?.stringValue ?? ""
-            #expect(over["error"]?["code"] == "started_over", "\(over.serializedString())")
+            let message = try Self.startedOver(daemon, id)
             #expect(message.contains("\(bigger) bytes") && message.contains("\(Self.size)-byte"), "\(message)")
             let done = try daemon.waitForState(id, ["completed", "failed"])
             #expect(done["state"] == "completed", "\(done.serializedString())")
@@ -111,13 +114,10 @@ import Testing
             try daemon.start()
             defer { daemon.stop() }
             let uri = "/bytes/\(Self.size)?novalidators&rate=400000&ranges_for=0"
-            let id = try daemon.enqueue(["url": .string(origin.baseURL + uri), "name": "whole.bin"])
-            try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 300_000 }
-            _ = try daemon.call("pause", ["id": .int(id)])
+            let (id, _) = try Self.pausedWithBytes(daemon, url: origin.baseURL + uri, name: "whole.bin")
             let before = origin.requests.count
             _ = try daemon.call("resume", ["id": .int(id)])
-            let over = try daemon.waitForJob(id) { $0["error"]?["code"] == "started_over" || $0["state"] != "running" }
-            #expect(over["error"]?["code"] == "started_over", "\(over.serializedString())")
+            _ = try Self.startedOver(daemon, id)
             let done = try daemon.waitForState(id, ["completed", "failed"])
             #expect(done["state"] == "completed", "\(done.serializedString())")
             try Self.expectVariantBytes(at: daemon.downloadDir + "/whole.bin", count: Self.size, variant: 0)
@@ -153,9 +153,8 @@ import Testing
             let changed = try daemon.enqueue(["url": .string(origin.baseURL + slow), "name": "changed.bin"])
             try daemon.waitForJob(changed) { ($0["received"]?.int64Value ?? 0) > 1 << 20 }
             origin.setVariant(3)
-            let over = try daemon.waitForJob(changed) { $0["error"]?["code"] == "started_over" || $0["state"] != "running" }
-            #expect(over["error"]?["code"] == "started_over", "\(over.serializedString())")
-            #expect(over["error"]?["message"]?.stringValue?.contains("changed") == true, "\(over.serializedString())")
+            let message = try Self.startedOver(daemon, changed)
+            #expect(message.contains("changed"), "\(message)")
             let second = try daemon.waitForState(changed, ["completed", "failed"])
             #expect(second["state"] == "completed", "\(second.serializedString())")
             try Self.expectVariantBytes(at: daemon.downloadDir + "/changed.bin", count: size, variant: 3)

@@ -19,6 +19,17 @@ import Testing
         return a <= b
     }
 
+    /// Downloads `uri` as `name` with the running daemon, checks the file is the origin's
+    /// `size` bytes, and returns what the origin served for it and the ranges it was asked for.
+    static func download(_ uri: String, name: String, size: Int64, daemon: DaemonHarness, origin: TestOrigin,
+                         sourceLocation: SourceLocation = #_sourceLocation) throws -> (served: Int64, ranges: [String?]) {
+        let id = try daemon.enqueue(["url": .string(origin.baseURL + uri), "name": .string(name)])
+        let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
+        #expect(done["state"] == "completed", "\(done.serializedString())", sourceLocation: sourceLocation)
+        try expectOriginBytes(at: daemon.downloadDir + "/" + name, count: Int(size), sourceLocation: sourceLocation)
+        return (origin.bytesServed(uri: uri), origin.requests.filter { $0.uri == uri }.map { $0.header("range") })
+    }
+
     /// Downloads of 5, 12 and 20 MiB in ranges (default segments): the origin serves at most
     /// 1.05 × each file, every request of each carries a range with an end, and each file is
     /// byte-exact.
@@ -29,16 +40,10 @@ import Testing
             defer { daemon.stop() }
             for mib in [5, 12, 20] {
                 let size = Int64(mib) << 20
-                let uri = "/bytes/\(size)"
-                let id = try daemon.enqueue(["url": .string(origin.baseURL + uri), "name": .string("wire-\(mib).bin")])
-                let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
-                #expect(done["state"] == "completed", "\(done.serializedString())")
-                try expectOriginBytes(at: daemon.downloadDir + "/wire-\(mib).bin", count: Int(size))
-                let served = origin.bytesServed(uri: uri)
+                let (served, ranges) = try Self.download("/bytes/\(size)", name: "wire-\(mib).bin", size: size, daemon: daemon, origin: origin)
                 #expect(Double(served) <= 1.05 * Double(size), "\(mib) MiB: served \(served) (\(Double(served) / Double(size)) ×)")
-                let asked = origin.requests.filter { $0.uri == uri }
-                #expect(asked.count >= 2, "\(mib) MiB was fetched in ranges: \(asked.map { $0.header("range") ?? "-" })")
-                #expect(asked.allSatisfy { Self.hasEnd($0.header("range")) }, "\(asked.map { $0.header("range") ?? "-" })")
+                #expect(ranges.count >= 2, "\(mib) MiB was fetched in ranges: \(ranges)")
+                #expect(ranges.allSatisfy(Self.hasEnd), "\(ranges)")
             }
         }
     }
@@ -52,16 +57,11 @@ import Testing
             defer { daemon.stop() }
             let size: Int64 = 8 << 20
             for status in ["503", "429"] {
-                let uri = "/fail_first/1/bytes/\(size)?fail_status=\(status)"
-                let id = try daemon.enqueue(["url": .string(origin.baseURL + uri), "name": .string("refused-\(status).bin")])
-                let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
-                #expect(done["state"] == "completed", "\(done.serializedString())")
-                try expectOriginBytes(at: daemon.downloadDir + "/refused-\(status).bin", count: Int(size))
-                let served = origin.bytesServed(uri: uri)
+                let (served, ranges) = try Self.download(
+                    "/fail_first/1/bytes/\(size)?fail_status=\(status)", name: "refused-\(status).bin", size: size, daemon: daemon, origin: origin)
                 #expect(Double(served) <= 1.1 * Double(size), "after a \(status): served \(served) (\(Double(served) / Double(size)) ×)")
-                let asked = origin.requests.filter { $0.uri == uri }
-                #expect(asked.count >= 3, "\(asked.map { $0.header("range") ?? "-" })")
-                #expect(asked.allSatisfy { Self.hasEnd($0.header("range")) }, "\(asked.map { $0.header("range") ?? "-" })")
+                #expect(ranges.count >= 3, "\(ranges)")
+                #expect(ranges.allSatisfy(Self.hasEnd), "\(ranges)")
             }
         }
     }
