@@ -32,6 +32,11 @@ segments    Segmented downloads. BENCH_SEG_MIB (default 200) MiB from nginx with
             BENCH_SIZE_MIB (1024) MiB unthrottled: dld with its defaults against `curl -o`, with
             dld's peak RSS. Needs nginx (the test origin's throttle is per response too, but
             nginx is what the figures are compared on).
+wire        Bytes on the wire: the bytes dld-origin served for one download (default segments)
+            over the file's size, for 5 MiB, 64 MiB and 1 GiB (BENCH_WIRE_MIB, comma-separated,
+            changes the sizes), then 5 and 64 MiB whose first answer is a 503 or a 429 with
+            Retry-After (the download waits and starts again). Figures, not asserted; the
+            end-to-end tests (WireBytesTests) hold them to 1.05 × and 1.1 ×.
 
 Run through `make bench`, which builds release binaries first. BENCH_SIZE_MIB (default 1024)
 and BENCH_RUNS (default 3, the best run of each is reported) change the work of the first two;
@@ -61,7 +66,8 @@ KILL_SIZE = int(os.environ.get("BENCH_KILL_MIB", "64")) << 20
 KILL_RATE = int(os.environ.get("BENCH_KILL_RATE", "8000000"))
 KILL_AFTER = float(os.environ.get("BENCH_KILL_AFTER", "0.9"))
 KILL_CYCLES = int(os.environ.get("BENCH_KILL_CYCLES", "10"))
-PARTS = ("throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments", "kill", "wan")
+WIRE_SIZES = [int(m) << 20 for m in os.environ.get("BENCH_WIRE_MIB", "5,64,1024").split(",") if m.strip()]
+PARTS = ("throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments", "kill", "wire", "wan")
 
 
 def wait_for_socket(path, proc, timeout=20):
@@ -464,6 +470,28 @@ def segments(work):
         proc.wait(timeout=10)
 
 
+def wire(work):
+    """Bytes served over the file's size for one download with dld's defaults."""
+    proc = subprocess.Popen([os.path.join(BIN, "dld-origin")], stdout=subprocess.PIPE, text=True)
+    base = proc.stdout.readline().strip()
+    try:
+        print("wire: bytes dld-origin served for one download (default segments) / file size")
+        cases = [(f"{size >> 20} MiB", f"{base}/bytes/{size}", size) for size in WIRE_SIZES]
+        for size in (s for s in WIRE_SIZES if s <= 64 << 20):
+            for status in ("503", "429"):
+                cases.append((f"{size >> 20} MiB, first answer {status} + Retry-After",
+                              f"{base}/fail_first/1/bytes/{size}?fail_status={status}", size))
+        for n, (label, url, size) in enumerate(cases):
+            before = origin_served(base)
+            run_dld(work, url, f"wire-{n}.bin")
+            served = origin_served(base) - before
+            print(f"  {label:<40} {served / size:.4f}   ({served} bytes for {size})")
+            os.unlink(os.path.join(work, "dl", f"wire-{n}.bin"))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
 def main():
     parser = argparse.ArgumentParser(description="dld benchmarks (figures, never assertions)")
     parser.add_argument("parts", nargs="*", metavar="PART",
@@ -484,11 +512,11 @@ def main():
         if i:
             print()
         started = time.monotonic()
-        if part in ("throughput", "crash", "speed", "segments", "kill"):
+        if part in ("throughput", "crash", "speed", "segments", "kill", "wire"):
             work = tempfile.mkdtemp(prefix="dld-bench-")
             try:
                 {"throughput": throughput, "crash": crash_cycle, "speed": speed, "segments": segments,
-                 "kill": kill_cycle}[part](work)
+                 "kill": kill_cycle, "wire": wire}[part](work)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
         elif part == "small":

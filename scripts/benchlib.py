@@ -6,7 +6,9 @@ Python 3.11 standard library only. Everything talks to the real release binaries
 import json, os, shutil, signal, socket, subprocess, tempfile, threading, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, ".build", "release")
+# DLD_BIN_DIR runs the scripts on another build's binaries (a debug build, for figures that do
+# not depend on speed, such as `bench.py wire`).
+BIN = os.environ.get("DLD_BIN_DIR") or os.path.join(ROOT, ".build", "release")
 
 # Upper bound of any one measured step (an enqueue of every job, a `resume all`, a tool's whole
 # download, ...). The current dld can take minutes for some bulk commands; a step that runs over

@@ -41,13 +41,14 @@ public struct SegmentLayout: Sendable, Equatable {
     /// A segmented download from `prefix` on: the rest cut into ranges of `piece` bytes that
     /// workers take in file order, so that the contiguous prefix (and the digest over it)
     /// advances while the file downloads, and what is read back to be hashed was written
-    /// moments before. The first range continues the stream that wrote `prefix`.
-    public init(size: Int64, prefix: Int64, piece: Int64) {
+    /// moments before. The first range continues the stream that wrote `prefix`, to `firstEnd`
+    /// when given (where the attempt's first answer ends), else for one piece.
+    public init(size: Int64, prefix: Int64, piece: Int64, firstEnd: Int64? = nil) {
         self.init(size: size, prefix: prefix)
         let piece = max(1, piece)
         var segments: [Segment] = []
         var start: Int64 = 0
-        var end = min(self.size, max(prefix, 0) + piece)
+        var end = min(self.size, max(firstEnd ?? (max(prefix, 0) + piece), max(prefix, 0) + 1))
         segments.append(Segment(start: 0, done: min(max(0, prefix), self.size), end: end))
         while end < self.size {
             start = end
@@ -84,6 +85,19 @@ public struct SegmentLayout: Sendable, Equatable {
     /// range is one request on a kept-alive connection).
     public static func pieceSize(size: Int64, workers: Int, minPiece: Int64) -> Int64 {
         max(minPiece, min(32 << 20, size / Int64(4 * max(1, workers))))
+    }
+
+    /// Where the first request of an attempt that continues `received` bytes ends (exclusive)
+    /// when the rest may be fetched as `workers` ranges: a range with an end, so that no byte
+    /// past it is sent (a stream cut where its range ends wastes what was in flight). Its answer
+    /// is the first range. The size, when known (an earlier attempt, or the client's), gives
+    /// the piece of a fresh layout; unknown, the first `minSize` (a smaller file comes whole in
+    /// that one answer, and is not cut). Nil: ask to the end (one stream, or too little left).
+    public static func firstRequestEnd(received: Int64, size: Int64?, workers: Int, minSize: Int64, minPiece: Int64) -> Int64? {
+        guard workers > 1 else { return nil }
+        guard let size else { return received + max(minSize, minPiece, 1) }
+        guard size - received >= minSize, size > received else { return nil }
+        return min(size, received + pieceSize(size: size - received, workers: workers, minPiece: minPiece))
     }
 
     /// Checked: nil unless the segments are sorted, adjacent, cover `[0, size)`, and each has
@@ -168,9 +182,11 @@ public struct SegmentLayout: Sendable, Equatable {
 /// goes. A worker names its range by an index that stays valid for the whole attempt.
 ///
 /// A worker's cycle: `take()` a range; for each chunk, `reserve` the bytes it may write (up to
-/// its range's end, which a split may have lowered), write them, `commit`; when its range is
-/// finished, `release` and `take()` again. Bytes are reserved before they are written so that a
-/// split never hands out a byte that a write in flight will also fill.
+/// its range's end), write them, `commit`; when its range is finished, `release` and `take()`
+/// again. A range being fetched is never split: every byte of it is asked for (`bytes=a-b`), so
+/// a part taken over would be sent twice. Instead, ranges nobody fetches are cut as they are
+/// taken into shares that shrink with what is left (`take`), so that near the end of the
+/// file every worker holds a small piece and they end together.
 public struct SegmentPlanner: Sendable, Equatable {
     /// A range and whether a worker is fetching it. Stored in creation order: an index stays
     /// valid for the whole attempt.
@@ -189,12 +205,16 @@ public struct SegmentPlanner: Sendable, Equatable {
     public private(set) var hashed: Int64
     /// Whether a worker is hashing now (one at a time, in order).
     public private(set) var hashing = false
+    /// The workers that share the ranges: with more than one, ranges are cut into shares as
+    /// they are taken.
+    public let workers: Int
 
-    public init(_ layout: SegmentLayout, minPiece: Int64, hashed: Int64? = nil) {
+    public init(_ layout: SegmentLayout, minPiece: Int64, hashed: Int64? = nil, workers: Int = 1) {
         slots = layout.segments.map { Slot(segment: $0) }
         size = layout.size
         self.minPiece = max(1, minPiece)
         self.hashed = hashed ?? layout.prefix
+        self.workers = max(1, workers)
     }
 
     /// The ranges, sorted by start (what a checkpoint stores).
@@ -207,38 +227,36 @@ public struct SegmentPlanner: Sendable, Equatable {
     public var activeCount: Int { slots.filter(\.active).count }
     public var isComplete: Bool { slots.allSatisfy { $0.segment.isFinished } }
 
-    /// Work for an idle worker: a range nobody fetches (resumed ranges first, in file order),
-    /// else the upper half of the range with the most left to fetch, split off (dynamic
-    /// splitting: the file ends when the bandwidth ends, not when the slowest connection
-    /// does). Nil when nothing is left that is worth a request.
-    public mutating func take() -> Int? {
+    /// Work for an idle worker: the first range nobody fetches (resumed ranges first, in file
+    /// order), cut to its share unless `whole` (the range an open answer already covers). Nil
+    /// when every unfinished range is being fetched: those bytes are asked for already.
+    public mutating func take(whole: Bool = false) -> Int? {
         let idle = slots.indices
             .filter { !slots[$0].active && !slots[$0].segment.isFinished }
             .min { slots[$0].segment.start < slots[$1].segment.start }
-        if let idle {
-            slots[idle].active = true
-            return idle
-        }
-        let victim = slots.indices
-            .filter { slots[$0].active }
-            .max { unreserved(slots[$0]) < unreserved(slots[$1]) }
-        guard let victim else { return nil }
-        let left = unreserved(slots[victim])
-        guard left >= 2 * minPiece else { return nil }
-        let from = slots[victim].segment.done + slots[victim].reserved
-        let middle = from + left / 2
-        let end = slots[victim].segment.end
-        slots[victim].segment.end = middle
-        slots.append(Slot(segment: Segment(start: middle, done: middle, end: end), active: true))
-        return slots.count - 1
+        guard let idle else { return nil }
+        if !whole { cutShare(idle) }
+        slots[idle].active = true
+        return idle
     }
 
-    private func unreserved(_ slot: Slot) -> Int64 {
-        max(0, slot.segment.end - slot.segment.done - slot.reserved)
+    /// The share of one take: what nobody fetches, over twice the workers (guided
+    /// self-scheduling), at least `minPiece`. Range `index` keeps its share from its `done`; the
+    /// rest becomes a range of its own, taken later. The shares shrink as the file ends, so the
+    /// last ones are small and the workers end together.
+    private mutating func cutShare(_ index: Int) {
+        guard workers > 1 else { return }
+        let untaken = slots.filter { !$0.active }.reduce(Int64(0)) { $0 + $1.segment.remaining }
+        let share = max(minPiece, untaken / Int64(2 * workers))
+        let segment = slots[index].segment
+        guard segment.remaining >= share + minPiece else { return }
+        let cut = segment.done + share
+        slots[index].segment.end = cut
+        slots.append(Slot(segment: Segment(start: cut, done: cut, end: segment.end)))
     }
 
     /// The worker of `index` received `count` bytes at its `done`: how many of them belong to
-    /// its range (the rest is past an end that a split lowered, or past the file).
+    /// its range (the rest is past its end: a server that sent more than it was asked).
     public mutating func reserve(_ index: Int, count: Int64) -> Int64 {
         let granted = max(0, min(count, slots[index].segment.remaining - slots[index].reserved))
         slots[index].reserved += granted

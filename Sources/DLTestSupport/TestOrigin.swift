@@ -10,7 +10,10 @@
 //                                 overlong=K (a 206 body runs K bytes past the total its
 //                                 Content-Range announces; Content-Length covers them),
 //                                 ranges_for=K (Range is honoured for the first K ranged
-//                                 requests to that path, then ignored: 200 and the whole body).
+//                                 requests to that path, then ignored: 200 and the whole body),
+//                                 novalidators (no ETag, no Last-Modified: nothing for If-Range),
+//                                 variant=K (the body is the stream from byte K on: the same
+//                                 size, other bytes; `setVariant` overrides it for every path).
 //                                 `rate` (bytes/s) throttles each response, so each connection.
 //                                 cache_control=V sends `Cache-Control: V`. If-None-Match with
 //                                 the ETag (or If-Modified-Since with Last-Modified) gets 304.
@@ -18,7 +21,8 @@
 //   /redirect/<K>?to=<url>        302 chain of K more hops, then Location: <url>.
 //   /loop                         302 Location: /loop, forever.
 //   /close                        no answer: the connection is closed after the request.
-//   /fail_first/<M>/bytes/<N>     503 + Retry-After: 1 for the first M requests to that path.
+//   /fail_first/<M>/bytes/<N>     503 + Retry-After: 1 for the first M requests to that path
+//                                 (fail_status=429: that status instead).
 //   /_stats                       {"bytes_served": N}: body bytes served so far (not counting itself).
 //
 // `bytesServed(uri:)` counts the body bytes of one path+query, so a test can tell what a
@@ -222,6 +226,13 @@ public final class TestOrigin: Sendable {
         state.box.withLockedValue { $0.etagOverride = etag }
     }
 
+    /// From now on every `/bytes` body is the deterministic stream from byte `variant` on (nil:
+    /// back to each URL's own `variant`, default 0): the file changed on the server and kept its
+    /// size. Its bytes are `TestOrigin.bytes(from: variant + offset, count:)`.
+    public func setVariant(_ variant: Int64?) {
+        state.box.withLockedValue { $0.variantOverride = variant }
+    }
+
     /// The most response bodies that were ever being streamed at once, to every client: how
     /// many transfers really ran together.
     public var mostConcurrentBodies: Int {
@@ -345,6 +356,8 @@ final class OriginState: Sendable {
         var isShutdown = false
         /// Replaces every `/bytes` ETag: the resource "changed" on the server.
         var etagOverride: String?
+        /// Replaces every `/bytes` body's `variant`: the content changed under the same size.
+        var variantOverride: Int64?
         /// Streamed bodies begun and not yet ended (or cut), and the most there ever were.
         var streaming = 0
         var mostStreaming = 0
@@ -603,7 +616,8 @@ final class OriginHandler: ChannelInboundHandler {
             if state.hit(String(path)) <= m {
                 var headers = HTTPHeaders()
                 headers.add(name: "Retry-After", value: "1")
-                sendText(context: context, request: request, status: .serviceUnavailable, headers: headers, text: "try again later\n")
+                let status = query["fail_status"] == "429" ? HTTPResponseStatus.tooManyRequests : .serviceUnavailable
+                sendText(context: context, request: request, status: status, headers: headers, text: "try again later\n")
             } else {
                 serveBytes(context: context, request: request, size: n, query: query)
             }
@@ -711,7 +725,7 @@ final class OriginHandler: ChannelInboundHandler {
 
     private func serveBytes(context: ChannelHandlerContext, request: HTTPRequestHead, size: Int64, query: Query) {
         var numbers: [String: Int64] = [:]
-        for key in ["rate", "drop_after", "stall_after", "length", "overlong", "linger", "ranges_for"] {
+        for key in ["rate", "drop_after", "stall_after", "length", "overlong", "linger", "ranges_for", "variant"] {
             switch query.int(key) {
             case .absent:
                 continue
@@ -730,23 +744,29 @@ final class OriginHandler: ChannelInboundHandler {
         let noRange = query["norange"].map { $0 != "0" && $0.lowercased() != "false" } ?? false
         let noLength = query["nolength"].map { $0 != "0" && $0.lowercased() != "false" } ?? false
         let overlong = numbers["overlong"] ?? 0
-        let override = state.box.withLockedValue { $0.etagOverride }
+        let (override, variantOverride) = state.box.withLockedValue { ($0.etagOverride, $0.variantOverride) }
         let etag = "\"\(override ?? query["etag"] ?? "v1-\(size)")\""
+        let noValidators = query["novalidators"].map { $0 != "0" && $0.lowercased() != "false" } ?? false
+        let variant = variantOverride ?? numbers["variant"] ?? 0
 
         var headers = HTTPHeaders()
         headers.add(name: "Content-Type", value: "application/octet-stream")
         if !noRange {
             headers.add(name: "Accept-Ranges", value: "bytes")
         }
-        headers.add(name: "ETag", value: etag)
-        headers.add(name: "Last-Modified", value: lastModifiedValue)
+        if !noValidators {
+            headers.add(name: "ETag", value: etag)
+            headers.add(name: "Last-Modified", value: lastModifiedValue)
+        }
         if let cacheControl = query["cache_control"] {
             headers.add(name: "Cache-Control", value: cacheControl)
         }
         // A conditional GET whose validator still matches: 304, no body (RFC 9110 §13.1).
         let tags = request.headers.first(name: "if-none-match")
         let notModified: Bool
-        if let tags {
+        if noValidators {
+            notModified = false
+        } else if let tags {
             notModified = tags.split(separator: ",").contains { tag in
                 let trimmed = tag.trimmingCharacters(in: .whitespaces)
                 return trimmed == "*" || (trimmed.hasPrefix("W/") ? String(trimmed.dropFirst(2)) : trimmed) == etag
@@ -774,7 +794,7 @@ final class OriginHandler: ChannelInboundHandler {
             var apply = true
             if let ifRange = request.headers.first(name: "if-range") {
                 let v = ifRange.trimmingCharacters(in: .whitespaces)
-                apply = v == etag || v == lastModifiedValue
+                apply = !noValidators && (v == etag || v == lastModifiedValue)
             }
             if let honoured = numbers["ranges_for"] {
                 let path = request.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? request.uri
@@ -788,7 +808,7 @@ final class OriginHandler: ChannelInboundHandler {
                     var h = HTTPHeaders()
                     h.add(name: "Content-Range", value: "bytes */\(size)")
                     h.add(name: "Accept-Ranges", value: "bytes")
-                    h.add(name: "ETag", value: etag)
+                    if !noValidators { h.add(name: "ETag", value: etag) }
                     sendText(context: context, request: request, status: .rangeNotSatisfiable, headers: h, text: "")
                     return
                 case .range(let a, let b):
@@ -812,7 +832,7 @@ final class OriginHandler: ChannelInboundHandler {
             ending = .closeWithoutEnd
         }
         var stream = BodyStream(
-            source: .pattern(start: first),
+            source: .pattern(start: first + variant),
             remaining: request.method == .HEAD ? 0 : min(advertised, length),
             ending: ending
         )

@@ -482,38 +482,71 @@ public final class Downloader: Sendable {
         } else if onDisk < state.received {
             state.received = onDisk
         }
-        // A resume needs a validator (If-Range), else the bytes could belong to another version.
-        if state.received > 0 && (!state.validators.acceptsRanges || state.validators.ifRange == nil) {
-            startingOver("the server gave no ETag or Last-Modified, or no byte ranges, so the bytes on disk cannot be proven to be the same file",
+        // A resume is guarded by a validator (If-Range), else the bytes could belong to another
+        // version: without one, the last bytes on disk are asked again in the same request and
+        // compared before the rest is taken (`OverlapResume`); `overlap` is how many.
+        var overlap: Int64 = 0
+        if state.received > 0 && state.validators.ifRange == nil {
+            switch OverlapResume.plan(received: state.received, size: state.size, acceptsRanges: state.validators.acceptsRanges) {
+            case .check(_, let length):
+                overlap = length
+            case .startOver(let reason):
+                startingOver(reason, state: &state, progress: progress, job: request.jobID)
+                try file.truncate(to: 0)
+                state.received = 0
+            }
+        } else if state.received > 0 && !state.validators.acceptsRanges {
+            startingOver("the server did not say it takes byte ranges, so the bytes on disk cannot be continued",
                          state: &state, progress: progress, job: request.jobID)
             try file.truncate(to: 0)
             state.received = 0
         }
 
-        var response = try await probe(request, state: &state)
+        // When the rest may be fetched in ranges, the first request has an end too: its answer is
+        // the first range, and nothing past it is sent (`SegmentLayout.firstRequestEnd`).
+        let firstEnd = overlap > 0 ? nil : SegmentLayout.firstRequestEnd(
+            received: state.received, size: state.size ?? request.expectedSize, workers: request.segmentation.count,
+            minSize: request.segmentation.minSize, minPiece: request.segmentation.minPiece)
+        // Where the first answer's bytes end when it is a range that stops before the file does.
+        var answerEnd: Int64? = nil
+        var response = try await probe(request, state: &state, from: state.received - overlap, end: firstEnd)
         let status = Int(response.status.code)
         let headers = response.headers
         switch status {
         case 206:
             let range = ContentRange(headers.first(name: "content-range"))
             let total = range?.total ?? state.size
-            let mismatch = Self.validatorMismatch(headers, state.validators)
-            if let range, range.start == state.received, state.size == nil || total == state.size, mismatch == nil {
+            let refusal: String?
+            let length = headers.first(name: "content-length").flatMap { Int64($0) }
+            if firstEnd != nil, range?.total == nil {
+                refusal = "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) does not say the file's size"
+            } else if firstEnd != nil, let range, let end = range.end, let length, length != end - range.start + 1 {
+                // Its framing and its range disagree: neither is trusted, the whole file is asked for.
+                refusal = "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) comes with a length of \(length) bytes"
+            } else if overlap > 0, let size = state.size {
+                refusal = OverlapResume.refusal(start: range?.start, total: range?.total, from: state.received - overlap, size: size)
+            } else if let range, range.start == state.received, state.size == nil || total == state.size {
+                refusal = Self.validatorMismatch(headers, state.validators)
+            } else {
+                refusal = Self.validatorMismatch(headers, state.validators)
+                    ?? "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) does not continue the \(state.size.map { "\($0)-byte " } ?? "")file at byte \(state.received)"
+            }
+            guard let refusal else {
+                if state.received == 0 && overlap == 0 {
+                    // A fresh download's first range: its head names the file, as a 200's does.
+                    take(headers, into: &state)
+                    state.validators.acceptsRanges = true
+                }
                 state.size = total
+                if let end = range?.end, let total, end + 1 < total { answerEnd = end + 1 }
                 break
             }
             // The server sent another part, disagrees on the total, or on the validators: start over.
-            startingOver(
-                mismatch ?? "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) does not continue the \(state.size.map { "\($0)-byte " } ?? "")file at byte \(state.received)",
-                state: &state, progress: progress, job: request.jobID)
-            try file.truncate(to: 0)
-            state.received = 0
-            state.size = nil
-            state.validators = Validators()
-            response = try await fetch(request, state: &state, rangeFrom: 0)
-            try expect200(response, host: hostName(state))
-            take(response.headers, into: &state)
+            overlap = 0
+            response = try await restartFromZero(refusal, request: request, file: file, state: &state, progress: progress)
         case 200:
+            // The whole file: nothing is compared, its body is the new start.
+            overlap = 0
             if state.received > 0 {
                 // Range ignored, or the validators changed: start over from zero.
                 startingOver(
@@ -525,21 +558,29 @@ public final class Downloader: Sendable {
             }
             take(headers, into: &state)
         case 416:
-            if let total = ContentRange(headers.first(name: "content-range"))?.total, total == state.received, total > 0 {
+            if overlap == 0, let total = ContentRange(headers.first(name: "content-range"))?.total, total == state.received, total > 0 {
                 // Everything is on disk already: verified from the file, not fetched again.
                 state.size = total
                 try digests.rebuild(from: file, upTo: state.received)
                 return
             }
-            startingOver("the server refused the range from byte \(state.received) (416)", state: &state, progress: progress, job: request.jobID)
-            try file.truncate(to: 0)
-            state.received = 0
-            state.validators = Validators()
-            response = try await fetch(request, state: &state, rangeFrom: 0)
-            try expect200(response, host: hostName(state))
-            take(response.headers, into: &state)
+            let from = state.received - overlap
+            overlap = 0
+            response = try await restartFromZero(
+                "the server refused the range from byte \(from) (416)", request: request, file: file, state: &state, progress: progress)
         default:
             throw statusFailure(status, response.status.reasonPhrase, headers, host: hostName(state))
+        }
+        if overlap > 0, let size = state.size, state.received == size {
+            // Every byte is on disk already: the answer is the overlap alone, compared here.
+            let served = try await response.body.collect(upTo: Int(overlap) + 1)
+            if let at = try Self.firstDifference(served, at: size - overlap, file: file.writer) {
+                overlap = 0
+                response = try await restartFromZero(OverlapResume.changed(at: at, offset: size), request: request, file: file, state: &state, progress: progress)
+            } else {
+                try digests.rebuild(from: file, upTo: size)
+                return
+            }
         }
         if let expected = request.expectedSize, let announced = state.size, expected != announced {
             throw TransferFailure(.permanent, "size_mismatch", "\(hostName(state)) announces \(announced) bytes, expected \(expected) (size)")
@@ -552,7 +593,9 @@ public final class Downloader: Sendable {
         // Digests continue over the bytes already on disk, read back once per attempt.
         try digests.rebuild(from: file, upTo: state.received)
 
-        let workers = Self.segmentable(state.validators, size: state.size, received: state.received, settings: request.segmentation)
+        // Ranges only after a first answer that is a range: a whole body cut where its range
+        // ends would waste what was in flight.
+        let workers = answerEnd != nil && Self.segmentable(state.validators, size: state.size, received: state.received, settings: request.segmentation)
             ? request.segmentation.count : 1
         // The host's other slots are given back at once when the file is one stream.
         progress.connections = workers
@@ -563,13 +606,30 @@ public final class Downloader: Sendable {
         if workers > 1, let size = state.size {
             layout = SegmentLayout(
                 size: size, prefix: state.received,
-                piece: SegmentLayout.pieceSize(size: size - state.received, workers: workers, minPiece: request.segmentation.minPiece))
+                piece: SegmentLayout.pieceSize(size: size - state.received, workers: workers, minPiece: request.segmentation.minPiece),
+                firstEnd: answerEnd)
         } else {
             layout = SegmentLayout(size: state.size ?? Int64.max, prefix: state.received)
         }
         try await streamExplained(
             request, file: file, state: &state, digests: digests, layout: layout, workers: workers, first: response,
-            progress: progress, checkpoint: checkpoint)
+            firstEnd: answerEnd, firstCheck: overlap, progress: progress, checkpoint: checkpoint)
+    }
+
+    /// The bytes on disk cannot be continued (`reason`): the file is cut to 0, and the whole
+    /// file is asked for again from the job's URL; its answer must be a `200`.
+    private func restartFromZero(
+        _ reason: String, request: TransferRequest, file: PartialFile, state: inout AttemptState, progress: TransferProgress
+    ) async throws -> HTTPClientResponse {
+        startingOver(reason, state: &state, progress: progress, job: request.jobID)
+        try file.truncate(to: 0)
+        state.received = 0
+        state.size = nil
+        state.validators = Validators()
+        let response = try await fetch(request, state: &state, rangeFrom: 0)
+        try expect200(response, host: hostName(state))
+        take(response.headers, into: &state)
+        return response
     }
 
     /// A segmented download resumed: every range continues from its own synced offset, each
@@ -614,12 +674,12 @@ public final class Downloader: Sendable {
     /// `truncated`, whatever way the client reports it.
     private func streamExplained(
         _ request: TransferRequest, file: PartialFile, state: inout AttemptState, digests: Digests, layout: SegmentLayout,
-        workers: Int, first: HTTPClientResponse?, progress: TransferProgress,
+        workers: Int, first: HTTPClientResponse?, firstEnd: Int64? = nil, firstCheck: Int64 = 0, progress: TransferProgress,
         checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
         do {
             try await stream(request, file: file, state: &state, digests: digests, layout: layout, workers: workers, first: first,
-                             progress: progress, checkpoint: checkpoint)
+                             firstEnd: firstEnd, firstCheck: firstCheck, progress: progress, checkpoint: checkpoint)
         } catch {
             if error is TransferFailure || error is CancellationError || Task.isCancelled { throw error }
             let classified = await explain(error, request: request, target: state.target, proxy: state.proxy)

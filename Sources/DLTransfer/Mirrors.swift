@@ -27,16 +27,19 @@ extension Downloader {
     /// answer is the reference the other sources' first answers must agree with. A source that
     /// refuses the file (a permanent status) is dropped with the reason; when none is left the
     /// attempt fails with every reason.
-    func probe(_ request: TransferRequest, state: inout AttemptState) async throws -> HTTPClientResponse {
+    /// It asks from `from` (the committed offset unless an overlap is checked), to `end` when
+    /// one is given (the first range of a segmented download).
+    func probe(_ request: TransferRequest, state: inout AttemptState, from: Int64? = nil, end: Int64? = nil) async throws -> HTTPClientResponse {
+        let from = from ?? state.received
         guard let book = state.sources else {
-            return try await fetch(request, state: &state, rangeFrom: state.received)
+            return try await fetch(request, state: &state, rangeFrom: from, rangeEnd: end)
         }
         let candidates = book.state.withLock { $0.live }
         var last: TransferFailure? = nil
         for index in candidates {
             let url = book.url(index)
             do {
-                let response = try await fetch(request, state: &state, rangeFrom: state.received, source: url)
+                let response = try await fetch(request, state: &state, rangeFrom: from, rangeEnd: end, source: url)
                 let status = Int(response.status.code)
                 if [200, 206, 416].contains(status) {
                     state.sourceURL = url

@@ -30,6 +30,17 @@ struct SegmentFallback: Error {
     var reason: String
 }
 
+/// An answer open for one range of the planner: its body streams into range `slot`. `end` is
+/// where its bytes end when a `206` said so (the rest of the range is asked again); `check` is
+/// how many bytes it starts with before the range's `done` that must equal the file's
+/// (`OverlapResume`: a resume without a validator), compared and not written.
+struct OpenedRange: Sendable {
+    var slot: Int
+    var response: HTTPClientResponse
+    var end: Int64?
+    var check: Int64 = 0
+}
+
 /// The digests of an attempt. The worker that holds the planner's hashing role queues their
 /// updates on the attempt's `DigestPipeline`, whose one serial queue runs them in order; the
 /// stream drains it before the digests are read, reset or finalized.
@@ -104,11 +115,12 @@ extension Downloader {
 
     /// Streams the file into its partial file with up to `workers` ranges at once, from
     /// `layout` on: `first` is an answer already open at the first unfinished byte (its body
-    /// is the first range's stream), else every range starts with a request of its own.
+    /// is the first range's stream; with `firstCheck`, it starts that many bytes before, to be
+    /// compared with the file), else every range starts with a request of its own.
     /// On return `state` holds what is written (not yet synced: the caller syncs).
     func stream(
         _ request: TransferRequest, file: PartialFile, state: inout AttemptState, digests: Digests, layout: SegmentLayout,
-        workers: Int, first: HTTPClientResponse?, progress: TransferProgress,
+        workers: Int, first: HTTPClientResponse?, firstEnd: Int64? = nil, firstCheck: Int64 = 0, progress: TransferProgress,
         checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
         // Encrypted at rest: the file is one stream from 0 (`run` and `attempt` see to it), and
@@ -122,7 +134,7 @@ extension Downloader {
             sealed = try SealedOutput(recipients: request.recipients, file: file.writer)
         }
         let run = StreamRun(
-            planner: SegmentPlanner(layout, minPiece: request.segmentation.minPiece), file: file.writer,
+            planner: SegmentPlanner(layout, minPiece: request.segmentation.minPiece, workers: workers), file: file.writer,
             digests: DigestRole(digests), size: state.size, sealed: sealed)
         let template = state
         let base = state.checkpoint
@@ -133,9 +145,9 @@ extension Downloader {
         defer { progress.setWritten(nil) }
         do {
             try await withThrowingTaskGroup(of: Void.self) { group in
-                let firstSlot = first == nil ? nil : run.state.withLock { $0.planner.take() }
+                let firstSlot = first == nil ? nil : run.state.withLock { $0.planner.take(whole: true) }
                 for worker in 0..<max(1, workers) {
-                    let opened: (Int, HTTPClientResponse)? = worker == 0 ? firstSlot.flatMap { slot in first.map { (slot, $0) } } : nil
+                    let opened = worker == 0 ? firstSlot.flatMap { slot in first.map { OpenedRange(slot: slot, response: $0, end: firstEnd, check: firstCheck) } } : nil
                     group.addTask {
                         try await self.work(opened, run: run, request: request, template: template, base: base,
                                             progress: progress, checkpoint: checkpoint)
@@ -150,7 +162,7 @@ extension Downloader {
             // The digests start over below: nothing queued may feed them after that.
             try? await run.hashing?.drain()
             let reason = fallback.reason
-            logger.notice("segmented download falls back to one stream from the start", metadata: ["job": "\(request.jobID)", "reason": "\(reason)"])
+            logger.notice("the download falls back to one stream from the start", metadata: ["job": "\(request.jobID)", "reason": "\(reason)"])
             // Nothing written so far is trusted: the file starts over, and so do the digests.
             record(run, into: &state)
             startingOver(reason, state: &state, progress: progress, job: request.jobID)
@@ -221,24 +233,21 @@ extension Downloader {
         state.segments = checkpoint.segments
     }
 
-    /// One worker: streams its first range, then takes more (a range nobody fetches, or half of
-    /// the largest one left) until nothing is worth a request.
+    /// One worker: streams its first range, then takes more (the next range nobody fetches, cut
+    /// to its share) until none is left.
     private func work(
-        _ opened: (Int, HTTPClientResponse)?, run: StreamRun, request: TransferRequest, template: AttemptState,
+        _ opened: OpenedRange?, run: StreamRun, request: TransferRequest, template: AttemptState,
         base: TransferCheckpoint, progress: TransferProgress, checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
         var next = opened
         let book = template.sources
         while true {
-            let slot: Int
-            let body: HTTPClientResponse.Body
-            var announcedEnd: Int64? = nil
+            let open: OpenedRange
             // With mirrors: the source this range is fetched from.
             var source: Int? = nil
             var host = template.target?.host ?? "the server"
             if let opened = next {
-                slot = opened.0
-                body = opened.1.body
+                open = opened
                 next = nil
                 if let book {
                     let url = template.sourceURL ?? request.url
@@ -259,7 +268,7 @@ extension Downloader {
                     source = picked
                     host = Target(url: book.url(picked))?.host ?? host
                 }
-                let answer: (HTTPClientResponse, Int64?)?
+                let answer: OpenedRange?
                 do {
                     answer = try await rangeRequest(taken, source: source, run: run, request: request, template: template)
                 } catch let failure as SourceFailure {
@@ -272,13 +281,11 @@ extension Downloader {
                     if let book, let source { book.state.withLock { $0.closed(source) } }
                     return  // retired: the host refused one more connection; the others go on
                 }
-                slot = taken
-                body = answer.0.body
-                announcedEnd = answer.1
+                open = answer
             }
+            let slot = open.slot
             do {
-                try await receive(body, slot: slot, announcedEnd: announcedEnd, run: run, request: request,
-                                  host: host, base: base, progress: progress, checkpoint: checkpoint)
+                try await receive(open, run: run, request: request, host: host, base: base, progress: progress, checkpoint: checkpoint)
             } catch let failure as SourceFailure {
                 run.state.withLock { $0.planner.release(slot) }
                 guard let book, let source else { throw failure.underlying }
@@ -309,18 +316,21 @@ extension Downloader {
 
     /// Asks for the unwritten part of range `slot` (If-Range: the same file, or all of it);
     /// returns the answer and the end of the bytes it announces (a server may send less than
-    /// was asked). Nil when this worker should stop: the server refused one more connection for
+    /// was asked). Without a validator (one stream continued after a bounded first answer),
+    /// it asks from up to 64 KiB before, to be compared with the file (`OverlapResume`).
+    /// Nil when this worker should stop: the server refused one more connection for
     /// now while other workers still fetch (they take its range when theirs is done).
     private func rangeRequest(
         _ slot: Int, source: Int?, run: StreamRun, request: TransferRequest, template: AttemptState
-    ) async throws -> (HTTPClientResponse, Int64?)? {
+    ) async throws -> OpenedRange? {
         let segment = run.state.withLock { $0.planner.segment(slot) }
+        let overlap = template.validators.ifRange == nil ? min(OverlapResume.length, segment.done - segment.start) : 0
         var local = template
         let response: HTTPClientResponse
         let book = template.sources
         do {
             response = try await fetch(
-                request, state: &local, rangeFrom: segment.done, rangeEnd: segment.end, source: source.flatMap { book?.url($0) })
+                request, state: &local, rangeFrom: segment.done - overlap, rangeEnd: segment.end, source: source.flatMap { book?.url($0) })
         } catch {
             run.state.withLock { $0.planner.release(slot) }
             throw SourceFailure(underlying: error)
@@ -340,10 +350,14 @@ extension Downloader {
         switch status {
         case 206:
             let range = ContentRange(response.headers.first(name: "content-range"))
-            guard let range, range.start == segment.done, range.total == run.size else {
+            if overlap > 0, let size = run.size,
+               let refusal = OverlapResume.refusal(start: range?.start, total: range?.total, from: segment.done - overlap, size: size) {
+                throw SegmentFallback(response: nil, reason: refusal)
+            }
+            guard let range, range.start == segment.done - overlap, range.total == run.size else {
                 throw SegmentFallback(response: nil, reason: "\(host) answered a range request with another range")
             }
-            return (response, range.end.map { $0 + 1 })
+            return OpenedRange(slot: slot, response: response, end: range.end.map { $0 + 1 }, check: overlap)
         case 200:
             var answered = AttemptState(received: 0, size: nil, validators: Validators(), finalURL: nil, target: nil)
             take(response.headers, into: &answered)
@@ -400,13 +414,16 @@ extension Downloader {
 
     /// The receive loop of every range: each chunk is written at its offset, hashed when it
     /// continues the contiguous prefix, and counted; checkpoints start from here. Returns when
-    /// the range is written to its end (which a split may lower while it runs), or to
+    /// the range is written to its end, or to
     /// `announcedEnd`, where a 206 said its bytes end (the rest of the range is asked again).
     private func receive(
-        _ body: HTTPClientResponse.Body, slot: Int, announcedEnd: Int64?, run: StreamRun, request: TransferRequest, host: String,
+        _ opened: OpenedRange, run: StreamRun, request: TransferRequest, host: String,
         base: TransferCheckpoint, progress: TransferProgress, checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
-        var chunks = body.makeAsyncIterator()
+        let slot = opened.slot
+        let announcedEnd = opened.end
+        var checking = opened.check
+        var chunks = opened.response.body.makeAsyncIterator()
         while true {
             let next: ByteBuffer?
             do {
@@ -414,10 +431,22 @@ extension Downloader {
             } catch {
                 throw SourceFailure(underlying: error)
             }
-            guard let chunk = next else { break }
+            guard var chunk = next else { break }
             // The one place a transfer meets the speed limits, for every range of every job: it
             // sleeps here (reading nothing more) while it is ahead of them.
             try await limiter.take(chunk.readableBytes, job: request.jobID)
+            if checking > 0 {
+                // The bytes before the range's `done`, asked again: compared with the file, never
+                // written. One that differs means the file changed: it starts over.
+                let length = Int(min(checking, Int64(chunk.readableBytes)))
+                let done = run.state.withLock { $0.planner.segment(slot).done }
+                let served = chunk.readSlice(length: length) ?? ByteBuffer()
+                if let at = try Self.firstDifference(served, at: done - checking, file: run.file) {
+                    throw SegmentFallback(response: nil, reason: OverlapResume.changed(at: at, offset: done))
+                }
+                checking -= Int64(length)
+                if chunk.readableBytes == 0 { continue }
+            }
             let count = Int64(chunk.readableBytes)
             let (offset, granted) = run.state.withLock { state in
                 let at = state.planner.segment(slot).done
@@ -463,9 +492,13 @@ extension Downloader {
                 if let size = run.size, end == size {
                     throw SourceFailure(underlying: TransferFailure(.transient(.retry), "length_mismatch", "\(host) sent more than the \(size) bytes it announced"))
                 }
-                // The rest of this answer is another range's (a split lowered this one's end).
+                // The rest of this answer is another range's: the server sent more than it was
+                // asked (the connection is closed, the other range asks for its own bytes).
                 return
             }
+        }
+        if checking > 0 {
+            throw SourceFailure(underlying: TransferFailure(.transient(.network), "truncated", "the connection to \(host) ended before the bytes to compare with the file had come"))
         }
         let segment = run.state.withLock { $0.planner.segment(slot) }
         if let announcedEnd, segment.done >= announcedEnd { return }
@@ -473,6 +506,25 @@ extension Downloader {
             let written = run.state.withLock { $0.planner.written }
             throw SourceFailure(underlying: TransferFailure(.transient(.network), "truncated", "the connection to \(host) ended after \(written) of \(size) bytes"))
         }
+    }
+
+    /// Where `served` differs from the file's bytes at `offset` (the file offset of the first byte
+    /// that differs), or nil when they are equal.
+    static func firstDifference(_ served: ByteBuffer, at offset: Int64, file: PartialFile.Writer) throws(TransferFailure) -> Int64? {
+        let count = served.readableBytes
+        guard count > 0 else { return nil }
+        var buffer = [UInt8](repeating: 0, count: count)
+        var position = 0
+        var found: Int? = nil
+        try file.read(offset..<offset + Int64(count), buffer: &buffer) { disk in
+            guard found == nil else { return }
+            served.withUnsafeReadableBytes { bytes in
+                let part = UnsafeRawBufferPointer(rebasing: bytes[position..<position + disk.count])
+                found = OverlapResume.firstDifference(disk, part).map { position + $0 }
+            }
+            position += disk.count
+        }
+        return found.map { offset + Int64($0) }
     }
 
     /// Syncs then commits `due` off the cooperative threads, while the bodies keep streaming.

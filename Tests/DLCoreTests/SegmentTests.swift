@@ -14,61 +14,80 @@ import Testing
         planner.reserve(index, count: count)
     }
 
-    /// Idle workers split the range with the most left in half: four workers on one stream end
-    /// with four equal quarters.
-    @Test func splitsIntoEqualQuarters() throws {
-        var planner = SegmentPlanner(SegmentLayout(size: 64 * mib), minPiece: mib)
+    /// Ranges nobody fetches are cut as they are taken, into shares of what is left over twice
+    /// the workers (at least the minimum piece): taken in file order, shrinking towards the end.
+    @Test func takesSharesThatShrinkTowardsTheEnd() throws {
+        var planner = SegmentPlanner(SegmentLayout(size: 64 * mib), minPiece: mib, workers: 4)
         var taken: [Int] = []
         for _ in 0..<4 { taken.append(try take(&planner)) }
         #expect(Set(taken).count == 4)
-        let ranges = planner.layout.segments.map { $0.end - $0.start }
-        #expect(ranges == [16 * mib, 16 * mib, 16 * mib, 16 * mib])
+        let shares = taken.map { planner.segment($0) }
+        #expect(shares.map(\.start) == [0, 8 * mib, 15 * mib, 21 * mib + 1 * mib / 8])
+        #expect(shares[0].end - shares[0].start == 8 * mib)  // 64 / 8
+        #expect(zip(shares, shares.dropFirst()).allSatisfy { $0.end == $1.start && $0.end - $0.start >= $1.end - $1.start })
         #expect(planner.activeCount == 4)
+        // Taken to the end: every range a worker took stays as it was taken.
+        var ends = planner.layout.segments.map(\.end)
+        while let next = planner.take() {
+            #expect(reserve(&planner, next, count: 64 * mib) == planner.segment(next).remaining)
+            planner.commit(next)
+            ends = planner.layout.segments.map(\.end)
+        }
+        #expect(ends.last == 64 * mib)
+        let last = planner.layout.segments.suffix(3).map { $0.end - $0.start }
+        #expect(last.allSatisfy { $0 <= 2 * mib }, "\(last)")
     }
 
-    /// A finished worker takes half of the largest remaining range; never a piece below the
-    /// minimum.
-    @Test func dynamicSplitTakesHalfOfTheLargestRemaining() throws {
-        var planner = SegmentPlanner(SegmentLayout(size: 8 * mib), minPiece: mib)
-        let a = try take(&planner)
-        let b = try take(&planner)  // a: [0,4), b: [4,8)
-        #expect(planner.segment(b).start == 4 * mib)
-        // a finishes its half; b has written 1 MiB of its 4.
-        #expect(reserve(&planner, a, count: 5 * mib) == 4 * mib)  // clipped at its end
+    /// A range being fetched is never split: all its bytes are asked for, so taking a part of
+    /// it over would have them sent twice. A worker with nothing left to take stops; a range
+    /// given up is taken again from its `done`.
+    @Test func aRangeInFlightIsNeverSplit() throws {
+        var planner = SegmentPlanner(SegmentLayout(size: 8 * mib), minPiece: mib, workers: 2)
+        let whole = planner.take(whole: true)
+        let a = try #require(whole)
+        #expect(planner.segment(a) == Segment(start: 0, done: 0, end: 8 * mib))
+        #expect(reserve(&planner, a, count: mib) == mib)
         planner.commit(a)
-        #expect(planner.isFinished(a))
-        planner.release(a)
-        #expect(reserve(&planner, b, count: mib) == mib)
-        planner.commit(b)
-        let c = try take(&planner)  // half of b's remaining 3 MiB
-        #expect(planner.segment(b).end == 6 * mib + mib / 2)
-        #expect(planner.segment(c).start == 6 * mib + mib / 2)
-        #expect(planner.segment(c).end == 8 * mib)
-        // b and c have 1.5 MiB left each: a split would leave a piece below 1 MiB.
+        // a has 7 MiB left, all asked for: nothing is handed out, and a keeps its end.
         let none = planner.take()
         #expect(none == nil)
-        // A worker that gave up frees its range: the next take resumes it, split or not.
-        planner.release(c)
+        #expect(planner.segment(a).end == 8 * mib)
+        // a gave up: its rest is taken again from its done, cut to a share (7 MiB over 4).
+        planner.release(a)
         let again = planner.take()
-        #expect(again == c)
+        #expect(again == a)
+        #expect(planner.segment(a) == Segment(start: 0, done: mib, end: mib + 7 * mib / 4))
+        let rest = try take(&planner)
+        #expect(planner.segment(rest).start == mib + 7 * mib / 4)
+        #expect(reserve(&planner, a, count: 8 * mib) == 7 * mib / 4)  // clipped at its end
     }
 
-    /// A write in flight keeps its bytes: a split starts after what is reserved.
-    @Test func splitNeverHandsOutReservedBytes() throws {
-        var planner = SegmentPlanner(SegmentLayout(size: 8 * mib), minPiece: mib)
-        let a = try take(&planner)
-        #expect(reserve(&planner, a, count: 2 * mib) == 2 * mib)
-        let b = try take(&planner)
-        #expect(planner.segment(b).start == 5 * mib)  // 2 + (8 - 2) / 2
-        planner.commit(a)
-        #expect(planner.segment(a).done == 2 * mib)
-        #expect(planner.segment(a).end == 5 * mib)
+    /// `whole` takes the range an open answer covers as it is.
+    @Test func theFirstAnswersRangeIsTakenWhole() throws {
+        var planner = SegmentPlanner(SegmentLayout(size: 64 * mib, prefix: 0, piece: 4 * mib, firstEnd: 16 * mib), minPiece: mib, workers: 4)
+        let whole = planner.take(whole: true)
+        let first = try #require(whole)
+        #expect(planner.segment(first) == Segment(start: 0, done: 0, end: 16 * mib))
+        #expect(planner.layout.segments.map(\.end).prefix(3) == [16 * mib, 20 * mib, 24 * mib])
+    }
+
+    /// The first request of an attempt has an end when the rest may be fetched in ranges.
+    @Test func firstRequestEnd() {
+        // Unknown size: the first segment_min_size (a smaller file comes whole).
+        #expect(SegmentLayout.firstRequestEnd(received: 0, size: nil, workers: 4, minSize: 4 * mib, minPiece: mib) == 4 * mib)
+        // Known: one piece of the rest.
+        #expect(SegmentLayout.firstRequestEnd(received: 0, size: 64 * mib, workers: 4, minSize: 4 * mib, minPiece: mib) == 4 * mib)
+        #expect(SegmentLayout.firstRequestEnd(received: mib, size: 1 << 30, workers: 4, minSize: 4 * mib, minPiece: mib) == 33 * mib)
+        // One stream, or too little left: to the end.
+        #expect(SegmentLayout.firstRequestEnd(received: 0, size: nil, workers: 1, minSize: 4 * mib, minPiece: mib) == nil)
+        #expect(SegmentLayout.firstRequestEnd(received: 0, size: 3 * mib, workers: 4, minSize: 4 * mib, minPiece: mib) == nil)
+        #expect(SegmentLayout.firstRequestEnd(received: 60 * mib, size: 62 * mib, workers: 4, minSize: 4 * mib, minPiece: mib) == nil)
     }
 
     /// The prefix grows only over contiguous written bytes; a later range's bytes join it when
     /// the gap before them is filled. One worker hashes at a time.
     @Test func prefixAndHashing() throws {
-        var planner = SegmentPlanner(SegmentLayout(size: 4 * mib), minPiece: mib)
+        var planner = SegmentPlanner(SegmentLayout(size: 4 * mib, prefix: 0, piece: 2 * mib), minPiece: mib)
         let a = try take(&planner)
         let b = try take(&planner)  // a: [0,2), b: [2,4)
         #expect(reserve(&planner, b, count: mib) == mib)
@@ -94,7 +113,7 @@ import Testing
         #expect(planner.hashed == 3 * mib)
     }
 
-    /// Resumed ranges are taken again before anything is split, in file order.
+    /// Resumed ranges are taken again in file order; ranges in flight are never split.
     @Test func resumedRangesComeFirst() throws {
         let layout = try #require(SegmentLayout(size: 12 * mib, segments: [
             Segment(start: 0, done: 4 * mib, end: 4 * mib),
@@ -107,9 +126,8 @@ import Testing
         #expect(first == 1)
         let second = planner.take()
         #expect(second == 2)
-        let split = try take(&planner)
-        // The range with the most left (3 MiB against 2) is split.
-        #expect(planner.segment(split).start == 6 * mib + mib / 2)
+        let none = planner.take()
+        #expect(none == nil)
         #expect(planner.written == 7 * mib)
     }
 

@@ -65,7 +65,8 @@ func sha256sum(_ path: String) throws -> String {
             #expect(committed.count >= 3, "a 1 MB file that drops every 300 kB stops at least 3 times: \(committed)")
             // Required: the walk below reads committed[n - 1] for every request.
             try #require(requests.count == committed.count + 1, "one request per attempt: \(requests.map(\.uri))")
-            #expect(requests.first?.header("range") == nil)
+            // The first asks from byte 0 (with an end: the file might have been fetched in ranges).
+            #expect(requests.first.map { $0.header("range") == nil || $0.header("range")?.hasPrefix("bytes=0-") == true } == true)
             var served: Int64 = 0
             for (n, request) in requests.enumerated() {
                 let start: Int64 = n == 0 ? 0 : committed[n - 1]
@@ -306,7 +307,11 @@ func sha256sum(_ path: String) throws -> String {
                 try daemon.start()
                 defer { daemon.stop() }
                 let size = 3 << 20
-                let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?nolength=1"), "dir": .string(small), "name": "big.bin"])
+                // One stream: the first request of a segmented download is a range, whose answer
+                // would announce the size (Content-Range) that this test keeps unknown.
+                let id = try daemon.enqueue([
+                    "url": .string("\(origin.baseURL)/bytes/\(size)?nolength=1"), "dir": .string(small), "name": "big.bin", "segments": 1,
+                ])
                 let waiting = try daemon.waitForJob(id) { $0["state"] != "queued" && $0["state"] != "running" }
                 #expect(waiting["state"] == "waiting", "\(waiting.serializedString())")
                 #expect(waiting["wait_reason"] == "disk_space")
