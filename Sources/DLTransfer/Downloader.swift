@@ -167,6 +167,8 @@ public final class Downloader: Sendable {
     private struct ClientKey: Hashable {
         var tls: TLSSettings
         var proxy: ProxyServer?
+        /// HTTP/1.1 even where the server offers HTTP/2 (the ranges of a big file).
+        var http1Only = false
     }
 
     private struct Clients {
@@ -180,9 +182,10 @@ public final class Downloader: Sendable {
         self.logger = logger
     }
 
-    /// The client for these TLS settings and this proxy, made on first use.
-    private func client(for tls: TLSSettings, proxy: ProxyServer?) throws -> HTTPClient {
-        let key = ClientKey(tls: tls, proxy: proxy)
+    /// The client for these TLS settings and this proxy, made on first use; with
+    /// `http1Only`, one that never negotiates HTTP/2.
+    private func client(for tls: TLSSettings, proxy: ProxyServer?, http1Only: Bool = false) throws -> HTTPClient {
+        let key = ClientKey(tls: tls, proxy: proxy, http1Only: http1Only || !configuration.http2)
         return try clients.withLockedValue { clients in
             if let client = clients.byKey[key] { return client }
             guard !clients.isShutDown else { throw HTTPClientError.alreadyShutdown }
@@ -200,7 +203,8 @@ public final class Downloader: Sendable {
             // HTTP/2 where the server offers it (ALPN): the transfers to a host share one
             // connection and one TLS handshake, each a stream, which saves the round trips of
             // new connections (docs/architecture.md, "Two lanes").
-            config.httpVersion = configuration.http2 ? .automatic : .http1Only
+            // The ranges of a big file go over connections of their own (`fetch`'s `bulk`).
+            config.httpVersion = key.http1Only ? .http1Only : .automatic
             // A refused connection is a failed attempt for our own backoff, not a silent loop
             // inside the client until the deadline.
             config.connectionPool.retryConnectionEstablishment = false
@@ -698,8 +702,14 @@ public final class Downloader: Sendable {
 
     /// Sends the request for `from` onwards, following redirects ourselves.
     /// With `rangeEnd`, asks for `[offset, rangeEnd)` only (a range of a segmented download).
+    /// With `bulk` (the ranges of a segmented download, the rest of a big file), over
+    /// HTTP/1.1 connections of its own even where the server offers HTTP/2: streams of one
+    /// connection share its TCP window and AsyncHTTPClient's HTTP/2 flow control, which over a
+    /// link with 40 ms round trips moved 200 MiB at about half the speed of four connections
+    /// (docs/benchmarks.md).
     func fetch(
-        _ request: TransferRequest, state: inout AttemptState, rangeFrom offset: Int64, rangeEnd: Int64? = nil, source: String? = nil
+        _ request: TransferRequest, state: inout AttemptState, rangeFrom offset: Int64, rangeEnd: Int64? = nil, source: String? = nil,
+        bulk: Bool = false
     ) async throws -> HTTPClientResponse {
         // A mirror's credentials (its user info, ~/.netrc) are its own host's, as the job's are.
         let start = source ?? state.sourceURL ?? request.url
@@ -728,7 +738,7 @@ public final class Downloader: Sendable {
             // Chosen for each hop: a redirect may lead to a host that `no_proxy` names.
             let proxy = parsed.flatMap(configuration.proxies.proxy(for:))
             state.proxy = proxy
-            let client = try client(for: tls, proxy: proxy)
+            let client = try client(for: tls, proxy: proxy, http1Only: bulk)
             var http = HTTPClientRequest(url: current)
             http.method = .GET
             http.headers.add(name: "User-Agent", value: configuration.userAgent)
@@ -752,7 +762,8 @@ public final class Downloader: Sendable {
                 }
             }
             let response = try await client.execute(http, timeout: configuration.headTimeout, logger: logger)
-            noteVersion(response.version, of: current)
+            // Bulk requests never ask for HTTP/2: their answers say nothing of the host.
+            if !bulk { noteVersion(response.version, of: current) }
             let status = Int(response.status.code)
             guard [301, 302, 303, 307, 308].contains(status), let location = response.headers.first(name: "location") else {
                 state.finalURL = current

@@ -330,7 +330,8 @@ extension Downloader {
         let book = template.sources
         do {
             response = try await fetch(
-                request, state: &local, rangeFrom: segment.done - overlap, rangeEnd: segment.end, source: source.flatMap { book?.url($0) })
+                request, state: &local, rangeFrom: segment.done - overlap, rangeEnd: segment.end, source: source.flatMap { book?.url($0) },
+                bulk: true)
         } catch {
             run.state.withLock { $0.planner.release(slot) }
             throw SourceFailure(underlying: error)
