@@ -24,7 +24,7 @@ public struct Lanes: Sendable, Equatable {
     /// A transfer with at most this many bytes left is light.
     public var lightBytes: Int64
 
-    public static let defaultMaxLight = 32
+    public static let defaultMaxLight = 64
     public static let defaultLightBytes: Int64 = 2 << 20
 
     public init(maxActive: Int, maxLight: Int = Lanes.defaultMaxLight, lightBytes: Int64 = Lanes.defaultLightBytes) {
@@ -103,7 +103,7 @@ public struct HostLimits: Sendable, Equatable {
     public var maxPerHost: Int
     public var maxStreams: Int
 
-    public static let defaultMaxStreams = 32
+    public static let defaultMaxStreams = 64
 
     public init(maxPerHost: Int, maxStreams: Int = HostLimits.defaultMaxStreams) {
         self.maxPerHost = max(1, maxPerHost)

@@ -357,7 +357,7 @@ public actor Engine {
             handOff.started = startedEarly.map(\.id)
             // A few ends may come between two turns: four rows a slot (2000 files of 16 KiB
             // with three slots: 0.72–0.81 s with 12 rows, 1.02 s with 3, 0.85 s with 48).
-            handOff.ready = min(4 * (configuration.lanes.strict ? configuration.maxActive : configuration.maxLight), 16)
+            handOff.ready = readyRows
             handOff.readyMembers = min(4 * configuration.groupParallel, 16)
             claim = handOff
             startedEarly = []

@@ -79,19 +79,22 @@ public final class TransferProgress: Sendable {
     /// Asked once the transfer knows what it has left (the answer's head), before it writes
     /// a byte of the body: false parks it (`TransferParked`). Set by the engine for jobs that
     /// start in the light lane (`Lanes`); nil: always go on.
-    private let admission = Mutex<(@Sendable (Int64?, Int64) async -> Bool)?>(nil)
+    private let admission = Mutex<(lanes: Lanes, decide: @Sendable (Int64?, Int64) async -> Bool)?>(nil)
 
-    public func setAdmission(_ decide: (@Sendable (_ remaining: Int64?, _ received: Int64) async -> Bool)?) {
-        admission.withLock { $0 = decide }
+    /// `decide` is asked only for a transfer that `lanes` finds big: a light one goes on
+    /// without a hop to the engine.
+    public func setAdmission(_ lanes: Lanes, _ decide: (@Sendable (_ remaining: Int64?, _ received: Int64) async -> Bool)?) {
+        admission.withLock { $0 = decide.map { (lanes, $0) } }
     }
 
     /// Asks the admission once (it is cleared after): throws `TransferParked` when the
     /// transfer must stop and wait for a bulk slot.
     func admit(remaining: Int64?, received: Int64) async throws {
-        guard let decide = admission.withLock({ value -> (@Sendable (Int64?, Int64) async -> Bool)? in
+        guard let (lanes, decide) = admission.withLock({ value -> (Lanes, @Sendable (Int64?, Int64) async -> Bool)? in
             defer { value = nil }
             return value
         }) else { return }
+        if lanes.isLight(remaining: remaining, received: received) { return }
         if await !decide(remaining, received) { throw TransferParked() }
     }
 
