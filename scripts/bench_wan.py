@@ -23,6 +23,7 @@ Run alone: `python3 scripts/bench.py wan`, or `make bench PARTS=wan`.
 """
 import asyncio, collections, hashlib, os, shutil, socket, subprocess, sys, tempfile, time
 
+from bench_many import run_timed as run
 from benchlib import BIN, STEP_TIMEOUT, Daemon, exit_text, free_port, stop
 
 DELAY = float(os.environ.get("BENCH_WAN_DELAY_MS", "20")) / 1000
@@ -199,19 +200,6 @@ def verify(folder, expected):
     return f"{len(bad)} of {len(expected)} files missing or wrong" if bad else None
 
 
-def run(argv, timeout=STEP_TIMEOUT):
-    start = time.monotonic()
-    try:
-        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return time.monotonic() - start, f"timed out after {timeout:.0f} s"
-    elapsed = time.monotonic() - start
-    if done.returncode != 0:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        return elapsed, f"{exit_text(done.returncode)}: {tail[0][:160]}"
-    return elapsed, None
-
-
 def dld_run(work, label, entries, expected, cert, config=""):
     """A fresh dld (its defaults, plus `config` lines and trust in the test certificate), then
     `dlctl enqueue -i --wait`. Returns (seconds, error, peak RSS MiB)."""
@@ -227,7 +215,7 @@ def dld_run(work, label, entries, expected, cert, config=""):
     daemon = Daemon(base, os.path.join(base, "state"), dl)
     try:
         daemon.start()
-        seconds, error = run([os.path.join(BIN, "dlctl"), "enqueue", "--socket", daemon.sock, "-i", listing, "--wait", "-d", dl])
+        seconds, error = run([os.path.join(BIN, "dlctl"), "enqueue", "--socket", daemon.sock, "-i", listing, "--wait", "-d", dl], STEP_TIMEOUT)
         error = error or verify(dl, expected)
         if not daemon.alive():
             error = f"dld {exit_text(daemon.proc.returncode)}" + (f"; {error}" if error else "")
@@ -240,7 +228,7 @@ def dld_run(work, label, entries, expected, cert, config=""):
 def tool_run(work, argv_for, expected):
     out = tempfile.mkdtemp(prefix="out-", dir=work)
     try:
-        seconds, error = run(argv_for(out))
+        seconds, error = run(argv_for(out), STEP_TIMEOUT)
         return seconds, error or verify(out, expected), None
     finally:
         shutil.rmtree(out, ignore_errors=True)
