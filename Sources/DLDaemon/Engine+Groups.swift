@@ -8,15 +8,17 @@ import Logging
 /// Groups: files that are complete only together. A group holds one slot; its members stage
 /// in a hidden folder and are published together.
 extension Engine {
-    /// Looks at an active group after a change: fills its slot (up to `groupParallel` members
-    /// and the host limit), gives the slot back when nothing of it can run, and publishes it
+    /// Looks at an active group after a change: fills its slot (up to `groupParallel` big
+    /// members, small ones beside them as in the light lane, and the host limit), gives the slot back when nothing of it can run, and publishes it
     /// when every member is complete. While members run here a turn only claims more; else it
     /// reads the group and its counts by state (an index range); members are claimed as
     /// standalone jobs are; all members are read only to publish them.
     func settle(_ groupID: GroupID) async throws(DLError) {
         let active = activeGroups.contains(groupID)
         let busy = self.busy(group: groupID)
-        var want = active && configuration.queuePausedReason == nil ? configuration.groupParallel - busy : 0
+        // Members follow the lanes inside the slot: `groupParallel` big ones, small ones beside.
+        let free = lanes(groupID).free(bulk: bulkTaken(group: groupID), light: lightTaken(group: groupID))
+        var want = active && configuration.queuePausedReason == nil ? free : 0
         if busy > 0 {
             // Members of it run here, so it is open and not finished: a turn only refills its
             // places, from its ready members first, without reading the group (a claim finds

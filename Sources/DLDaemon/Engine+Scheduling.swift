@@ -40,15 +40,23 @@ extension Engine {
     }
 
     /// Bulk slots taken: standalone transfers in the bulk lane and the groups that hold
-    /// slots (`Lanes`); with `excludingEnded`, not transfers that ended on their own.
-    func bulkTaken(excludingEnded: Bool = false) -> Int {
-        running.values.filter { $0.job.groupID == nil && $0.bulk && !(excludingEnded && $0.ended) }.count + activeGroups.count
+    /// slots (`Lanes`); with `group`, that group's members in its bulk lane. With
+    /// `excludingEnded`, not transfers that ended on their own.
+    func bulkTaken(group: GroupID? = nil, excludingEnded: Bool = false) -> Int {
+        running.values.filter { $0.job.groupID == group && $0.bulk && !(excludingEnded && $0.ended) }.count
+            + (group == nil ? activeGroups.count : 0)
     }
 
-    /// Standalone transfers in the light lane, running or about to start (every start is
-    /// light until its answer tells its size).
-    func lightTaken(excludingEnded: Bool = false) -> Int {
-        busy(group: nil, excludingEnded: excludingEnded) - bulkTaken(excludingEnded: excludingEnded) + activeGroups.count
+    /// Transfers in the light lane (standalone, or `group`'s members), running or about to
+    /// start (every start is light until its answer tells its size).
+    func lightTaken(group: GroupID? = nil, excludingEnded: Bool = false) -> Int {
+        busy(group: group, excludingEnded: excludingEnded) - bulkTaken(group: group, excludingEnded: excludingEnded)
+            + (group == nil ? activeGroups.count : 0)
+    }
+
+    /// The lanes of standalone jobs, or inside `group`'s slot.
+    func lanes(_ group: GroupID?) -> Lanes {
+        group == nil ? configuration.lanes : configuration.groupLanes
     }
 
     /// The limit of `host`: a host that answered over HTTP/2 takes more streams than an
@@ -111,7 +119,7 @@ extension Engine {
             let (full, room) = hostRoom()
             let batch = min(left, room)
             let at = now()
-            let lightOnly = group == nil ? configuration.lanes.claimFilter(bulk: bulkTaken()) : nil
+            let lightOnly = lanes(group).claimFilter(bulk: bulkTaken(group: group))
             let claimed = try await storage {
                 try await store.claim(
                     limit: batch, worker: configuration.worker, leaseUntil: at.addingTimeInterval(configuration.lease),
@@ -237,11 +245,10 @@ extension Engine {
         lastAttempt += 1
         let attempt = lastAttempt
         let id = started.id
-        // Standalone jobs start in the light lane; the answer's size decides (`admit`).
-        if started.groupID == nil {
-            progress.setAdmission(configuration.lanes) { [weak self] remaining, received in
-                await self?.admit(id, attempt: attempt, remaining: remaining, received: received) ?? false
-            }
+        // Jobs start in the light lane (of their group's slot, for members); the answer's size
+        // decides (`admit`).
+        progress.setAdmission(lanes(started.groupID)) { [weak self] remaining, received in
+            await self?.admit(id, attempt: attempt, remaining: remaining, received: received) ?? false
         }
         // Set before the transfer starts, removed when it has ended (a restart awaits the end
         // of the transfer it replaces, so the two never overlap).
@@ -282,12 +289,13 @@ extension Engine {
     func admit(_ id: JobID, attempt: UInt64, remaining: Int64?, received: Int64) -> Bool {
         guard let entry = running[id], entry.attempt == attempt, entry.stop == nil else { return true }
         guard !entry.bulk else { return true }
-        switch configuration.lanes.admit(remaining: remaining, received: received, bulk: bulkTaken(excludingEnded: true)) {
+        let group = entry.job.groupID
+        switch lanes(group).admit(remaining: remaining, received: received, bulk: bulkTaken(group: group, excludingEnded: true)) {
         case .light:
             return true
         case .bulk:
             running[id]?.bulk = true
-            if !startFromReady() { scheduleTurn() }
+            if !startFromReady(group: group) { scheduleTurn() }
             return true
         case .park:
             running[id]?.parked = true
@@ -359,16 +367,10 @@ extension Engine {
         if let group, !activeGroups.contains(group) { return false }
         // A group's places are its own; standalone jobs start in the lanes' free slots, and a
         // job known to be big only while a bulk slot is free.
-        let free: Int
-        var mayStart: (Int) -> Bool = { _ in true }
-        if let group {
-            free = configuration.groupParallel - busy(group: group, excludingEnded: true)
-        } else {
-            let lanes = configuration.lanes
-            let bulk = bulkTaken(excludingEnded: true)
-            free = lanes.free(bulk: bulk, light: lightTaken(excludingEnded: true))
-            mayStart = { lanes.mayStart(size: list[$0].size, received: list[$0].received, bulk: bulk) }
-        }
+        let lanes = self.lanes(group)
+        let bulk = bulkTaken(group: group, excludingEnded: true)
+        let free = lanes.free(bulk: bulk, light: lightTaken(group: group, excludingEnded: true))
+        let mayStart: (Int) -> Bool = { lanes.mayStart(size: list[$0].size, received: list[$0].received, bulk: bulk) }
         guard let index = SchedulerPolicy.handOff(
             // Each URL is parsed only if the jobs before it cannot start.
             hosts: list.lazy.map { URLRules.hostKey($0.url) }, free: free,
@@ -419,7 +421,7 @@ extension Engine {
         guard pending.saves.isEmpty, pending.launches.isEmpty, pending.notices.isEmpty, pending.claimFree == nil,
               !startedEarly.isEmpty, startedEarly.count < Self.deferredClaimsLimit,
               ready.count >= min(readyRows, max(configuration.maxActive, busy(group: nil))),
-              activeGroups.allSatisfy({ (readyMembers[$0]?.count ?? 0) >= configuration.groupParallel })
+              activeGroups.allSatisfy({ (readyMembers[$0]?.count ?? 0) >= min(16, max(configuration.groupParallel, busy(group: $0))) })
         else { return false }
         guard claimFlushTask == nil else { return true }
         claimFlushTask = Task { [weak self] in

@@ -76,6 +76,10 @@ public struct EngineConfiguration: Sendable {
     public var maxStreamsPerHost = HostLimits.defaultMaxStreams
     /// The lanes of `maxActive` and `maxLight`.
     public var lanes: Lanes { Lanes(maxActive: maxActive, maxLight: maxLight) }
+    /// The lanes inside a group's slot: `groupParallel` big members at once, and small ones
+    /// beside them as standalone jobs have (none while `maxActive` is 1: strictly one slot,
+    /// `groupParallel` members in it, as before the lanes).
+    public var groupLanes: Lanes { Lanes(maxActive: groupParallel, maxLight: lanes.strict ? 0 : maxLight) }
     public var hostLimits: HostLimits { HostLimits(maxPerHost: maxPerHost, maxStreams: maxStreamsPerHost) }
     /// This daemon's worker id: the jobs it claims carry it.
     public var worker = "local/dld"
@@ -358,7 +362,7 @@ public actor Engine {
             // A few ends may come between two turns: four rows a slot (2000 files of 16 KiB
             // with three slots: 0.72–0.81 s with 12 rows, 1.02 s with 3, 0.85 s with 48).
             handOff.ready = readyRows
-            handOff.readyMembers = min(4 * configuration.groupParallel, 16)
+            handOff.readyMembers = configuration.lanes.strict ? min(4 * configuration.groupParallel, 16) : 16
             claim = handOff
             startedEarly = []
         }

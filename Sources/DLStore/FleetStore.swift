@@ -139,9 +139,10 @@ extension JobStore {
                 db.cachedStatement(sql: """
                     SELECT id FROM jobs INDEXED BY jobs_by_group_state
                     WHERE group_id = ? AND state = 'queued' AND host NOT IN (SELECT value FROM json_each(?))
+                        AND (? IS NULL OR (CASE WHEN size IS NULL THEN received ELSE size - received END) <= ?)
                     ORDER BY id LIMIT ?
                     """),
-                arguments: [group, hosts, limit])
+                arguments: [group, hosts, lightOnly, lightOnly, limit])
         } else {
             // With hosts excluded, or only light jobs wanted, only the first `claimWindow`
             // queued jobs are looked at.

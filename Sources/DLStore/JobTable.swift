@@ -137,7 +137,7 @@ public protocol JobTable: Sendable {
     /// While hosts are excluded, a standalone claim looks only at the first `claimWindow` queued
     /// jobs, so that a long queue of an excluded host costs no more than that (jobs further back
     /// wait for the window).
-    /// With `lightOnly`, only standalone jobs with at most that many bytes left (`size -
+    /// With `lightOnly`, only jobs with at most that many bytes left (`size -
     /// received`), or with an unknown size and at most that many received, are taken
     /// (`Lanes.claimFilter`), likewise from the first `claimWindow` queued jobs.
     /// With `group`, the same among that group's members (each of which runs on one worker,

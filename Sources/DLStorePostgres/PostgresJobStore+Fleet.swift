@@ -23,7 +23,7 @@ extension PostgresJobStore {
         return try await eventTransaction(publish: true, events: { $0.events }) { connection -> (jobs: [Job], events: [StoredEvent]) in
             let at = now.timeIntervalSince1970
             let hosts = excludingHosts.sorted().map(storedText)
-            let light = group != nil ? nil : lightOnly
+            let light = lightOnly
             let window = group != nil || (hosts.isEmpty && light == nil) ? "" : """
                 AND id IN (SELECT id FROM jobs WHERE state = 'queued' AND group_id IS NULL
                            ORDER BY priority DESC, id LIMIT \(Self.claimWindow))

@@ -92,6 +92,22 @@ import Testing
         }
     }
 
+    /// A group (a chapter's pages) follows the lanes inside its slot: its small members run
+    /// up to the host limit, not `group_parallel` at a time, and the group is published whole.
+    @Test func smallGroupMembersRunBesideEachOther() async throws {
+        try await withStarted(try await TestOrigin.start(latency: .milliseconds(50))) { origin in
+            let daemon = try DaemonHarness(config: "group_parallel = 2\nmax_per_host = 5\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            let dir = daemon.root + "/dl/chapter"
+            let urls = (0..<30).map { "\(origin.baseURL)/bytes/\(20_000 + $0)?rate=200000" }
+            let done = try daemon.dlctl(["enqueue", "--group", "chapter", "-d", dir] + urls + ["--wait"])
+            #expect(done.status == 0, "\(done.stdout) \(done.stderr)")
+            for n in 0..<30 { try expectOriginBytes(at: dir + "/\(20_000 + n)", count: 20_000 + n) }
+            #expect(origin.mostConcurrentBodies == 5, "members at once: \(origin.mostConcurrentBodies)")
+        }
+    }
+
     /// A server that offers HTTP/2: many jobs are streams of one connection (one TLS
     /// handshake), more of them at once than `max_per_host` allows connections, every file
     /// byte-exact.
