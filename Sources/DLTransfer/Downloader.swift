@@ -230,9 +230,17 @@ public final class Downloader: Sendable {
     /// (four connections' buffers); 256 KiB: 53 MiB, as fast (docs/benchmarks.md). While a
     /// speed limit is set, reads are cut to its `readCap`.
     static func largeReads(_ channel: any Channel, limiter: SpeedLimiter) -> EventLoopFuture<Void> {
-        channel.setOption(
-            ChannelOptions.recvAllocator,
-            value: LimitedReads(adaptive: AdaptiveRecvByteBufferAllocator(minimum: 4096, initial: 64 << 10, maximum: 256 << 10), limiter: limiter))
+        // Over TLS each read is decrypted into a plaintext buffer of its size as well: reads
+        // of up to 64 KiB keep four TLS connections' buffers small (a 200 MiB download over
+        // https over the wan relay: peak RSS 70.9–71.8 MiB, against 79.2–81.5 MiB with 256 KiB
+        // reads, in the same time).
+        channel.pipeline.handler(type: NIOSSLClientHandler.self).map { _ in true }.recover { _ in false }.flatMap { tls in
+            channel.setOption(
+                ChannelOptions.recvAllocator,
+                value: LimitedReads(
+                    adaptive: AdaptiveRecvByteBufferAllocator(minimum: 4096, initial: 64 << 10, maximum: tls ? 64 << 10 : 256 << 10),
+                    limiter: limiter))
+        }
     }
 
     public func shutdown() async {
