@@ -27,10 +27,20 @@ extension Engine {
         let forGroups = configuration.lanes.freeForGroups(bulk: bulkTaken(), light: lightTaken())
         let total = configuration.lanes.strict ? free : free + forGroups
         guard total > 0 else { return }
+        // Ready jobs are left that could not start: their host is at its limit (or they are
+        // big and the bulk lane is full). A claim would look past them for other hosts' jobs;
+        // the light lane has more slots than a busy host takes, so without this every turn
+        // would make that claim. After one that found nothing it waits `blockedClaimPause`,
+        // and the ready list is kept for the hand-offs.
+        if !ready.isEmpty, let last = fruitlessClaimAt, now().timeIntervalSince(last) < Self.blockedClaimPause { return }
         // The claim counts these slots free: none of them may be handed off meanwhile.
         ready = []
         pending.claimFree = total
     }
+
+    /// How long a turn leaves out the claim past ready jobs that could not start, after one
+    /// that found nothing (`schedule`): another host's queued jobs start at most this late.
+    static let blockedClaimPause: TimeInterval = 0.1
 
     /// Transfers of `group`'s members (nil: standalone jobs), running or about to start; with
     /// `excludingEnded`, not those that ended on their own and wait for the queue.
@@ -89,6 +99,8 @@ extension Engine {
     /// the groups it gave slots take them, and standalone slots its claim could not fill in
     /// one go (a host near its limit) are claimed in further steps.
     func startTurn(_ outcome: TurnOutcome, claim: TurnClaim) async throws(DLError) {
+        // A claim for free slots that found nothing to start (`schedule` pauses such claims).
+        fruitlessClaimAt = claim.free > 0 && outcome.claimed.isEmpty && outcome.groups.isEmpty ? now() : nil
         let (starting, waiting) = holdForMetered(outcome.claimed)
         pending.launches += starting
         if !waiting.isEmpty {

@@ -194,6 +194,8 @@ public actor Engine {
     /// Jobs started from `ready` or `readyMembers` whose claims are not committed yet
     /// (`TurnClaim.started`).
     var startedEarly: [Job] = []
+    /// When the last claim for free slots found nothing (`schedule`, `startTurn`).
+    var fruitlessClaimAt: Date?
     /// Commits claims that `deferStartedClaims` left waiting, after `claimDelay`.
     var claimFlushTask: Task<Void, Never>?
     /// Called after a job or group finishes (completed or failed), outside the serial queue.
