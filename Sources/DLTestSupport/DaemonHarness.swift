@@ -103,7 +103,10 @@ public final class DaemonHarness: @unchecked Sendable {
     private var launcherPIDFile: String { root + "/launcher.pid" }
 
     /// - Parameter config: the text of a config file to start dld with (docs/configuration.md).
-    public init(extraArguments: [String] = [], config: String? = nil, privateHome: Bool = false, defaultSocket: Bool = false) throws {
+    /// - Parameter dataRoot: the folder that holds the state folder and the download folder
+    ///   (`state` and `dl`), when not the harness's own temp folder (a powercutfs mount).
+    public init(extraArguments: [String] = [], config: String? = nil, privateHome: Bool = false, defaultSocket: Bool = false,
+                dataRoot: String? = nil) throws {
         var template = Array("/tmp/dldt-XXXXXX".utf8CString)
         let made = template.withUnsafeMutableBufferPointer { buffer -> String? in
             guard let base = buffer.baseAddress, mkdtemp(base) != nil else { return nil }
@@ -115,8 +118,8 @@ public final class DaemonHarness: @unchecked Sendable {
         home = privateHome ? made + "/home" : nil
         if let home { try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: true) }
         socket = defaultSocket ? root + "/xdg/dld/dld.sock" : root + "/s.sock"
-        stateDir = root + "/state"
-        downloadDir = root + "/dl"
+        stateDir = (dataRoot ?? root) + "/state"
+        downloadDir = (dataRoot ?? root) + "/dl"
         self.extraArguments = extraArguments
         try FileManager.default.createDirectory(atPath: downloadDir, withIntermediateDirectories: true)
         if let config {
