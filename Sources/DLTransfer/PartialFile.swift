@@ -172,6 +172,30 @@ public final class PartialFile {
         }
     }
 
+    /// fsync of `folder`; 0 or the errno.
+    public static func syncFolder(_ folder: String) -> Int32 {
+        let dfd = open(folder.isEmpty ? "." : folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dfd >= 0 else { return errno }
+        defer { _ = Glibc.close(dfd) }
+        return fsync(dfd) == 0 ? 0 : errno
+    }
+
+    /// Creates `folder` and the folders above it that are missing, each made durable (its
+    /// parent synced): a folder whose files are committed must not vanish in a power cut.
+    public static func makeFolders(_ folder: String) throws(TransferFailure) {
+        var missing: [String] = []
+        var probe = folder
+        while !probe.isEmpty, probe != "/", access(probe, F_OK) != 0 {
+            missing.append(probe)
+            probe = (probe as NSString).deletingLastPathComponent
+        }
+        for dir in missing.reversed() {
+            if mkdir(dir, 0o755) != 0 && errno != EEXIST { throw failure("create the folder", dir, errno) }
+            let code = syncFolder((dir as NSString).deletingLastPathComponent)
+            if code != 0 { throw failure("sync the folder of", dir, code) }
+        }
+    }
+
     /// fsync of the folder that holds `path`, so that a rename in it is durable.
     public static func syncDirectory(of path: String) {
         let dir = (path as NSString).deletingLastPathComponent
