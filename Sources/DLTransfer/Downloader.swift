@@ -48,6 +48,9 @@ public struct TransferRequest: Sendable {
     /// current boot id: the attempt continues from it when `ResumePoint` trusts it.
     public var unsynced: UnsyncedProgress?
     public var bootID: String?
+    /// The file's folder is dld's own (a group's staging folder): made again (durably) when
+    /// it is missing, as after a power cut that came before its creation was synced.
+    public var ownsFolder = false
 
     public init(jobID: JobID, url: String, headers: [HeaderField], path: String, overwrite: Bool,
                 offset: Int64, size: Int64?, validators: Validators, checksum: Checksum? = nil) {
@@ -249,6 +252,7 @@ public final class Downloader: Sendable {
         }
         let file: PartialFile
         do {
+            if request.ownsFolder { try PartialFile.makeFolders((request.partialPath as NSString).deletingLastPathComponent) }
             file = try PartialFile(path: request.partialPath)
         } catch {
             return .failed(error, state.checkpoint)
