@@ -24,7 +24,9 @@
 //   wait MS                           "frozen KIND PATH" once frozen, else "running" after MS
 //   fail KINDS SUBSTR ERRNO COUNT     those operations fail with ERRNO (a number), COUNT times
 //                                     (0: until `clear`); a failed fsync/fdatasync also loses the
-//                                     file's data not yet durable, as a failed writeback does
+//                                     file's data not yet durable, as a failed writeback does:
+//                                     the bytes written since read as before (zeros past the old
+//                                     end), the size stays, and a later fsync succeeds
 //   clear                             no more failures
 //   cut                               freeze, undo what is not durable, fail what waits with EIO
 //   stats                             "ops N records M"
@@ -209,7 +211,7 @@ struct record {
     int live;
     // data: the inode, the size before, and the bytes replaced at `offset`
     struct inode *file;
-    off_t offset, old_size;
+    off_t offset, old_size, length;
     size_t saved_len;
     char *saved;
     // names: the folders that must be synced (`need`), the names and the trash entry
@@ -279,6 +281,7 @@ static int record_data(struct inode *file, enum kind kind, off_t offset, off_t l
     if (!r) return -ENOMEM;
     r->file = file;
     r->offset = offset;
+    r->length = len;
     r->old_size = st.st_size;
     off_t end = offset + len < st.st_size ? offset + len : st.st_size;
     if (offset < end) {
@@ -327,6 +330,25 @@ static void undo(struct record *r) {
     retire(r);
 }
 
+// A write that never reached the disk, as a failed writeback leaves it: the bytes it
+// replaced are back, the ones it added read as zeros, and the size stays (the kernel keeps
+// it), so that only what the data holds tells.
+static void lose_write(struct record *r) {
+    if (r->saved_len && pwrite(r->file->fd, r->saved, r->saved_len, r->offset) != (ssize_t)r->saved_len)
+        perror("powercutfs: lose write");
+    off_t from = r->offset + (off_t)r->saved_len, to = r->offset + r->length;
+    static const char zeros[65536];
+    while (from < to) {
+        size_t n = to - from < (off_t)sizeof zeros ? (size_t)(to - from) : sizeof zeros;
+        if (pwrite(r->file->fd, zeros, n, from) != (ssize_t)n) {
+            perror("powercutfs: lose write");
+            break;
+        }
+        from += (off_t)n;
+    }
+    retire(r);
+}
+
 // fsync/fdatasync of a file: its data records are durable. A failed one loses them instead:
 // the data that was not written back is gone from the disk (a later fsync succeeds, as after
 // a real writeback error, but makes nothing of it durable).
@@ -334,8 +356,9 @@ static void file_synced(struct inode *file, int failed) {
     for (size_t k = record_count; k-- > 0;) {
         struct record *r = &records[k];
         if (!r->live || r->file != file) continue;
-        if (failed) undo(r);
-        else retire(r);
+        if (!failed) retire(r);
+        else if (r->kind == R_WRITE) lose_write(r);
+        else undo(r);
     }
 }
 

@@ -52,21 +52,26 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         + at(.small, "fdatasync", ".part", [2, 15], short: [15])
         + at(.small, "rename", "/dl/", [1, 12, 30], short: [1, -12])
         + at(.small, "fsyncdir", "/dl", [1, 4], short: [-1])
-        + at(.small, "fdatasync", "jobs.sqlite-wal", [8], short: [])
+        + at(.small, "fdatasync", "jobs.sqlite-wal", [2], short: [])
         // A group: members staged, then the folder renamed into place and its parent synced.
         + at(.group, "rename", "dld-staging", [2, 6], short: [6])
         + at(.group, "rename", "/chapter", [1], short: [-1, 1])
         + at(.group, "fsyncdir", "/dl", [1, 2], short: [])
         // One enqueue of 10 000 jobs: the commit, and the middle of its WAL writes.
-        + at(.enqueue, "fdatasync", "jobs.sqlite-wal", [1, 2], short: [-1, 1])
-        + at(.enqueue, "write", "jobs.sqlite-wal", [200], short: [])
+        + at(.enqueue, "fdatasync", "jobs.sqlite-wal", [1], short: [-1, 1])
+        + at(.enqueue, "write", "jobs.sqlite-wal", [50, 200], short: [])
         // A bulk pause of 2000 jobs.
-        + at(.pause, "fdatasync", "jobs.sqlite-wal", [1, 2], short: [1])
-        + at(.pause, "write", "jobs.sqlite-wal", [30], short: [-30])
+        + at(.pause, "fdatasync", "jobs.sqlite-wal", [1], short: [1])
+        + at(.pause, "write", "jobs.sqlite-wal", [10, 30], short: [-30])
 
-    /// `DLD_POWERCUT=full` (make crash): every cut point; otherwise the short set.
+    /// `DLD_POWERCUT=full` (make crash): every cut point; `DLD_POWERCUT=TEXT`: those whose
+    /// description contains TEXT; otherwise the short set.
     static var chosen: [CutPoint] {
-        ProcessInfo.processInfo.environment["DLD_POWERCUT"] == "full" ? all : all.filter(\.short)
+        switch ProcessInfo.processInfo.environment["DLD_POWERCUT"] ?? "" {
+        case "": return all.filter(\.short)
+        case "full": return all
+        case let text: return all.filter { $0.testDescription.contains(text) }
+        }
     }
 }
 
@@ -141,6 +146,10 @@ final class Answers: Sendable {
             // Before dld starts again: the table opens, and no file has its final name early.
             let rows = try Self.offlineRows(fs: fs)
             try Self.expectFinalNamesVerified(fs: fs, rows: rows)
+            if ProcessInfo.processInfo.environment["DLD_POWERCUT_LOG"] != nil {
+                print("frozen at", frozeAt ?? "-", rows.values.sorted { $0.id < $1.id }.map { "\($0.id) \($0.state) \($0.path)" })
+                print(try runProgram("/usr/bin/find", [fs.backing + "/dl", "-ls"]).stdout)
+            }
 
             // The reboot: a fresh mount, a new boot id, dld again.
             try UUID().uuidString.lowercased().write(toFile: bootFile, atomically: true, encoding: .utf8)
@@ -151,6 +160,7 @@ final class Answers: Sendable {
             defer { again.stop() }
             try Self.expectAnswersInEffect(point.work, answers: answers, rows: rows, daemon: again)
             try Self.expectEveryJobFinishes(point.work, daemon: again)
+            if ProcessInfo.processInfo.environment["DLD_POWERCUT_LOG"] != nil { print(daemon.log, again.log) }
         }
     }
 
@@ -283,6 +293,20 @@ final class Answers: Sendable {
             #expect(stuck.isEmpty, "jobs that did not resume: \(stuck.prefix(3).map { $0.serializedString() })")
         case .big, .small, .group:
             let jobs = try allJobs(daemon)
+            for job in jobs {
+                guard let id = job["id"]?.int64Value else { continue }
+                try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
+            }
+            // A group's completed members are in its folder once the group is published.
+            if work == .group {
+                let deadline = Date().addingTimeInterval(60)
+                var group = try daemon.call("status", ["group": "chapter"])
+                while group["group"]?["state"] != "completed" && group["group"]?["state"] != "failed" && Date() < deadline {
+                    usleep(20_000)
+                    group = try daemon.call("status", ["group": "chapter"])
+                }
+                #expect(group["group"]?["state"] == "completed", "\(group.serializedString())")
+            }
             for job in jobs {
                 guard let id = job["id"]?.int64Value else { continue }
                 let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
