@@ -265,6 +265,12 @@ public final class Downloader: Sendable {
         if request.recipients.isEmpty {
             request = await continuingUnsynced(request, file: file, state: &state)
         }
+        // What is durable: where the attempt starts, then each checkpoint committed.
+        let durable = NIOLockedValueBox(state.checkpoint)
+        let checkpoint: @Sendable (TransferCheckpoint) async throws -> Void = { progress in
+            try await checkpoint(progress)
+            durable.withLockedValue { $0 = progress }
+        }
         do {
             try await attempt(request, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
             var done = state.checkpoint
@@ -291,6 +297,18 @@ public final class Downloader: Sendable {
             done.publishTarget = Self.publishTarget(request, proposed: state.proposedName)
             return .downloaded(done)
         } catch {
+            // A sync failed (fsyncgate): the kernel may have dropped the bytes it could not
+            // write, and another sync would succeed without them. Nothing written since the
+            // last durable point is counted: the attempt reports that point (nothing, if the
+            // file was started over since), and the next one cuts the file back to it.
+            if let failure = Self.failedSync(error) {
+                var kept = durable.withLockedValue { $0 }
+                if state.startedOver != nil && kept.startedOver == nil {
+                    kept.received = 0
+                    kept.segments = nil
+                }
+                return .failed(failure, kept)
+            }
             // Whatever happened, the bytes counted so far are made durable before they are
             // reported, so the caller may commit them.
             do {
@@ -309,6 +327,13 @@ public final class Downloader: Sendable {
             if let failure = error as? TransferFailure { return .failed(failure, state.checkpoint) }
             return .failed(await explain(error, request: request, target: state.target, proxy: state.proxy), state.checkpoint)
         }
+    }
+
+    /// The failed sync that ended an attempt, if that is what ended it.
+    static func failedSync(_ error: any Error) -> TransferFailure? {
+        if let failure = error as? TransferFailure { return failure.failedSync ? failure : nil }
+        if let wrapped = error as? SourceFailure { return failedSync(wrapped.underlying) }
+        return nil
     }
 
     /// The request as it continues from the unsynced progress recorded after its committed

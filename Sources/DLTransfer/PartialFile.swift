@@ -117,7 +117,7 @@ public final class PartialFile {
 
     /// Data only: the size is fixed by the committed offset, and metadata is synced at publish.
     public func syncData() throws(TransferFailure) {
-        guard fdatasync(fd) == 0 else { throw Self.failure("sync", path, errno) }
+        guard fdatasync(fd) == 0 else { throw Self.syncFailure(path, errno) }
     }
 
     /// fsync on a thread of the disk pool: it can take as long as the disk needs, and a
@@ -125,7 +125,7 @@ public final class PartialFile {
     public func syncOffThread() async throws {
         let fd = self.fd
         let code = try await DiskPool.shared.runIfActive { fsync(fd) == 0 ? 0 : errno }
-        if code != 0 { throw Self.failure("sync", path, code) }
+        if code != 0 { throw Self.syncFailure(path, code) }
     }
 
     /// The descriptor, for work handed to another thread; valid until `close`.
@@ -138,7 +138,7 @@ public final class PartialFile {
         then commit: @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
         let code = try await DiskPool.shared.runIfActive { fdatasync(fd) == 0 ? 0 : errno }
-        if code != 0 { throw failure("sync", path, code) }
+        if code != 0 { throw syncFailure(path, code) }
         try await commit(checkpoint)
     }
 
@@ -204,6 +204,13 @@ public final class PartialFile {
             _ = fsync(dfd)
             _ = Glibc.close(dfd)
         }
+    }
+
+    /// A failed fsync or fdatasync of `path` (`TransferFailure.failedSync`).
+    static func syncFailure(_ path: String, _ code: Int32) -> TransferFailure {
+        var failure = failure("sync", path, code)
+        failure.failedSync = true
+        return failure
     }
 
     static func failure(_ operation: String, _ path: String, _ code: Int32) -> TransferFailure {
