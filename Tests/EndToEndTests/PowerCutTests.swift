@@ -176,7 +176,7 @@ final class Answers: Sendable {
                 .object(["url": .string("\(base)/bytes/\(smallSize)?n=\(n)"), "name": .string(String(format: "f%02d.bin", n))])
             }
             let result = try daemon.call("enqueue", ["jobs": .array(jobs)])
-            let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["job"]?["id"]?.int64Value }
+            let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value }
             answers.state.withLock { $0.ids += ids }
             for id in ids { try daemon.waitForState(id, ["completed"], timeout: 60) }
         case .group:
@@ -186,7 +186,7 @@ final class Answers: Sendable {
             let result = try daemon.call("enqueue", [
                 "group": ["name": "chapter", "dir": .string(daemon.downloadDir + "/chapter")], "jobs": .array(jobs),
             ])
-            let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["job"]?["id"]?.int64Value }
+            let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value }
             answers.state.withLock { $0.ids += ids }
             for id in ids { try daemon.waitForState(id, ["completed"], timeout: 60) }
         case .enqueue:
@@ -194,7 +194,7 @@ final class Answers: Sendable {
                 .object(["url": .string("\(base)/bytes/1024?n=\(n)"), "name": .string("e\(n).bin"), "paused": true])
             }
             let result = try daemon.call("enqueue", ["jobs": .array(jobs)])
-            let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["job"]?["id"]?.int64Value }
+            let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value }
             answers.state.withLock {
                 $0.ids += ids
                 $0.enqueued = true
@@ -262,6 +262,7 @@ final class Answers: Sendable {
         let answered = answers.state.withLock { $0 }
         let jobs = try allJobs(daemon)
         let ids = Set(jobs.compactMap { $0["id"]?.int64Value })
+        if work != .pause { #expect(!answered.ids.isEmpty || !answered.enqueued, "an answered enqueue names its jobs") }
         for id in answered.ids { #expect(ids.contains(id), "job \(id) was answered and is lost") }
         #expect(Set(rows.keys) == ids, "dld lists the jobs of the table")
         switch work {
