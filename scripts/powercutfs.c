@@ -28,7 +28,8 @@
 //                                     the bytes written since read as before (zeros past the old
 //                                     end), the size stays, and a later fsync succeeds
 //   clear                             no more failures
-//   cut                               freeze, undo what is not durable, fail what waits with EIO
+//   cut [zeros]                       freeze, undo what is not durable, fail what waits with EIO;
+//                                     with zeros, unsynced writes read as zeros past a size kept
 //   stats                             "ops N records M"
 //   quit                              unmount and exit
 //
@@ -372,11 +373,16 @@ static void dir_synced(struct inode *dir) {
     }
 }
 
-static size_t cut(void) {
+// `zeros`: unsynced writes leave their bytes as zeros and the size as it was grown, as on a
+// filesystem that wrote the size but not the data (XFS's zeros after a crash, ext4 with
+// data=writeback); otherwise the file is as it was at its last sync, size included. Both are
+// what a power cut may leave.
+static size_t cut(int zeros) {
     size_t undone = 0;
     for (size_t k = record_count; k-- > 0;) {
         if (!records[k].live) continue;
-        undo(&records[k]);
+        if (zeros && records[k].kind == R_WRITE) lose_write(&records[k]);
+        else undo(&records[k]);
         undone++;
     }
     return undone;
@@ -873,7 +879,7 @@ static void *control(void *unused) {
             answer("ok");
         } else if (strcmp(cmd, "cut") == 0) {
             freeze_now("cut", "-");
-            size_t undone = cut();
+            size_t undone = cut(strcmp(a, "zeros") == 0);
             dead = 1;
             pthread_cond_broadcast(&state_changed);
             answer("cut %zu", undone);

@@ -134,10 +134,12 @@ public final class PowerCutFS: @unchecked Sendable {
     public func clearFailures() throws { try command("clear") }
 
     /// The power cut: every operation waits, what is not durable is undone, and what waits fails.
-    /// Returns the number of records undone.
+    /// With `zeros`, data written and not synced reads as zeros and a grown size stays (a
+    /// filesystem that wrote the size but not the data); otherwise the file is as it was at its
+    /// last sync. Returns the number of records undone.
     @discardableResult
-    public func cut() throws -> Int {
-        let answer = try command("cut")
+    public func cut(zeros: Bool = false) throws -> Int {
+        let answer = try command(zeros ? "cut zeros" : "cut")
         return Int(answer.split(separator: " ").last ?? "") ?? 0
     }
 

@@ -137,7 +137,9 @@ final class Answers: Sendable {
             }
             // The moment of the cut: dld dies with everything not yet durable.
             if let pid = daemon.pid { kill(pid, SIGKILL) }
-            try fs.cut()
+            // Cuts before an operation leave unsynced data as zeros in a size kept, cuts after one
+            // leave files as they were at their last sync: both are what a power cut may leave.
+            try fs.cut(zeros: !point.after)
             daemon.crash()
             await work.value
             try fs.unmount()
