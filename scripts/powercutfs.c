@@ -20,7 +20,8 @@
 //                                     write, truncate, fsync, fdatasync, fsyncdir, create, mkdir,
 //                                     unlink, rmdir, rename, link, symlink; `*` any) whose path
 //                                     contains SUBSTR (`-`: any), before or after applying it
-//   freeze                            freeze now: every later operation waits
+//   freeze                            freeze now: every later operation waits (SIGUSR1 does the
+//                                     same at once, even while a `wait` runs)
 //   wait MS                           "frozen KIND PATH" once frozen, else "running" after MS
 //   fail KINDS SUBSTR ERRNO COUNT     those operations fail with ERRNO (a number), COUNT times
 //                                     (0: until `clear`); a failed fsync/fdatasync also loses the
@@ -42,6 +43,7 @@
 #include <fuse.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,9 +132,12 @@ static int injected(const char *kind, const char *path) {
 
 // Every operation runs under `big`, entered here: it waits while frozen, and fails with EIO
 // once the power is cut. Returns 0 to go on (holding `big`), or a negative errno (not holding).
+static FILE *trace;  // POWERCUTFS_TRACE=FILE: every operation, one a line
+
 static int enter(const char *kind, const char *path, int faults) {
     pthread_mutex_lock(&big);
     op_count++;
+    if (trace && strcmp(kind, "getattr") != 0) fprintf(trace, "%s %s%s\n", kind, path ? path : "-", frozen ? " (frozen)" : "");
     if (!frozen && trigger_fires(kind, path, 0)) freeze_now(kind, path);
     while (frozen && !dead) pthread_cond_wait(&state_changed, &big);
     if (dead) {
@@ -906,6 +911,22 @@ static void *control(void *unused) {
     return NULL;
 }
 
+// SIGUSR1 freezes at once, without waiting for a command in progress (`wait`): the harness
+// sends it the moment a command of dld's is answered.
+static void *freezer(void *unused) {
+    (void)unused;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    int sig;
+    while (sigwait(&set, &sig) == 0) {
+        pthread_mutex_lock(&big);
+        freeze_now("signal", "-");
+        pthread_mutex_unlock(&big);
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc != 4) {
         fprintf(stderr, "usage: powercutfs BACKING TRASH MOUNTPOINT\n");
@@ -920,6 +941,17 @@ int main(int argc, char **argv) {
         perror("powercutfs: trash folder");
         return 66;
     }
+    if (getenv("POWERCUTFS_TRACE")) {
+        trace = fopen(getenv("POWERCUTFS_TRACE"), "a");
+        if (trace) setvbuf(trace, NULL, _IOLBF, 0);
+    }
+    // Every thread blocks SIGUSR1; `freezer` takes it.
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &usr1, NULL);
+    pthread_t freezer_thread;
+    pthread_create(&freezer_thread, NULL, freezer, NULL);
     struct rlimit limit;
     if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
         limit.rlim_cur = limit.rlim_max;

@@ -18,6 +18,8 @@ public final class PowerCutFS: @unchecked Sendable {
     private var output: Int32 = -1
     private var buffered = Data()
     private var errors: Pipe?
+    /// One command and its answer at a time (the workload freezes while the test waits).
+    private let lock = NSLock()
 
     /// Under a new temp folder; `folders` are made in the backing folder before the first
     /// mount, so that they exist durably (as if made and synced before the test).
@@ -107,6 +109,8 @@ public final class PowerCutFS: @unchecked Sendable {
     /// Sends one command and returns its answer line.
     @discardableResult
     public func command(_ line: String, timeout: TimeInterval = 60) throws -> String {
+        lock.lock()
+        defer { lock.unlock() }
         guard let input, let process, process.isRunning else { throw HarnessError("powercutfs is not running") }
         try input.write(contentsOf: Data((line + "\n").utf8))
         guard let answer = readLine(timeout: timeout) else { throw HarnessError("powercutfs did not answer \(line)") }
@@ -118,6 +122,11 @@ public final class PowerCutFS: @unchecked Sendable {
     /// contains `pattern` (nil: any), before it is applied or after.
     public func arm(_ kinds: String, _ pattern: String?, count: Int, after: Bool) throws {
         try command("arm \(kinds) \(pattern ?? "-") \(count) \(after ? "after" : "before")")
+    }
+
+    /// Freezes at once (SIGUSR1), even while another thread waits for an answer.
+    public func freeze() {
+        if let process, process.isRunning { kill(process.processIdentifier, SIGUSR1) }
     }
 
     /// Whether the filesystem froze within `timeout`; the operation it froze at.

@@ -30,7 +30,8 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
     var short = false
 
     var testDescription: String {
-        "\(work.rawValue): \(after ? "after" : "before") \(kinds) #\(count)\(pattern.map { " of *\($0)*" } ?? "")"
+        if kinds == "answer" { return "\(work.rawValue): right after the answer" }
+        return "\(work.rawValue): \(after ? "after" : "before") \(kinds) #\(count)\(pattern.map { " of *\($0)*" } ?? "")"
     }
 
     static func at(_ work: PowerCutWork, _ kinds: String, _ pattern: String?, _ counts: [Int], short: Set<Int> = []) -> [CutPoint] {
@@ -42,7 +43,7 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         }
     }
 
-    /// 50 cut points; `short` picks (count, or -count for "before") a few of each workload.
+    /// 54 cut points; `short` picks (count, or -count for "before") a few of each workload.
     static let all: [CutPoint] =
         // A big download: its checkpoints' fdatasync, the commits of their offsets, and writes.
         at(.big, "fdatasync", ".part", [1, 3], short: [-1, 3])
@@ -63,6 +64,10 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         // A bulk pause of 2000 jobs.
         + at(.pause, "fdatasync", "jobs.sqlite-wal", [1], short: [1])
         + at(.pause, "write", "jobs.sqlite-wal", [10, 30], short: [-30])
+        // The moment a command is answered: what it changed must be durable by then.
+        + [PowerCutWork.big, .small, .enqueue, .pause].map {
+            CutPoint(work: $0, kinds: "answer", pattern: nil, count: 1, after: true, short: $0 == .enqueue || $0 == .pause)
+        }
 
     /// `DLD_POWERCUT=full` (make crash): every cut point; `DLD_POWERCUT=TEXT`: those whose
     /// description contains TEXT; otherwise the short set.
@@ -119,20 +124,26 @@ final class Answers: Sendable {
                 }
                 _ = try daemon.call("enqueue", ["jobs": .array(jobs)])
             }
-            try fs.arm(point.kinds, point.pattern, count: point.count, after: point.after)
+            if point.kinds != "answer" { try fs.arm(point.kinds, point.pattern, count: point.count, after: point.after) }
             let answers = Answers()
             let work = Task.detached {
                 var failure: String? = nil
-                do { try Self.run(point.work, daemon: daemon, base: base, answers: answers) } catch { failure = "\(error)" }
+                do {
+                    try Self.run(point.work, daemon: daemon, base: base, answers: answers) {
+                        if point.kinds == "answer" { fs.freeze() }
+                    }
+                } catch {
+                    failure = "\(error)"
+                }
                 answers.state.withLock {
                     $0.finished = true
                     $0.error = failure
                 }
             }
             var frozeAt: String? = nil
-            var grace = 8
+            var grace = 20
             while frozeAt == nil && grace > 0 {
-                frozeAt = try fs.waitFrozen(timeout: 0.25)
+                frozeAt = try fs.waitFrozen(timeout: 0.1)
                 if answers.state.withLock({ $0.finished }) { grace -= 1 }
             }
             // The moment of the cut: dld dies with everything not yet durable.
@@ -167,11 +178,12 @@ final class Answers: Sendable {
     }
 
     /// The workload; records each answer it gets.
-    static func run(_ work: PowerCutWork, daemon: DaemonHarness, base: String, answers: Answers) throws {
+    static func run(_ work: PowerCutWork, daemon: DaemonHarness, base: String, answers: Answers, answered: () -> Void) throws {
         switch work {
         case .big:
             let id = try daemon.enqueue(["url": .string("\(base)/bytes/\(bigSize)?rate=12000000"), "name": "big.bin"])
             answers.state.withLock { $0.ids.append(id) }
+            answered()
             try daemon.waitForState(id, ["completed"], timeout: 60)
         case .small:
             let jobs = (0..<smallCount).map { n -> JSONValue in
@@ -180,6 +192,7 @@ final class Answers: Sendable {
             let result = try daemon.call("enqueue", ["jobs": .array(jobs)])
             let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value }
             answers.state.withLock { $0.ids += ids }
+            answered()
             for id in ids { try daemon.waitForState(id, ["completed"], timeout: 60) }
         case .group:
             let jobs = (0..<groupCount).map { n -> JSONValue in
@@ -201,9 +214,11 @@ final class Answers: Sendable {
                 $0.ids += ids
                 $0.enqueued = true
             }
+            answered()
         case .pause:
             _ = try daemon.call("pause", ["all": true])
             answers.state.withLock { $0.paused = true }
+            answered()
         }
     }
 
