@@ -132,12 +132,18 @@ public final class PartialFile {
     var descriptor: Int32 { fd }
 
     /// fdatasync then `commit` (durability rule 2: the bytes before the offset are on disk
-    /// before the offset is recorded), off the cooperative threads.
+    /// before the offset is recorded), off the cooperative threads. With `folder`, the folder
+    /// is synced too, so that the file's name is as durable as its bytes: a `.part` created
+    /// since its folder was last synced would vanish in a power cut with every offset
+    /// committed for it (the attempt's first checkpoint asks for it).
     static func syncData(
-        fd: Int32, path: String, _ checkpoint: TransferCheckpoint,
+        fd: Int32, path: String, _ checkpoint: TransferCheckpoint, folder: Bool = false,
         then commit: @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
-        let code = try await DiskPool.shared.runIfActive { fdatasync(fd) == 0 ? 0 : errno }
+        let code = try await DiskPool.shared.runIfActive { () -> Int32 in
+            guard fdatasync(fd) == 0 else { return errno }
+            return folder ? syncFolder((path as NSString).deletingLastPathComponent) : 0
+        }
         if code != 0 { throw syncFailure(path, code) }
         try await commit(checkpoint)
     }
