@@ -146,9 +146,11 @@ public final class PowerCutFS: @unchecked Sendable {
     /// With `zeros`, data written and not synced reads as zeros and a grown size stays (a
     /// filesystem that wrote the size but not the data); otherwise the file is as it was at its
     /// last sync. Returns the number of records undone.
+    /// With `some`, every other unsynced write reaches the disk anyway (the kernel's own
+    /// writeback of some pages, not of others).
     @discardableResult
-    public func cut(zeros: Bool = false) throws -> Int {
-        let answer = try command(zeros ? "cut zeros" : "cut")
+    public func cut(zeros: Bool = false, some: Bool = false) throws -> Int {
+        let answer = try command(zeros ? "cut zeros" : some ? "cut some" : "cut")
         return Int(answer.split(separator: " ").last ?? "") ?? 0
     }
 
