@@ -459,21 +459,18 @@ static int name_new(const char *path) {
     return 0;
 }
 
-static int pc_mkdir(const char *path, mode_t mode) {
-    ENTER("mkdir", path);
+// mkdir, or symlink to `target`.
+static int make_name(const char *kind, const char *path, const char *target, mode_t mode) {
+    ENTER(kind, path);
     char p[PATH_MAX];
     real_path(p, path);
-    int rc = mkdir(p, mode) == 0 ? name_new(path) : -errno;
-    LEAVE("mkdir", path, rc);
+    int rc = (target ? symlink(target, p) : mkdir(p, mode)) == 0 ? name_new(path) : -errno;
+    LEAVE(kind, path, rc);
 }
 
-static int pc_symlink(const char *target, const char *path) {
-    ENTER("symlink", path);
-    char p[PATH_MAX];
-    real_path(p, path);
-    int rc = symlink(target, p) == 0 ? name_new(path) : -errno;
-    LEAVE("symlink", path, rc);
-}
+static int pc_mkdir(const char *path, mode_t mode) { return make_name("mkdir", path, NULL, mode); }
+
+static int pc_symlink(const char *target, const char *path) { return make_name("symlink", path, target, 0); }
 
 static int pc_link(const char *from, const char *to) {
     ENTER("link", to);

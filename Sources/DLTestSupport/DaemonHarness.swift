@@ -107,12 +107,7 @@ public final class DaemonHarness: @unchecked Sendable {
     ///   (`state` and `dl`), when not the harness's own temp folder (a powercutfs mount).
     public init(extraArguments: [String] = [], config: String? = nil, privateHome: Bool = false, defaultSocket: Bool = false,
                 dataRoot: String? = nil) throws {
-        var template = Array("/tmp/dldt-XXXXXX".utf8CString)
-        let made = template.withUnsafeMutableBufferPointer { buffer -> String? in
-            guard let base = buffer.baseAddress, mkdtemp(base) != nil else { return nil }
-            return String(cString: base)
-        }
-        guard let made else { throw HarnessError("mkdtemp failed") }
+        let made = try makeTemporaryFolder("/tmp/dldt-XXXXXX")
         root = made
         self.defaultSocket = defaultSocket
         home = privateHome ? made + "/home" : nil
@@ -356,6 +351,17 @@ public final class DaemonHarness: @unchecked Sendable {
         guard let id = result["job"]?["id"]?.int64Value else { throw HarnessError("enqueue gave no id: \(result.serializedString())") }
         return id
     }
+}
+
+/// A new folder made with mkdtemp from `template` (ending in XXXXXX).
+public func makeTemporaryFolder(_ template: String) throws -> String {
+    var chars = Array(template.utf8CString)
+    let made = chars.withUnsafeMutableBufferPointer { buffer -> String? in
+        guard let base = buffer.baseAddress, mkdtemp(base) != nil else { return nil }
+        return String(cString: base)
+    }
+    guard let made else { throw HarnessError("mkdtemp failed") }
+    return made
 }
 
 public struct HarnessError: Error, CustomStringConvertible {

@@ -24,12 +24,7 @@ public final class PowerCutFS: @unchecked Sendable {
     /// Under a new temp folder; `folders` are made in the backing folder before the first
     /// mount, so that they exist durably (as if made and synced before the test).
     public init(folders: [String] = []) throws {
-        var template = Array("/tmp/dldpc-XXXXXX".utf8CString)
-        let made = template.withUnsafeMutableBufferPointer { buffer -> String? in
-            guard let base = buffer.baseAddress, mkdtemp(base) != nil else { return nil }
-            return String(cString: base)
-        }
-        guard let made else { throw HarnessError("mkdtemp failed") }
+        let made = try makeTemporaryFolder("/tmp/dldpc-XXXXXX")
         root = made
         backing = made + "/backing"
         trash = made + "/trash"

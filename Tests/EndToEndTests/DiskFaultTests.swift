@@ -35,13 +35,36 @@ struct FaultyDisk {
         #expect((try sha256sum(keptPath)) == (try PowerCutTests.originDigest(Self.keptSize)))
     }
 
+    /// The job stops in `state` with `code`, and a message that names `reason`.
+    func expectStopped(_ id: Int64, _ state: String, code: String, reason: String? = nil) throws {
+        let stopped = try daemon.waitForState(id, ["failed", "waiting", "completed"])
+        #expect(stopped["state"]?.stringValue == state, "\(stopped.serializedString())")
+        #expect(stopped["error"]?["code"]?.stringValue == code, "\(stopped.serializedString())")
+        if let reason { #expect(stopped["error"]?["message"]?.stringValue?.contains(reason) == true, "\(stopped.serializedString())") }
+        if state == "waiting" { #expect(stopped["wait_reason"] == "disk_space") }
+    }
+
+    /// After the fault: dld answers and the completed file is intact; once the fault clears, a
+    /// resume of `resumed` (all of `jobs` if nil) completes `jobs` (id: size), and a power cut
+    /// leaves every completed file whole.
+    mutating func recovers(_ jobs: [Int64: Int], resumed: [Int64]? = nil) throws {
+        try expectAliveAndKeptIntact()
+        try fs.clearFailures()
+        _ = try daemon.call("resume", ["ids": .array((resumed ?? Array(jobs.keys)).map { .int($0) })])
+        for id in jobs.keys {
+            let done = try daemon.waitForState(id, ["completed", "failed"])
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+        }
+        try cutAndCheck(sizes: jobs)
+    }
+
     /// The file as the disk holds it (the backing folder), whatever the page cache shows.
     func onDisk(_ path: String) -> String {
         fs.backing + path.dropFirst(fs.mountpoint.count)
     }
 
     /// Ends with a power cut and a reboot: every completed job's file is there with its digest.
-    mutating func cutAndCheck(sizes: [Int64: Int]) throws {
+    private mutating func cutAndCheck(sizes: [Int64: Int]) throws {
         if let pid = daemon.pid { kill(pid, SIGKILL) }
         try fs.cut()
         daemon.crash()
@@ -79,64 +102,35 @@ struct FaultyDisk {
         return id
     }
 
+    /// A big download meets the fault (`kinds` of its `.part` fail with `code`, `count` times,
+    /// 0: until cleared), stops in `state` with `error`, and recovers.
+    func bigDownloadMeets(_ kinds: String, errno code: Int32, count: Int = 0, stops state: String, error: String, reason: String? = nil) async throws {
+        try await withOrigin { origin in
+            var disk = try FaultyDisk(origin: origin)
+            let id = try startBig(disk, origin: origin)
+            try disk.fs.fail(kinds, ".part", errno: code, count: count)
+            try disk.expectStopped(id, state, code: error, reason: reason)
+            // The digests, recorded and on disk, are checked after a cut.
+            try disk.recovers([id: Self.size])
+        }
+    }
+
     /// A checkpoint's fdatasync fails once (the writeback of its bytes failed): the next one
     /// would succeed, but the bytes are gone from the disk. The job must not count them: it stops
     /// with file_error, keeps its last committed offset, and a resume fetches the rest again.
     @Test func failedFsyncIsNotRetried() async throws {
-        try await withOrigin { origin in
-            var disk = try FaultyDisk(origin: origin)
-            let id = try startBig(disk, origin: origin)
-            try disk.fs.fail("fdatasync", ".part", errno: EIO, count: 1)
-            let stopped = try disk.daemon.waitForState(id, ["failed", "waiting", "completed"])
-            #expect(stopped["state"] == "failed", "\(stopped.serializedString())")
-            #expect(stopped["error"]?["code"] == "file_error")
-            #expect(stopped["error"]?["message"]?.stringValue?.contains("Input/output error") == true, "\(stopped.serializedString())")
-            try disk.expectAliveAndKeptIntact()
-            _ = try disk.daemon.call("resume", ["id": .int(id)])
-            let done = try disk.daemon.waitForState(id, ["completed", "failed"])
-            #expect(done["state"] == "completed", "\(done.serializedString())")
-            let path = try #require(done["path"]?.stringValue)
-            #expect(done["sha256"]?.stringValue == (try PowerCutTests.originDigest(Self.size)), "the recorded digest")
-            #expect((try sha256sum(disk.onDisk(path))) == (try PowerCutTests.originDigest(Self.size)), "the file on disk")
-            try disk.cutAndCheck(sizes: [id: Self.size])
-        }
+        try await bigDownloadMeets("fdatasync", errno: EIO, count: 1, stops: "failed", error: "file_error", reason: "Input/output error")
     }
 
     /// EIO on write: the job fails with file_error naming the error; a resume after the fault
     /// completes it.
     @Test func failedWriteFailsTheJob() async throws {
-        try await withOrigin { origin in
-            var disk = try FaultyDisk(origin: origin)
-            let id = try startBig(disk, origin: origin)
-            try disk.fs.fail("write", ".part", errno: EIO)
-            let stopped = try disk.daemon.waitForState(id, ["failed", "waiting", "completed"])
-            #expect(stopped["state"] == "failed", "\(stopped.serializedString())")
-            #expect(stopped["error"]?["code"] == "file_error")
-            #expect(stopped["error"]?["message"]?.stringValue?.contains("Input/output error") == true, "\(stopped.serializedString())")
-            try disk.expectAliveAndKeptIntact()
-            try disk.fs.clearFailures()
-            _ = try disk.daemon.call("resume", ["id": .int(id)])
-            #expect(try disk.daemon.waitForState(id, ["completed", "failed"])["state"] == "completed")
-            try disk.cutAndCheck(sizes: [id: Self.size])
-        }
+        try await bigDownloadMeets("write", errno: EIO, stops: "failed", error: "file_error", reason: "Input/output error")
     }
 
     /// ENOSPC on write: the job waits (disk_space) with disk_full, and completes once there is room.
     @Test func fullDiskWaits() async throws {
-        try await withOrigin { origin in
-            var disk = try FaultyDisk(origin: origin)
-            let id = try startBig(disk, origin: origin)
-            try disk.fs.fail("write,fallocate", ".part", errno: ENOSPC)
-            let stopped = try disk.daemon.waitForState(id, ["failed", "waiting", "completed"])
-            #expect(stopped["state"] == "waiting", "\(stopped.serializedString())")
-            #expect(stopped["wait_reason"] == "disk_space")
-            #expect(stopped["error"]?["code"] == "disk_full", "\(stopped.serializedString())")
-            try disk.expectAliveAndKeptIntact()
-            try disk.fs.clearFailures()
-            _ = try disk.daemon.call("resume", ["id": .int(id)])
-            #expect(try disk.daemon.waitForState(id, ["completed", "failed"])["state"] == "completed")
-            try disk.cutAndCheck(sizes: [id: Self.size])
-        }
+        try await bigDownloadMeets("write,fallocate", errno: ENOSPC, stops: "waiting", error: "disk_full")
     }
 
     /// The download folder becomes read-only (EROFS on every change in it): new jobs and the
@@ -149,18 +143,8 @@ struct FaultyDisk {
             try disk.fs.fail("create,mkdir,unlink,rmdir,rename,link,symlink,write,truncate,fallocate,fsyncdir", "/dl/", errno: EROFS)
             try disk.fs.fail("fsync,fdatasync", "/dl/", errno: EROFS)
             let small = try disk.daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/4096?n=ro"), "name": "small.bin"])
-            for job in [id, small] {
-                let stopped = try disk.daemon.waitForState(job, ["failed", "waiting", "completed"])
-                #expect(stopped["state"] == "failed", "\(stopped.serializedString())")
-                #expect(stopped["error"]?["code"] == "file_error")
-                #expect(stopped["error"]?["message"]?.stringValue?.contains("Read-only file system") == true, "\(stopped.serializedString())")
-            }
-            try disk.expectAliveAndKeptIntact()
-            try disk.fs.clearFailures()
-            _ = try disk.daemon.call("resume", ["ids": [.int(id), .int(small)]])
-            #expect(try disk.daemon.waitForState(id, ["completed", "failed"])["state"] == "completed")
-            #expect(try disk.daemon.waitForState(small, ["completed", "failed"])["state"] == "completed")
-            try disk.cutAndCheck(sizes: [id: Self.size, small: 4096])
+            for job in [id, small] { try disk.expectStopped(job, "failed", code: "file_error", reason: "Read-only file system") }
+            try disk.recovers([id: Self.size, small: 4096])
         }
     }
 
@@ -186,10 +170,7 @@ struct FaultyDisk {
                 }
             }
             #expect(failed == [ids[3]])
-            try disk.expectAliveAndKeptIntact()
-            _ = try disk.daemon.call("resume", ["ids": .array(failed.map { .int($0) })])
-            for id in failed { #expect(try disk.daemon.waitForState(id, ["completed", "failed"])["state"] == "completed") }
-            try disk.cutAndCheck(sizes: Dictionary(uniqueKeysWithValues: ids.map { ($0, PowerCutTests.smallSize) }))
+            try disk.recovers(Dictionary(uniqueKeysWithValues: ids.map { ($0, PowerCutTests.smallSize) }), resumed: failed)
         }
     }
 }
