@@ -313,6 +313,9 @@ public final class Downloader: Sendable {
             // reported, so the caller may commit them.
             do {
                 try file.syncData()
+                // And its name, so that the offset reported is not lost with the file in a power
+                // cut (a `.part` created since its folder was last synced).
+                if state.received > 0 { try file.syncFolder() }
             } catch let syncFailure {
                 state.received = 0
                 state.segments = nil

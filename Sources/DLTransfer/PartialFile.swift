@@ -120,6 +120,12 @@ public final class PartialFile {
         guard fdatasync(fd) == 0 else { throw Self.syncFailure(path, errno) }
     }
 
+    /// fsync of the file's folder, so that its name is durable.
+    public func syncFolder() throws(TransferFailure) {
+        let code = Self.syncFolder((path as NSString).deletingLastPathComponent)
+        guard code == 0 else { throw Self.syncFailure(path, code) }
+    }
+
     /// fsync on a thread of the disk pool: it can take as long as the disk needs, and a
     /// cooperative thread must not wait that long.
     public func syncOffThread() async throws {
