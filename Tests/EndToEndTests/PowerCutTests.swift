@@ -48,7 +48,7 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         // A big download: its checkpoints' fdatasync, the commits of their offsets, and writes.
         at(.big, "fdatasync", ".part", [1, 3], short: [-1, 3])
         + at(.big, "fdatasync", "jobs.sqlite-wal", [3, 6], short: [6])
-        + at(.big, "write", ".part", [40, 400], short: [-400])
+        + at(.big, "write", ".part", [40, 200], short: [-200])
         // Small files published in batches: their syncs, renames and folder syncs.
         + at(.small, "fdatasync", ".part", [2, 15], short: [15])
         + at(.small, "rename", "/dl/", [1, 12, 30], short: [1, -12])
@@ -160,6 +160,13 @@ final class Answers: Sendable {
             // Before dld starts again: the table opens, and no file has its final name early.
             let rows = try Self.offlineRows(fs: fs)
             try Self.expectFinalNamesVerified(fs: fs, rows: rows)
+            // Committed offsets survive: an unfinished job's partial file holds its committed bytes
+            // (else the download would start over; its name must be as durable as its offsets).
+            for row in rows.values where row.received > 0 && !["completed", "canceled"].contains(row.state) {
+                let partial = fs.backing + row.path.dropFirst(fs.mountpoint.count) + ".part"
+                let length = (try? FileManager.default.attributesOfItem(atPath: partial)[.size] as? Int64) ?? nil
+                #expect((length ?? -1) >= row.received, "job \(row.id) committed \(row.received) bytes, its partial file has \(length.map(String.init) ?? "gone")")
+            }
             if ProcessInfo.processInfo.environment["DLD_POWERCUT_LOG"] != nil {
                 print("frozen at", frozeAt ?? "-", rows.values.sorted { $0.id < $1.id }.map { "\($0.id) \($0.state) \($0.path)" })
                 print(try runProgram("/usr/bin/find", [fs.backing + "/dl", "-ls"]).stdout)
@@ -229,6 +236,7 @@ final class Answers: Sendable {
         var state: String
         var path: String
         var sha256: String?
+        var received: Int64
     }
 
     /// Copies the job table out of the backing folder, checks its integrity and reads its rows.
@@ -246,13 +254,13 @@ final class Answers: Sendable {
         let check = try runProgram("/usr/bin/sqlite3", [copy + "/jobs.sqlite", "PRAGMA integrity_check;"])
         #expect(check.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "integrity_check: \(check.stdout) \(check.stderr)")
         let listed = try runProgram("/usr/bin/sqlite3", ["-separator", "\t", copy + "/jobs.sqlite",
-                                                         "SELECT id, state, path, coalesce(sha256, '') FROM jobs;"])
+                                                         "SELECT id, state, path, coalesce(sha256, ''), received FROM jobs;"])
         #expect(listed.status == 0, "\(listed.stderr)")
         var rows: [Int64: Row] = [:]
         for line in listed.stdout.split(separator: "\n") {
             let fields = line.split(separator: "\t", omittingEmptySubsequences: false).map(String.init)
-            guard fields.count == 4, let id = Int64(fields[0]) else { continue }
-            rows[id] = Row(id: id, state: fields[1], path: fields[2], sha256: fields[3].isEmpty ? nil : fields[3])
+            guard fields.count == 5, let id = Int64(fields[0]) else { continue }
+            rows[id] = Row(id: id, state: fields[1], path: fields[2], sha256: fields[3].isEmpty ? nil : fields[3], received: Int64(fields[4]) ?? 0)
         }
         return rows
     }
