@@ -12,7 +12,9 @@
 # (Debian's `systemd`) for socket activation and the units; man (man-db) and bash-completion
 # for the installed manual pages and completions; ip (iproute2) for the network namespace of
 # the network-awareness test; age and age-keygen (Debian's `age`), the reference
-# implementation that decrypts the files dld encrypts at rest.
+# implementation that decrypts the files dld encrypts at rest; fuse3 and libfuse3-dev (with cc
+# and pkg-config) for powercutfs (scripts/powercutfs.c), the FUSE filesystem the power-cut tests
+# build and mount to cut the power under dld (they fail, saying why, without it or /dev/fuse).
 set -euo pipefail
 missing=()
 [ -f /usr/include/sqlite3.h ] || missing+=(libsqlite3-dev)
@@ -29,6 +31,11 @@ command -v man >/dev/null 2>&1 || tools_missing+=(man-db)
 [ -f /usr/share/bash-completion/bash_completion ] || tools_missing+=(bash-completion)
 [ -x /usr/sbin/ip ] || tools_missing+=(iproute2)
 command -v age >/dev/null 2>&1 && command -v age-keygen >/dev/null 2>&1 || tools_missing+=(age)
+command -v fusermount3 >/dev/null 2>&1 || tools_missing+=(fuse3)
+[ -f /usr/include/fuse3/fuse.h ] || tools_missing+=(libfuse3-dev)
+command -v pkg-config >/dev/null 2>&1 || tools_missing+=(pkg-config)
+command -v cc >/dev/null 2>&1 || tools_missing+=(gcc)
+command -v sqlite3 >/dev/null 2>&1 || tools_missing+=(sqlite3)
 [ ${#missing[@]} -eq 0 ] && [ -z "$postgres_missing" ] && [ ${#tools_missing[@]} -eq 0 ] && exit 0
 
 can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }

@@ -14,6 +14,10 @@ public struct TransferFailure: Error, Sendable, Equatable {
     public var error: JobError
     /// What the server asked for with `Retry-After`, in seconds.
     public var retryAfter: TimeInterval?
+    /// An fsync or fdatasync failed: the bytes written since the last one that succeeded may
+    /// be gone from the disk even if the next one succeeds (the kernel reports a writeback
+    /// error once, and may drop the pages it could not write), so they are never counted.
+    public var failedSync = false
 
     public init(_ kind: FailureKind, _ code: String, _ message: String, retryAfter: TimeInterval? = nil) {
         self.kind = kind

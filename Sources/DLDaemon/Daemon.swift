@@ -75,7 +75,10 @@ public enum Daemon {
         applyLive(config, policy: pathPolicy(config), to: &engineConfiguration)
         engineConfiguration.worker = config.workerID
         engineConfiguration.lease = config.lease
-        engineConfiguration.bootID = Engine.currentBootID()
+        // DLD_TEST_BOOT_ID_FILE: for tests only, a file that stands for the kernel's boot id, so
+        // that a simulated power cut and reboot (tests' powercutfs) starts a new boot.
+        let bootIDFile = ProcessInfo.processInfo.environment["DLD_TEST_BOOT_ID_FILE"].flatMap { $0.isEmpty ? nil : $0 }
+        engineConfiguration.bootID = bootIDFile.map { Engine.currentBootID(path: $0) } ?? Engine.currentBootID()
         let engine = Engine(
             store: store, downloader: downloader,
             configuration: engineConfiguration,

@@ -116,7 +116,7 @@ extension Engine {
             let staged = member.stagingPath ?? JobGroup.stagedPath(of: member.path, dir: group.dir, staging: group.staging)
             guard fm.fileExists(atPath: staged) else { continue }
             let folder = (member.path as NSString).deletingLastPathComponent
-            try? fm.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            try? PartialFile.makeFolders(folder)
             do throws(TransferFailure) {
                 try PartialFile.link(staged, to: member.path, overwrite: member.overwrite)
             } catch {
@@ -217,10 +217,10 @@ extension Engine {
             let (group, jobs) = try await storage {
                 try await store.insertGroup(name: name, dir: folder, priority: priority, members: news, now: now())
             }
-            // Staged members keep their relative folders.
-            for job in jobs {
-                let folder = (job.downloadPath as NSString).deletingLastPathComponent
-                try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            // Staged members keep their relative folders. Each new folder is made durable: its
+            // members' files are committed there, and must not vanish with it in a power cut.
+            for folder in Set(jobs.map { ($0.downloadPath as NSString).deletingLastPathComponent }) {
+                try? PartialFile.makeFolders(folder)
             }
             logger.info("enqueued group", metadata: ["group": "\(group.id)", "members": "\(jobs.count)"])
             try await schedule()

@@ -246,6 +246,7 @@ extension Engine {
         request.hostSlots = progress.hostConnections ?? [:]
         request.unsynced = started.unsynced
         request.bootID = configuration.bootID
+        request.ownsFolder = started.stagingPath != nil
         request.options = started.options
         if started.groupID != nil { request.options.automaticName = false }
         request.netrc = currentNetrc()

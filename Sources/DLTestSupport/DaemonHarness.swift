@@ -103,20 +103,18 @@ public final class DaemonHarness: @unchecked Sendable {
     private var launcherPIDFile: String { root + "/launcher.pid" }
 
     /// - Parameter config: the text of a config file to start dld with (docs/configuration.md).
-    public init(extraArguments: [String] = [], config: String? = nil, privateHome: Bool = false, defaultSocket: Bool = false) throws {
-        var template = Array("/tmp/dldt-XXXXXX".utf8CString)
-        let made = template.withUnsafeMutableBufferPointer { buffer -> String? in
-            guard let base = buffer.baseAddress, mkdtemp(base) != nil else { return nil }
-            return String(cString: base)
-        }
-        guard let made else { throw HarnessError("mkdtemp failed") }
+    /// - Parameter dataRoot: the folder that holds the state folder and the download folder
+    ///   (`state` and `dl`), when not the harness's own temp folder (a powercutfs mount).
+    public init(extraArguments: [String] = [], config: String? = nil, privateHome: Bool = false, defaultSocket: Bool = false,
+                dataRoot: String? = nil) throws {
+        let made = try makeTemporaryFolder("/tmp/dldt-XXXXXX")
         root = made
         self.defaultSocket = defaultSocket
         home = privateHome ? made + "/home" : nil
         if let home { try FileManager.default.createDirectory(atPath: home, withIntermediateDirectories: true) }
         socket = defaultSocket ? root + "/xdg/dld/dld.sock" : root + "/s.sock"
-        stateDir = root + "/state"
-        downloadDir = root + "/dl"
+        stateDir = (dataRoot ?? root) + "/state"
+        downloadDir = (dataRoot ?? root) + "/dl"
         self.extraArguments = extraArguments
         try FileManager.default.createDirectory(atPath: downloadDir, withIntermediateDirectories: true)
         if let config {
@@ -353,6 +351,17 @@ public final class DaemonHarness: @unchecked Sendable {
         guard let id = result["job"]?["id"]?.int64Value else { throw HarnessError("enqueue gave no id: \(result.serializedString())") }
         return id
     }
+}
+
+/// A new folder made with mkdtemp from `template` (ending in XXXXXX).
+public func makeTemporaryFolder(_ template: String) throws -> String {
+    var chars = Array(template.utf8CString)
+    let made = chars.withUnsafeMutableBufferPointer { buffer -> String? in
+        guard let base = buffer.baseAddress, mkdtemp(base) != nil else { return nil }
+        return String(cString: base)
+    }
+    guard let made else { throw HarnessError("mkdtemp failed") }
+    return made
 }
 
 public struct HarnessError: Error, CustomStringConvertible {

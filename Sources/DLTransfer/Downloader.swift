@@ -49,6 +49,9 @@ public struct TransferRequest: Sendable {
     /// current boot id: the attempt continues from it when `ResumePoint` trusts it.
     public var unsynced: UnsyncedProgress?
     public var bootID: String?
+    /// The file's folder is dld's own (a group's staging folder): made again (durably) when
+    /// it is missing, as after a power cut that came before its creation was synced.
+    public var ownsFolder = false
 
     public init(jobID: JobID, url: String, headers: [HeaderField], path: String, overwrite: Bool,
                 offset: Int64, size: Int64?, validators: Validators, checksum: Checksum? = nil) {
@@ -277,6 +280,7 @@ public final class Downloader: Sendable {
         }
         let file: PartialFile
         do {
+            if request.ownsFolder { try PartialFile.makeFolders((request.partialPath as NSString).deletingLastPathComponent) }
             file = try PartialFile(path: request.partialPath)
         } catch {
             return .failed(error, state.checkpoint)
@@ -288,6 +292,12 @@ public final class Downloader: Sendable {
         // An encrypted file never continues (its key is gone), so its unsynced bytes are not used.
         if request.recipients.isEmpty {
             request = await continuingUnsynced(request, file: file, state: &state)
+        }
+        // What is durable: where the attempt starts, then each checkpoint committed.
+        let durable = NIOLockedValueBox(state.checkpoint)
+        let checkpoint: @Sendable (TransferCheckpoint) async throws -> Void = { progress in
+            try await checkpoint(progress)
+            durable.withLockedValue { $0 = progress }
         }
         do {
             try await attempt(request, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
@@ -315,10 +325,25 @@ public final class Downloader: Sendable {
             done.publishTarget = Self.publishTarget(request, proposed: state.proposedName)
             return .downloaded(done)
         } catch {
+            // A sync failed (fsyncgate): the kernel may have dropped the bytes it could not
+            // write, and another sync would succeed without them. Nothing written since the
+            // last durable point is counted: the attempt reports that point (nothing, if the
+            // file was started over since), and the next one cuts the file back to it.
+            if let failure = Self.failedSync(error) {
+                var kept = durable.withLockedValue { $0 }
+                if state.startedOver != nil && kept.startedOver == nil {
+                    kept.received = 0
+                    kept.segments = nil
+                }
+                return .failed(failure, kept)
+            }
             // Whatever happened, the bytes counted so far are made durable before they are
             // reported, so the caller may commit them.
             do {
                 try file.syncData()
+                // And its name, so that the offset reported is not lost with the file in a power
+                // cut (a `.part` created since its folder was last synced).
+                if state.received > 0 { try file.syncFolder() }
             } catch let syncFailure {
                 state.received = 0
                 state.segments = nil
@@ -340,6 +365,13 @@ public final class Downloader: Sendable {
             if let failure = error as? TransferFailure { return .failed(failure, state.checkpoint) }
             return .failed(await explain(error, request: request, target: state.target, proxy: state.proxy), state.checkpoint)
         }
+    }
+
+    /// The failed sync that ended an attempt, if that is what ended it.
+    static func failedSync(_ error: any Error) -> TransferFailure? {
+        if let failure = error as? TransferFailure { return failure.failedSync ? failure : nil }
+        if let wrapped = error as? SourceFailure { return failedSync(wrapped.underlying) }
+        return nil
     }
 
     /// The request as it continues from the unsynced progress recorded after its committed

@@ -117,7 +117,13 @@ public final class PartialFile {
 
     /// Data only: the size is fixed by the committed offset, and metadata is synced at publish.
     public func syncData() throws(TransferFailure) {
-        guard fdatasync(fd) == 0 else { throw Self.failure("sync", path, errno) }
+        guard fdatasync(fd) == 0 else { throw Self.syncFailure(path, errno) }
+    }
+
+    /// fsync of the file's folder, so that its name is durable.
+    public func syncFolder() throws(TransferFailure) {
+        let code = Self.syncFolder((path as NSString).deletingLastPathComponent)
+        guard code == 0 else { throw Self.syncFailure(path, code) }
     }
 
     /// fsync on a thread of the disk pool: it can take as long as the disk needs, and a
@@ -125,20 +131,26 @@ public final class PartialFile {
     public func syncOffThread() async throws {
         let fd = self.fd
         let code = try await DiskPool.shared.runIfActive { fsync(fd) == 0 ? 0 : errno }
-        if code != 0 { throw Self.failure("sync", path, code) }
+        if code != 0 { throw Self.syncFailure(path, code) }
     }
 
     /// The descriptor, for work handed to another thread; valid until `close`.
     var descriptor: Int32 { fd }
 
     /// fdatasync then `commit` (durability rule 2: the bytes before the offset are on disk
-    /// before the offset is recorded), off the cooperative threads.
+    /// before the offset is recorded), off the cooperative threads. With `folder`, the folder
+    /// is synced too, so that the file's name is as durable as its bytes: a `.part` created
+    /// since its folder was last synced would vanish in a power cut with every offset
+    /// committed for it (the attempt's first checkpoint asks for it).
     static func syncData(
-        fd: Int32, path: String, _ checkpoint: TransferCheckpoint,
+        fd: Int32, path: String, _ checkpoint: TransferCheckpoint, folder: Bool = false,
         then commit: @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
-        let code = try await DiskPool.shared.runIfActive { fdatasync(fd) == 0 ? 0 : errno }
-        if code != 0 { throw failure("sync", path, code) }
+        let code = try await DiskPool.shared.runIfActive { () -> Int32 in
+            guard fdatasync(fd) == 0 else { return errno }
+            return folder ? syncFolder((path as NSString).deletingLastPathComponent) : 0
+        }
+        if code != 0 { throw syncFailure(path, code) }
         try await commit(checkpoint)
     }
 
@@ -172,6 +184,30 @@ public final class PartialFile {
         }
     }
 
+    /// fsync of `folder`; 0 or the errno.
+    public static func syncFolder(_ folder: String) -> Int32 {
+        let dfd = open(folder.isEmpty ? "." : folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dfd >= 0 else { return errno }
+        defer { _ = Glibc.close(dfd) }
+        return fsync(dfd) == 0 ? 0 : errno
+    }
+
+    /// Creates `folder` and the folders above it that are missing, each made durable (its
+    /// parent synced): a folder whose files are committed must not vanish in a power cut.
+    public static func makeFolders(_ folder: String) throws(TransferFailure) {
+        var missing: [String] = []
+        var probe = folder
+        while !probe.isEmpty, probe != "/", access(probe, F_OK) != 0 {
+            missing.append(probe)
+            probe = (probe as NSString).deletingLastPathComponent
+        }
+        for dir in missing.reversed() {
+            if mkdir(dir, 0o755) != 0 && errno != EEXIST { throw failure("create the folder", dir, errno) }
+            let code = syncFolder((dir as NSString).deletingLastPathComponent)
+            if code != 0 { throw failure("sync the folder of", dir, code) }
+        }
+    }
+
     /// fsync of the folder that holds `path`, so that a rename in it is durable.
     public static func syncDirectory(of path: String) {
         let dir = (path as NSString).deletingLastPathComponent
@@ -180,6 +216,13 @@ public final class PartialFile {
             _ = fsync(dfd)
             _ = Glibc.close(dfd)
         }
+    }
+
+    /// A failed fsync or fdatasync of `path` (`TransferFailure.failedSync`).
+    static func syncFailure(_ path: String, _ code: Int32) -> TransferFailure {
+        var failure = failure("sync", path, code)
+        failure.failedSync = true
+        return failure
     }
 
     static func failure(_ operation: String, _ path: String, _ code: Int32) -> TransferFailure {

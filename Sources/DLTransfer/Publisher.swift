@@ -27,7 +27,27 @@ public enum Publisher {
         if paths.count >= wholeFilesystemFrom, let synced = try? await DiskPool.shared.runIfActive({ syncIfCheap(paths) }) {
             outcome = synced
         }
-        return outcome.failures.merging(await syncEach(outcome.rest)) { first, _ in first }
+        var failures = outcome.failures.merging(await syncEach(outcome.rest)) { first, _ in first }
+        // `syncfs` wrote the folders with the rest of the filesystem; `fdatasync` makes a file's
+        // bytes durable, not its name. The caller commits these files as completed next, and a
+        // power cut before their link and its folder sync would then leave a completed job with
+        // no file at all (a `.part` created since its folder was last synced is lost with it).
+        failures.merge(await syncNames(outcome.rest.filter { failures[$0] == nil })) { first, _ in first }
+        return failures
+    }
+
+    /// fsync of each folder that holds one of `paths`, once, on the disk pool; a folder whose
+    /// sync fails fails each of its files.
+    static func syncNames(_ paths: [String]) async -> [String: TransferFailure] {
+        guard !paths.isEmpty else { return [:] }
+        let folders = Dictionary(grouping: paths) { ($0 as NSString).deletingLastPathComponent }
+        let codes = (try? await DiskPool.shared.runIfActive { folders.keys.map { ($0, PartialFile.syncFolder($0)) } })
+            ?? folders.keys.map { ($0, ECANCELED) }
+        var failures: [String: TransferFailure] = [:]
+        for (folder, code) in codes where code != 0 {
+            for path in folders[folder] ?? [] { failures[path] = PartialFile.failure("sync the folder of", path, code) }
+        }
+        return failures
     }
 
     /// `syncFilesystems`, when `wholeFilesystem` and `slowSyncfs` allow it now; nil otherwise.

@@ -58,6 +58,8 @@ final class StreamRun: Sendable {
         /// A sync and commit running off the cooperative threads; at most one.
         var inFlight: Task<Void, any Error>?
         var checkpointing = false
+        /// The file's folder was synced by a checkpoint of this attempt (its name is durable).
+        var folderSynced = false
         /// A checkpoint that failed (a lost lease, a failed sync): every worker stops.
         var failure: (any Error)?
     }
@@ -536,8 +538,12 @@ extension Downloader {
             state.inFlight = Task {
                 _ = try? await previous?.value
                 do {
-                    try await PartialFile.syncData(fd: file.fd, path: file.path, due, then: commit)
-                    run.state.withLock { $0.checkpointing = false }
+                    let folder = run.state.withLock { !$0.folderSynced }
+                    try await PartialFile.syncData(fd: file.fd, path: file.path, due, folder: folder, then: commit)
+                    run.state.withLock {
+                        $0.checkpointing = false
+                        $0.folderSynced = true
+                    }
                 } catch {
                     run.state.withLock { state in
                         state.checkpointing = false
