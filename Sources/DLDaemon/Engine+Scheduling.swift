@@ -17,7 +17,8 @@ extension Engine {
     func schedule() async throws(DLError) {
         guard accepting else { return }
         for id in activeGroups.sorted() { try await settle(id) }
-        guard configuration.queuePausedReason == nil else { return }
+        // A fenced worker (its leases unrenewed, `Engine+Fleet`) starts nothing.
+        guard configuration.queuePausedReason == nil, fencedSince == nil else { return }
         var free = configuration.maxActive - busy(group: nil) - activeGroups.count
         // The ready jobs first: no trip to the table before they start.
         while free > 0, startFromReady() { free -= 1 }
@@ -42,7 +43,7 @@ extension Engine {
         let at = now()
         return TurnClaim(
             free: free, limit: min(free, room), excludingGroups: activeGroups, excludingHosts: full,
-            worker: configuration.worker, leaseUntil: at.addingTimeInterval(configuration.lease), now: at)
+            worker: configuration.worker, leaseUntil: leaseNow().addingTimeInterval(configuration.lease), now: at)
     }
 
     /// After a turn's commit: its claimed jobs start (or wait for an unmetered connection),
@@ -81,7 +82,7 @@ extension Engine {
             let at = now()
             let claimed = try await storage {
                 try await store.claim(
-                    limit: batch, worker: configuration.worker, leaseUntil: at.addingTimeInterval(configuration.lease),
+                    limit: batch, worker: configuration.worker, leaseUntil: leaseNow().addingTimeInterval(configuration.lease),
                     excludingHosts: full, group: group, now: at)
             }
             // Jobs that may not download on a metered connection wait instead of starting:
