@@ -74,19 +74,39 @@ extension Engine {
     /// left to end on its own (a pool that waits for a server does not hold the caller).
     static func within<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async -> Result<T, any Error>? {
         let once = Once<Result<T, any Error>?>()
-        return await withCheckedContinuation { continuation in
-            once.set(continuation)
-            let work = Task {
-                do {
-                    once.resume(.success(try await body()))
-                } catch {
-                    once.resume(.failure(error))
-                }
-            }
-            Task {
-                try? await Task.sleep(for: limit)
-                work.cancel()
-                once.resume(nil)
+        let work = run(body, into: once)
+        let timer = Task {
+            try? await Task.sleep(for: limit)
+            work.cancel()
+            once.resume(nil)
+        }
+        defer { timer.cancel() }
+        return await withCheckedContinuation { once.set($0) }
+    }
+
+    /// `body`, or a `CancellationError` as soon as the caller is cancelled, without waiting
+    /// for `body` to end (it is cancelled too, and left to end on its own): a transfer that a
+    /// fence stops must not wait for a checkpoint that a pool holds while the server is away.
+    static func abandonedOnCancel<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        let once = Once<Result<T, any Error>?>()
+        let work = run(body, into: once)
+        let outcome = await withTaskCancellationHandler {
+            await withCheckedContinuation { once.set($0) }
+        } onCancel: {
+            work.cancel()
+            once.resume(nil)
+        }
+        guard let outcome else { throw CancellationError() }
+        return try outcome.get()
+    }
+
+    /// Runs `body` in a task of its own that hands its outcome to `once`.
+    private static func run<T: Sendable>(_ body: @escaping @Sendable () async throws -> T, into once: Once<Result<T, any Error>?>) -> Task<Void, Never> {
+        Task {
+            do {
+                once.resume(.success(try await body()))
+            } catch {
+                once.resume(.failure(error))
             }
         }
     }
@@ -249,15 +269,45 @@ extension Engine {
     }
 }
 
-/// A continuation resumed once, by the first of several callers (set before they run).
+/// A continuation resumed once, by the first of several callers, whether they come before or
+/// after it is handed over.
 private final class Once<T: Sendable>: Sendable {
-    private let continuation = Mutex<CheckedContinuation<T, Never>?>(nil)
+    private enum State {
+        case empty
+        case waiting(CheckedContinuation<T, Never>)
+        case done(T)
+        case resumed
+    }
 
-    func set(_ waiting: CheckedContinuation<T, Never>) {
-        continuation.withLock { $0 = waiting }
+    private let state = Mutex(State.empty)
+
+    func set(_ continuation: CheckedContinuation<T, Never>) {
+        let early = state.withLock { state -> T? in
+            switch state {
+            case .done(let value):
+                state = .resumed
+                return value
+            default:
+                state = .waiting(continuation)
+                return nil
+            }
+        }
+        if let early { continuation.resume(returning: early) }
     }
 
     func resume(_ value: T) {
-        continuation.withLock { $0.take() }?.resume(returning: value)
+        let waiting = state.withLock { state -> CheckedContinuation<T, Never>? in
+            switch state {
+            case .empty:
+                state = .done(value)
+                return nil
+            case .waiting(let continuation):
+                state = .resumed
+                return continuation
+            case .done, .resumed:
+                return nil
+            }
+        }
+        waiting?.resume(returning: value)
     }
 }

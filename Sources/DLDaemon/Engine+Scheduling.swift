@@ -211,9 +211,14 @@ extension Engine {
             let result = await downloader.run(request, progress: progress) { checkpoint in
                 let written: Bool
                 do {
-                    written = try await store.checkpoint(
-                        id, received: checkpoint.received, size: checkpoint.size, validators: checkpoint.validators,
-                        finalURL: checkpoint.finalURL, segments: checkpoint.segments, now: Date(), owner: worker)
+                    let write = { @Sendable in
+                        try await store.checkpoint(
+                            id, received: checkpoint.received, size: checkpoint.size, validators: checkpoint.validators,
+                            finalURL: checkpoint.finalURL, segments: checkpoint.segments, now: Date(), owner: worker)
+                    }
+                    // A shared table may be away (its pool waits up to a minute): a stop
+                    // (the fence) must not wait for the checkpoint.
+                    written = shared ? try await Self.abandonedOnCancel(write) : try await write()
                 } catch where shared {
                     // A shared table that cannot be reached: the transfer goes on (its lease
                     // holds for a while, see `fence`) and the next checkpoint commits.

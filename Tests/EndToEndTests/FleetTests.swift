@@ -229,7 +229,13 @@ import Testing
             if last.allSatisfy(condition) { return last }
             usleep(100_000)
         } while Date() < deadline
-        throw HarnessError("the workers' stats did not come to the expected state within \(timeout) s: \(last.map { $0.serializedString() })")
+        // What each worker said lately, without the lines of a server that is away.
+        let logs = fleet.map { worker in
+            worker.log.split(separator: "\n").filter { !$0.contains("cannot connect") && !$0.contains("creation failed") && !$0.contains("requestCancelled") }
+                .suffix(40).joined(separator: "\n")
+        }
+        throw HarnessError("the workers' stats did not come to the expected state within \(timeout) s: \(last.map { $0.serializedString() })\n"
+            + logs.joined(separator: "\n----\n"))
     }
 
     /// Enqueues `count` files of `size` bytes at `rate` (one stream each) through `worker`,
