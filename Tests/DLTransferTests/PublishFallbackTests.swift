@@ -30,10 +30,13 @@ import Testing
         }
     }
 
-    private func folder() throws -> String {
-        let path = NSTemporaryDirectory() + "dld-publish-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-        return path
+    /// A fresh folder holding `f.part` ("bytes"), for `body`; removed after it.
+    private func withPartialFile(_ body: (String) throws -> Void) throws {
+        let dir = NSTemporaryDirectory() + "dld-publish-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        try "bytes".write(toFile: dir + "/f.part", atomically: false, encoding: .utf8)
+        try body(dir)
     }
 
     private func contents(_ path: String) -> String? {
@@ -44,48 +47,45 @@ import Testing
     /// file is gone.
     @Test(arguments: [nil, EPERM, EOPNOTSUPP] as [Int32?])
     func fallbackPublishes(linkErrno: Int32?) throws {
-        let dir = try folder()
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let calls = Calls()
-        try "bytes".write(toFile: dir + "/f.part", atomically: false, encoding: .utf8)
-        try PartialFile.link(dir + "/f.part", to: dir + "/f", overwrite: false, calls: calls.calls(linkErrno: linkErrno))
-        #expect(contents(dir + "/f") == "bytes")
-        #expect(!FileManager.default.fileExists(atPath: dir + "/f.part"))
-        #expect(calls.renames.load(ordering: .relaxed) == 1 && calls.links.load(ordering: .relaxed) == 1, "the fallback was taken")
+        try withPartialFile { dir in
+            let calls = Calls()
+            try PartialFile.link(dir + "/f.part", to: dir + "/f", overwrite: false, calls: calls.calls(linkErrno: linkErrno))
+            #expect(contents(dir + "/f") == "bytes")
+            #expect(!FileManager.default.fileExists(atPath: dir + "/f.part"))
+            #expect(calls.renames.load(ordering: .relaxed) == 1 && calls.links.load(ordering: .relaxed) == 1, "the fallback was taken")
+        }
     }
 
     /// A file at the final name is never replaced, by either fallback: `destination_exists`,
     /// and the download stays in its partial file.
     @Test(arguments: [nil, EPERM, EOPNOTSUPP] as [Int32?])
     func fallbackNeverReplaces(linkErrno: Int32?) throws {
-        let dir = try folder()
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        let calls = Calls()
-        try "bytes".write(toFile: dir + "/f.part", atomically: false, encoding: .utf8)
-        try "mine".write(toFile: dir + "/f", atomically: false, encoding: .utf8)
-        do throws(TransferFailure) {
-            try PartialFile.link(dir + "/f.part", to: dir + "/f", overwrite: false, calls: calls.calls(linkErrno: linkErrno))
-            Issue.record("a file at the final name was replaced")
-        } catch {
-            #expect(error.error.code == "destination_exists", "\(error)")
+        try withPartialFile { dir in
+            let calls = Calls()
+            try "mine".write(toFile: dir + "/f", atomically: false, encoding: .utf8)
+            do throws(TransferFailure) {
+                try PartialFile.link(dir + "/f.part", to: dir + "/f", overwrite: false, calls: calls.calls(linkErrno: linkErrno))
+                Issue.record("a file at the final name was replaced")
+            } catch {
+                #expect(error.error.code == "destination_exists", "\(error)")
+            }
+            #expect(contents(dir + "/f") == "mine")
+            #expect(contents(dir + "/f.part") == "bytes")
+            #expect(calls.links.load(ordering: .relaxed) == 1, "the fallback was taken")
         }
-        #expect(contents(dir + "/f") == "mine")
-        #expect(contents(dir + "/f.part") == "bytes")
-        #expect(calls.links.load(ordering: .relaxed) == 1, "the fallback was taken")
     }
 
     /// Another failure of `link` is a file error that names the final path, and nothing moves.
     @Test func otherLinkFailureIsAFileError() throws {
-        let dir = try folder()
-        defer { try? FileManager.default.removeItem(atPath: dir) }
-        try "bytes".write(toFile: dir + "/f.part", atomically: false, encoding: .utf8)
-        do throws(TransferFailure) {
-            try PartialFile.link(dir + "/f.part", to: dir + "/f", overwrite: false, calls: Calls().calls(linkErrno: EIO))
-            Issue.record("published although link failed")
-        } catch {
-            #expect(error.error.code == "file_error" && error.error.message.contains(dir + "/f"), "\(error)")
+        try withPartialFile { dir in
+            do throws(TransferFailure) {
+                try PartialFile.link(dir + "/f.part", to: dir + "/f", overwrite: false, calls: Calls().calls(linkErrno: EIO))
+                Issue.record("published although link failed")
+            } catch {
+                #expect(error.error.code == "file_error" && error.error.message.contains(dir + "/f"), "\(error)")
+            }
+            #expect(!FileManager.default.fileExists(atPath: dir + "/f"))
+            #expect(contents(dir + "/f.part") == "bytes")
         }
-        #expect(!FileManager.default.fileExists(atPath: dir + "/f"))
-        #expect(contents(dir + "/f.part") == "bytes")
     }
 }
