@@ -124,7 +124,7 @@ let package = Package(
         ),
         .testTarget(
             name: "DLRPCTests",
-            dependencies: ["DLRPC", "DLDaemon", "DLCore", "DLStore", "DLTransfer", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOCore", package: "swift-nio"),
+            dependencies: ["DLRPC", "DLDaemon", "DLCore", "DLStore", "DLTransfer", "DLTestSupport", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

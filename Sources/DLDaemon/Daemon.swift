@@ -79,10 +79,11 @@ public enum Daemon {
         // that a simulated power cut and reboot (tests' powercutfs) starts a new boot.
         let bootIDFile = ProcessInfo.processInfo.environment["DLD_TEST_BOOT_ID_FILE"].flatMap { $0.isEmpty ? nil : $0 }
         engineConfiguration.bootID = bootIDFile.map { Engine.currentBootID(path: $0) } ?? Engine.currentBootID()
+        let clockOffset = testClockOffset(environment, logger: logger)
         let engine = Engine(
             store: store, downloader: downloader,
             configuration: engineConfiguration,
-            logger: logger)
+            logger: logger, now: { Date().addingTimeInterval(clockOffset) })
         let hub = EventHub()
         store.setEventSink(wanted: { hub.subscriberCount > 0 }) { hub.publish($0) }
         await engine.startProgressReports(every: .milliseconds(500)) { hub.publishProgress($0, $1) }
@@ -112,6 +113,20 @@ public enum Daemon {
         await store.close()
         await databaseLock?.release()
         withExtendedLifetime(lock) {}
+    }
+
+    /// For tests only: `DLD_TEST_CLOCK_OFFSET=<seconds>` moves the engine's clock (what it
+    /// records, schedules and leases by) that far from the system's, to show a
+    /// `speed_schedule` boundary in seconds or a fleet worker whose clock is wrong. Not a
+    /// setting: it is logged as a warning when set.
+    static func testClockOffset(_ environment: [String: String], logger: Logger) -> TimeInterval {
+        guard let text = environment["DLD_TEST_CLOCK_OFFSET"] else { return 0 }
+        guard let offset = TimeInterval(text), offset.isFinite else {
+            logger.warning("DLD_TEST_CLOCK_OFFSET is not a number of seconds; ignored", metadata: ["value": "\(text.prefix(40))"])
+            return 0
+        }
+        logger.warning("test hook: the engine's clock is moved from the system's", metadata: ["seconds": "\(offset)"])
+        return offset
     }
 
     /// The job table: `<state_dir>/jobs.sqlite`, or PostgreSQL when `database` is set (then

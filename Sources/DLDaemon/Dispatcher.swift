@@ -176,6 +176,8 @@ public struct Dispatcher: Sendable {
                 "worker": .string(stats.worker),
                 "workers": .array(stats.workers.map { ["id": .string($0.id), "seen_at": JobJSON.timestamp($0.seenAt)] }),
                 "database_bytes": .int(stats.databaseBytes),
+                "table_unreachable": stats.tableUnreachable.map { .string($0) } ?? .null,
+                "lease": stats.lease.map(Self.leaseReply) ?? .null,
                 "max_speed": Self.speedReply(await engine.speedView),
                 "cache": await cacheStats(),
             ]
@@ -535,6 +537,18 @@ extension Dispatcher {
     }
 
     /// The global limit as `stats` and `set_speed` show it.
+    /// `stats.lease`: a worker of a shared table's leases and fence.
+    static func leaseReply(_ lease: Engine.LeaseView) -> JSONValue {
+        [
+            "seconds": .double(lease.seconds),
+            "renewed_at": lease.renewedAt.map(JobJSON.timestamp) ?? .null,
+            "fenced": .bool(lease.fencedSince != nil),
+            "fenced_since": lease.fencedSince.map(JobJSON.timestamp) ?? .null,
+            "fences": .int(Int64(lease.fences)),
+            "clock_skew": .double((lease.clockSkew * 1000).rounded() / 1000),
+        ]
+    }
+
     static func speedReply(_ view: Engine.SpeedView) -> JSONValue {
         [
             "limit": .int(view.limit),

@@ -280,17 +280,55 @@ extension Engine {
         public var workers: [(id: String, seenAt: Date)]
         /// Bytes the job table takes.
         public var databaseBytes: Int64
+        /// A shared table: this worker's leases and its fence; nil on SQLite.
+        public var lease: LeaseView?
+        /// A shared table that did not answer within `statsTableWait`: why. `counts`,
+        /// `workers` and `databaseBytes` are then the last ones read (zero if none were).
+        public var tableUnreachable: String?
     }
 
     public func stats() async throws(DLError) -> Stats {
-        let counts = try await storage { try await store.counts() }
+        var table: TableStats
+        var unreachable: String? = nil
+        if store.sharesQueue {
+            // A table that went away must not hold `stats` up: it is how a fenced worker is seen.
+            switch await Self.within(Self.statsTableWait, { () async throws -> TableStats in try await self.readTableStats() }) {
+            case .success(let read)?:
+                table = read
+                lastTableStats = read
+            case .failure(let error)?:
+                unreachable = (error as? DLError)?.message ?? Self.storageText(error)
+                table = lastTableStats ?? TableStats()
+            case nil:
+                unreachable = "the job table did not answer within \(Self.statsTableWait.components.seconds) s"
+                table = lastTableStats ?? TableStats()
+            }
+        } else {
+            table = try await readTableStats()
+        }
         let speed = running.values.reduce(0) { $0 + $1.progress.snapshot.speed }
         return Stats(
-            counts: counts, active: running.count, speed: speed, maxActive: configuration.maxActive,
+            counts: table.counts, active: running.count, speed: speed, maxActive: configuration.maxActive,
             accepting: accepting, uptime: now().timeIntervalSince(startedAt),
-            queuePausedReason: configuration.queuePausedReason, worker: configuration.worker, workers: try await liveWorkers(),
+            queuePausedReason: configuration.queuePausedReason, worker: configuration.worker, workers: table.workers,
+            databaseBytes: table.databaseBytes, lease: leaseView, tableUnreachable: unreachable)
+    }
+
+    /// What `stats` reads from the table.
+    struct TableStats: Sendable {
+        var counts: [JobState: Int] = [:]
+        var workers: [(id: String, seenAt: Date)] = []
+        var databaseBytes: Int64 = 0
+    }
+
+    private func readTableStats() async throws(DLError) -> TableStats {
+        TableStats(
+            counts: try await storage { try await store.counts() }, workers: try await liveWorkers(),
             databaseBytes: try await storage { try await store.databaseBytes() })
     }
+
+    /// How long `stats` waits for a shared table.
+    static let statsTableWait: Duration = .seconds(2)
 
     /// `stats()` answered from a turn of the serial queue: proof for the watchdog that the
     /// queue turns, not only that the actor answers (a turn stuck in an await leaves it free).

@@ -2,6 +2,7 @@ import DLCore
 import DLStore
 import Foundation
 import Logging
+import Synchronization
 
 /// A worker of a shared queue (the job table in PostgreSQL, several daemons): it renews the
 /// leases of what it runs, queues again the jobs of workers whose leases ran out, and stops
@@ -14,7 +15,18 @@ extension Engine {
     func startFleet() {
         guard store.sharesQueue, leaseTask == nil else { return }
         renewedAt = now()
+        renewedInstant = .now
         let period = Duration.milliseconds(Int64(configuration.lease * 1000 / 3))
+        // The fence looks often, and never through the serial queue: a renewal that hangs on
+        // a table that went away holds that queue, and the fence is what must not wait for it.
+        let look = Duration.milliseconds(Int64(min(configuration.lease * 1000 / 20, 250)))
+        fenceTask = Task { [weak self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: look)
+                guard let self else { return }
+                await self.fenceIfLeasesRunOut()
+            }
+        }
         // The first turn at once: the worker shows among the live ones from the start.
         leaseTask = Task { [weak self] in
             while !Task.isCancelled {
@@ -36,6 +48,95 @@ extension Engine {
     func stopFleet() {
         leaseTask?.cancel()
         changesTask?.cancel()
+        fenceTask?.cancel()
+    }
+
+    /// This worker's leases, for `stats` (nil on SQLite).
+    public struct LeaseView: Sendable, Equatable {
+        /// The lease, in seconds.
+        public var seconds: Double
+        /// When the leases were last renewed.
+        public var renewedAt: Date?
+        /// Since when this worker is fenced (its transfers stopped, none started); nil: not.
+        public var fencedSince: Date?
+        /// Times this worker was fenced since it started.
+        public var fences: Int
+        /// The table's clock minus this worker's, in seconds, as last measured.
+        public var clockSkew: Double
+    }
+
+    var leaseView: LeaseView? {
+        guard store.sharesQueue else { return nil }
+        return LeaseView(seconds: configuration.lease, renewedAt: renewedAt, fencedSince: fencedSince, fences: fences, clockSkew: tableClockSkew)
+    }
+
+    /// `body`'s outcome, or nil when it did not come within `limit`; it is then cancelled and
+    /// left to end on its own (a pool that waits for a server does not hold the caller).
+    static func within<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async -> Result<T, any Error>? {
+        let once = Once<Result<T, any Error>?>()
+        let work = run(body, into: once)
+        let timer = Task {
+            try? await Task.sleep(for: limit)
+            work.cancel()
+            once.resume(nil)
+        }
+        defer { timer.cancel() }
+        return await withCheckedContinuation { once.set($0) }
+    }
+
+    /// `body`, or a `CancellationError` as soon as the caller is cancelled, without waiting
+    /// for `body` to end (it is cancelled too, and left to end on its own): a transfer that a
+    /// fence stops must not wait for a checkpoint that a pool holds while the server is away.
+    static func abandonedOnCancel<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
+        let once = Once<Result<T, any Error>?>()
+        let work = run(body, into: once)
+        let outcome = await withTaskCancellationHandler {
+            await withCheckedContinuation { once.set($0) }
+        } onCancel: {
+            work.cancel()
+            once.resume(nil)
+        }
+        guard let outcome else { throw CancellationError() }
+        return try outcome.get()
+    }
+
+    /// Runs `body` in a task of its own that hands its outcome to `once`.
+    private static func run<T: Sendable>(_ body: @escaping @Sendable () async throws -> T, into once: Once<Result<T, any Error>?>) -> Task<Void, Never> {
+        Task {
+            do {
+                once.resume(.success(try await body()))
+            } catch {
+                once.resume(.failure(error))
+            }
+        }
+    }
+
+    /// The share of a lease after which a worker that could not renew stops its transfers:
+    /// the rest of the lease is the margin for stopping them before other workers may take
+    /// the jobs (`requeueExpired`, on the table's clock).
+    static let fenceAt = 0.8
+
+    /// Now on the shared table's clock (as last measured), for leases.
+    func leaseNow() -> Date {
+        now().addingTimeInterval(tableClockSkew)
+    }
+
+    /// Reads the table's clock (PostgreSQL's `clock_timestamp()`), half-way through the trip.
+    func measureTableClock() async {
+        let before = now()
+        do {
+            guard let server = try await store.serverClock() else { return }
+            let after = now()
+            let skew = server.timeIntervalSince(before.addingTimeInterval(after.timeIntervalSince(before) / 2))
+            if abs(skew - tableClockSkew) > 1 {
+                logger.notice("this worker's clock differs from the job table's; leases are reckoned on the table's", metadata: [
+                    "seconds": "\((skew * 1000).rounded() / 1000)",
+                ])
+            }
+            tableClockSkew = skew
+        } catch {
+            logger.warning("could not read the job table's clock", metadata: ["error": "\(Self.storageText(error))"])
+        }
     }
 
     /// Renews this worker's leases, stops transfers whose jobs are no longer its own, queues
@@ -45,19 +146,28 @@ extension Engine {
         do {
             try await serial { () async throws(DLError) in
                 guard accepting else { return }
-                let at = now()
+                await measureTableClock()
+                let sent = ContinuousClock.now
+                let at = leaseNow()
                 let owned: Set<JobID>
                 do {
                     owned = try await store.renewLeases(worker: configuration.worker, until: at.addingTimeInterval(configuration.lease), now: at)
                 } catch {
-                    await fence(at)
-                    logger.warning("lease renewal failed", metadata: ["error": "\(error)"])
+                    await fenceIfLeasesRunOut()
+                    logger.warning("lease renewal failed", metadata: ["error": "\(Self.storageText(error))"])
                     throw DLError(.storageError, "could not renew this worker's leases in the shared job table: \(Self.storageText(error))")
                 }
-                renewedAt = at
+                renewedAt = now()
+                renewedInstant = sent
+                if let since = fencedSince {
+                    fencedSince = nil
+                    logger.notice("the job table answers again and the leases are renewed: this worker takes jobs again", metadata: [
+                        "fenced_for": "\(Int(now().timeIntervalSince(since).rounded())) s",
+                    ])
+                }
                 await stopLost(running.keys.filter { !owned.contains($0) })
                 try await requeueOrphans(owned)
-                let expired = try await storage { try await store.requeueExpired(now: at) }
+                let expired = try await storage { try await store.requeueExpired(now: leaseNow()) }
                 if !expired.isEmpty {
                     logger.notice("queued again the jobs of workers whose leases ran out", metadata: ["jobs": "\(expired.count)"])
                     try await finishPublishes(since: at.addingTimeInterval(-3 * configuration.lease))
@@ -70,13 +180,24 @@ extension Engine {
         }
     }
 
-    /// The table could not be reached to renew the leases. Transfers go on while the leases
-    /// hold; once most of a lease has passed unrenewed, the other workers may take the jobs,
-    /// so their transfers stop here (nothing of them is recorded: the table has what was
-    /// committed) and nothing is published twice.
-    private func fence(_ at: Date) async {
-        guard let renewedAt, at.timeIntervalSince(renewedAt) > configuration.lease * 0.8, !running.isEmpty else { return }
-        logger.error("the job table is unreachable and the leases are running out: stopping this worker's transfers", metadata: ["jobs": "\(running.count)"])
+    /// The fence. While the table cannot be reached to renew the leases, transfers go on as
+    /// long as the leases hold; once `fenceAt` of a lease has passed since the last renewal
+    /// was sent (a monotonic clock: a renewal that hangs counts as none), the other workers
+    /// may soon take the jobs, so every transfer here stops (nothing of it is recorded: the
+    /// table has what was committed), nothing is published twice, and nothing starts until a
+    /// renewal succeeds. Runs on its own timer, outside the serial queue.
+    func fenceIfLeasesRunOut() async {
+        guard accepting, let renewedInstant else { return }
+        let unrenewed = ContinuousClock.now - renewedInstant
+        guard unrenewed > .milliseconds(Int64(configuration.lease * Self.fenceAt * 1000)) else { return }
+        if fencedSince == nil {
+            fencedSince = now()
+            fences += 1
+            logger.error("the job table is unreachable and the leases are running out: this worker is fenced, its transfers stop and it starts none", metadata: [
+                "jobs": "\(running.count)", "unrenewed": "\(unrenewed)",
+            ])
+        }
+        guard !running.isEmpty else { return }
         await stopLost(Array(running.keys))
     }
 
@@ -142,7 +263,51 @@ extension Engine {
     /// The workers seen within two leases (this one first when it has not renewed yet).
     func liveWorkers() async throws(DLError) -> [(id: String, seenAt: Date)] {
         guard store.sharesQueue else { return [(configuration.worker, now())] }
-        let seen = try await storage { try await store.workers(seenSince: now().addingTimeInterval(-2 * configuration.lease)) }
+        // Heartbeats are written on the table's clock (`renewLeases` gets `leaseNow()`).
+        let seen = try await storage { try await store.workers(seenSince: leaseNow().addingTimeInterval(-2 * configuration.lease)) }
         return seen.contains { $0.id == configuration.worker } ? seen : [(configuration.worker, startedAt)] + seen
+    }
+}
+
+/// A continuation resumed once, by the first of several callers, whether they come before or
+/// after it is handed over.
+private final class Once<T: Sendable>: Sendable {
+    private enum State {
+        case empty
+        case waiting(CheckedContinuation<T, Never>)
+        case done(T)
+        case resumed
+    }
+
+    private let state = Mutex(State.empty)
+
+    func set(_ continuation: CheckedContinuation<T, Never>) {
+        let early = state.withLock { state -> T? in
+            switch state {
+            case .done(let value):
+                state = .resumed
+                return value
+            default:
+                state = .waiting(continuation)
+                return nil
+            }
+        }
+        if let early { continuation.resume(returning: early) }
+    }
+
+    func resume(_ value: T) {
+        let waiting = state.withLock { state -> CheckedContinuation<T, Never>? in
+            switch state {
+            case .empty:
+                state = .done(value)
+                return nil
+            case .waiting(let continuation):
+                state = .resumed
+                return continuation
+            case .done, .resumed:
+                return nil
+            }
+        }
+        waiting?.resume(returning: value)
     }
 }

@@ -15,6 +15,8 @@ extension Engine {
     public func start() async throws(DLError) {
         applySpeedLimits()
         try await serial { () async throws(DLError) in
+            // Leases (claims, the look for ended ones) are reckoned on a shared table's clock.
+            if store.sharesQueue { await measureTableClock() }
             // First, so that members of a group whose move a crash interrupted have their
             // files in place before the rows are checked against the disk.
             try await removeOrphanStaging()

@@ -20,7 +20,8 @@ extension Engine {
     func schedule() async throws(DLError) {
         guard accepting else { return }
         for id in activeGroups.sorted() { try await settle(id) }
-        guard configuration.queuePausedReason == nil else { return }
+        // A fenced worker (its leases unrenewed, `Engine+Fleet`) starts nothing.
+        guard configuration.queuePausedReason == nil, fencedSince == nil else { return }
         var free = configuration.lanes.free(bulk: bulkTaken(), light: lightTaken())
         // The ready jobs first: no trip to the table before they start.
         while free > 0, startFromReady() { free -= 1 }
@@ -88,7 +89,7 @@ extension Engine {
         let standalone = min(free, lanes.free(bulk: bulk, light: light))
         var claim = TurnClaim(
             free: free, limit: min(standalone, room), excludingGroups: activeGroups, excludingHosts: full,
-            worker: configuration.worker, leaseUntil: at.addingTimeInterval(configuration.lease), now: at)
+            worker: configuration.worker, leaseUntil: leaseNow().addingTimeInterval(configuration.lease), now: at)
         claim.standaloneLimit = standalone
         claim.groupLimit = min(free, lanes.freeForGroups(bulk: bulk, light: light))
         claim.lightOnly = lanes.claimFilter(bulk: bulk)
@@ -134,7 +135,7 @@ extension Engine {
             let lightOnly = lanes(group).claimFilter(bulk: bulkTaken(group: group))
             let claimed = try await storage {
                 try await store.claim(
-                    limit: batch, worker: configuration.worker, leaseUntil: at.addingTimeInterval(configuration.lease),
+                    limit: batch, worker: configuration.worker, leaseUntil: leaseNow().addingTimeInterval(configuration.lease),
                     excludingHosts: full, lightOnly: lightOnly, group: group, now: at)
             }
             // Jobs that may not download on a metered connection wait instead of starting:
@@ -275,9 +276,14 @@ extension Engine {
             let result = await downloader.run(request, progress: progress) { checkpoint in
                 let written: Bool
                 do {
-                    written = try await store.checkpoint(
-                        id, received: checkpoint.received, size: checkpoint.size, validators: checkpoint.validators,
-                        finalURL: checkpoint.finalURL, segments: checkpoint.segments, now: Date(), owner: worker)
+                    let write = { @Sendable in
+                        try await store.checkpoint(
+                            id, received: checkpoint.received, size: checkpoint.size, validators: checkpoint.validators,
+                            finalURL: checkpoint.finalURL, segments: checkpoint.segments, now: Date(), owner: worker)
+                    }
+                    // A shared table may be away (its pool waits up to a minute): a stop
+                    // (the fence) must not wait for the checkpoint.
+                    written = shared ? try await Self.abandonedOnCancel(write) : try await write()
                 } catch where shared {
                     // A shared table that cannot be reached: the transfer goes on (its lease
                     // holds for a while, see `fence`) and the next checkpoint commits.

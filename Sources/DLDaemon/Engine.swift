@@ -242,8 +242,23 @@ public actor Engine {
     /// A compaction runs (one at a time).
     var compacting = false
     var changesTask: Task<Void, Never>?
-    /// When this worker last renewed its leases (shared table).
+    /// When this worker last renewed its leases (shared table): the engine's clock for
+    /// `stats`, and the monotonic clock (taken before the renewal was sent) for the fence.
     var renewedAt: Date?
+    var renewedInstant: ContinuousClock.Instant?
+    /// Since when this worker's transfers are fenced: its leases went unrenewed for most of a
+    /// lease (`Engine+Fleet`); nil while they are renewed.
+    var fencedSince: Date?
+    /// How many times this worker was fenced since it started.
+    var fences = 0
+    var fenceTask: Task<Void, Never>?
+    /// The shared table's clock minus this engine's (seconds), as last measured: leases are
+    /// reckoned on the table's clock, so a worker whose clock is wrong neither takes jobs whose
+    /// leases still run nor gives out leases that others see as ended.
+    var tableClockSkew: TimeInterval = 0
+    /// The last `stats` read from the table, answered again (with the reason) when a shared
+    /// table does not answer in time.
+    var lastTableStats: TableStats?
     /// The global rate set by `set_speed`, over the config file's; nil: the config's.
     var speedOverride: Int64?
     /// `~/.netrc` as last read, by what `stat` said of it then (`currentNetrc`).

@@ -170,6 +170,10 @@ public protocol JobTable: Sendable {
     /// all in one transaction; the default runs those calls one after the other, and gives no
     /// ready rows.
     func turn(saves: [Job], owned: Set<JobID>, owner: String, claim: TurnClaim?) async throws -> TurnOutcome
+    /// The table's own clock, for a shared table (PostgreSQL: its `clock_timestamp()`): the
+    /// clock that leases are reckoned on, whatever the workers' clocks say. nil: the table
+    /// has no clock of its own (SQLite, one daemon).
+    func serverClock() async throws -> Date?
     /// The workers whose last heartbeat is at or after `seenSince`, by id.
     func workers(seenSince: Date) async throws -> [(id: String, seenAt: Date)]
     /// Yields when job states may have changed in the table, by any daemon: a daemon re-reads
@@ -213,6 +217,8 @@ public protocol JobTable: Sendable {
 
 /// Shorter forms of the requirements, for callers that take the usual choices.
 extension JobTable {
+    public func serverClock() async throws -> Date? { nil }
+
     public func setEventSink(_ deliver: @escaping @Sendable ([StoredEvent]) -> Void) {
         setEventSink(wanted: { true }, deliver)
     }

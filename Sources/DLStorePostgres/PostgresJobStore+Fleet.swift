@@ -129,6 +129,11 @@ extension PostgresJobStore {
         }
     }
 
+    public func serverClock() async throws -> Date? {
+        let seconds = try await rows("SELECT extract(epoch FROM clock_timestamp())::float8").first?.decode(Double.self)
+        return seconds.map(Date.init(timeIntervalSince1970:))
+    }
+
     public func workers(seenSince: Date) async throws -> [(id: String, seenAt: Date)] {
         try await rows("SELECT id, seen_at FROM workers WHERE seen_at >= \(seenSince.timeIntervalSince1970) ORDER BY id").map { row in
             let (id, seen) = try row.decode((String, Double).self)

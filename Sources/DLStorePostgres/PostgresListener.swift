@@ -23,6 +23,7 @@ enum PostgresListener {
         while !Task.isCancelled {
             do {
                 let connection = try await PostgresConnection.connect(configuration: configuration, id: id, logger: logger)
+                if id > 1 { logger.notice("PostgreSQL listener connected again: changes and events are caught up") }
                 id += 1
                 do {
                     try await listen(on: connection, onJobs: onJobs, onEvents: onEvents)

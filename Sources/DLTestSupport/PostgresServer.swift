@@ -22,7 +22,11 @@ public final class PostgresServer: Sendable {
     public let user = "dld"
     /// Only names the socket file (`.s.PGSQL.<port>`); nothing listens on TCP.
     public let port = 5432
-    private let process: Process
+    /// The postmaster running now (another one after `restart`).
+    private let current: Mutex<Process>
+    private var process: Process { current.withLock { $0 } }
+    /// The user the server runs as when the tests run as root (uid, gid).
+    private let runAs: [UInt32]?
     private let names = Mutex(0)
 
     /// The folder `unix_socket_directories` names (a libpq `host=` value).
@@ -84,13 +88,8 @@ public final class PostgresServer: Sendable {
             guard initdb.status == 0 else {
                 throw PostgresServerError("initdb failed (status \(initdb.status)):\n\(initdb.stdout)\(initdb.stderr)")
             }
-            let process = try launch(
-                binDir + "/postgres",
-                ["-D", folder + "/data", "-c", "listen_addresses=", "-c", "unix_socket_directories=\(folder)",
-                 // Every test has a database and a small pool of its own, and tests run in parallel.
-                 "-c", "max_connections=300"],
-                as: runAs, in: folder, log: folder + "/postgres.log")
-            let server = PostgresServer(folder: folder, binDir: binDir, process: process)
+            let process = try launch(binDir: binDir, folder: folder, as: runAs, log: folder + "/postgres.log")
+            let server = PostgresServer(folder: folder, binDir: binDir, process: process, runAs: runAs)
             try server.waitUntilReady(timeout: timeout)
             return server
         } catch {
@@ -99,15 +98,48 @@ public final class PostgresServer: Sendable {
         }
     }
 
-    private init(folder: String, binDir: String, process: Process) {
+    private init(folder: String, binDir: String, process: Process, runAs: (uid: uid_t, gid: gid_t)?) {
         self.folder = folder
         self.binDir = binDir
-        self.process = process
+        self.current = Mutex(process)
+        self.runAs = runAs.map { [$0.uid, $0.gid] }
+    }
+
+    /// The postmaster, with this server's settings.
+    private static func launch(binDir: String, folder: String, as runAs: (uid: uid_t, gid: gid_t)?, log: String) throws(PostgresServerError) -> Process {
+        try launch(
+            binDir + "/postgres",
+            ["-D", folder + "/data", "-c", "listen_addresses=", "-c", "unix_socket_directories=\(folder)",
+             // Every test has a database and a small pool of its own, and tests run in parallel.
+             "-c", "max_connections=300"],
+            as: runAs, in: folder, log: log)
+    }
+
+    /// The server goes away as in a crash or a power cut of its machine (`pg_ctl stop -m
+    /// immediate`: every backend ends at once, every connection is cut), and stays away until
+    /// `restart`. Its data folder is kept; committed transactions survive (WAL).
+    public func halt() {
+        let process = self.process
+        guard process.isRunning else { return }
+        kill(process.processIdentifier, SIGQUIT)
+        process.waitUntilExit()
+    }
+
+    /// Starts the server again on its data after `halt`; returns once it accepts connections
+    /// (after its crash recovery). Its log goes on in `postgres.log`.
+    public func restart(timeout: TimeInterval = 60) throws(PostgresServerError) {
+        guard !process.isRunning else { return }
+        let runAs = self.runAs.map { (uid: $0[0], gid: $0[1]) }
+        let log = folder + "/postgres-\(UUID().uuidString.prefix(8)).log"
+        let process = try Self.launch(binDir: binDir, folder: folder, as: runAs, log: log)
+        current.withLock { $0 = process }
+        try waitUntilReady(timeout: timeout)
     }
 
     /// `pg_ctl stop -m immediate`: SIGQUIT to the postmaster, which ends every backend at
     /// once (nothing in a test server is worth a checkpoint), then the folder is removed.
     public func stop() {
+        let process = self.process
         if process.isRunning {
             kill(process.processIdentifier, SIGQUIT)
             // The postmaster removes its pid file as it exits.

@@ -15,6 +15,8 @@
 //                                 variant=K (the body is the stream from byte K on: the same
 //                                 size, other bytes; `setVariant` overrides it for every path).
 //                                 `rate` (bytes/s) throttles each response, so each connection.
+//                                 gate=N holds the body's first byte until N bodies stream at
+//                                 once (at most 20 s): a peak of concurrency as an event.
 //                                 cache_control=V sends `Cache-Control: V`. If-None-Match with
 //                                 the ETag (or If-Modified-Since with Last-Modified) gets 304.
 //   /status/<CODE>                that status and a short text body; query retry_after.
@@ -259,6 +261,17 @@ public final class TestOrigin: Sendable {
         state.box.withLockedValue { $0.http2Streams }
     }
 
+    /// For each path+query, the most bodies of it that were ever streamed at once: 1 for a
+    /// file that no two transfers fetched at the same time.
+    public var mostConcurrentBodiesByURI: [String: Int] {
+        state.box.withLockedValue { $0.mostStreamingByURI }
+    }
+
+    /// Response bodies being streamed now (begun, not yet ended or cut by either side).
+    public var bodiesStreaming: Int {
+        Int(state.streamingNow)
+    }
+
     /// Every request seen so far, in order.
     public var requests: [RecordedRequest] {
         state.box.withLockedValue { $0.requests }
@@ -358,9 +371,12 @@ final class OriginState: Sendable {
         var etagOverride: String?
         /// Replaces every `/bytes` body's `variant`: the content changed under the same size.
         var variantOverride: Int64?
-        /// Streamed bodies begun and not yet ended (or cut), and the most there ever were.
+        /// Streamed bodies begun and not yet ended (or cut), and the most there ever were; the
+        /// same for each path+query.
         var streaming = 0
         var mostStreaming = 0
+        var streamingByURI: [String: Int] = [:]
+        var mostStreamingByURI: [String: Int] = [:]
         /// Requests received and not yet answered in full (waiting for `latency` included),
         /// and the most there ever were.
         var inFlight = 0
@@ -390,11 +406,19 @@ final class OriginState: Sendable {
         }
     }
 
-    /// A streamed body begins (`true`) or ends.
-    func streaming(_ begins: Bool) {
+    /// Streamed bodies begun and not yet ended.
+    var streamingNow: Int64 {
+        Int64(box.withLockedValue { $0.streaming })
+    }
+
+    /// A streamed body of `uri` begins (`true`) or ends.
+    func streaming(_ begins: Bool, uri: String) {
         box.withLockedValue { values in
             values.streaming += begins ? 1 : -1
             values.mostStreaming = max(values.mostStreaming, values.streaming)
+            let now = values.streamingByURI[uri, default: 0] + (begins ? 1 : -1)
+            values.streamingByURI[uri] = now == 0 ? nil : now
+            values.mostStreamingByURI[uri] = max(values.mostStreamingByURI[uri] ?? 0, now)
         }
     }
 
@@ -450,6 +474,11 @@ private struct BodyStream {
     var limitAction: LimitAction = .drop(linger: .zero)
     var rate: Int64?
     var rateStart: NIODeadline?
+    /// `gate=N`: the body's first byte waits until N bodies are streaming at once (this one
+    /// among them), for at most `gateWait`; a peak of concurrency is then an event, not luck.
+    var gate: Int64?
+    var gateUntil: NIODeadline?
+    static let gateWait: TimeAmount = .seconds(20)
     var stalled = false
     /// The request's path+query, for `bytesServed(uri:)`.
     var uri = ""
@@ -506,8 +535,8 @@ final class OriginHandler: ChannelInboundHandler {
     private var closing = false
     private var timer: Scheduled<Void>?
     private var lastWrite: EventLoopFuture<Void>?
-    /// A body of this connection counts in `OriginState.streaming`.
-    private var counted = false
+    /// A body of this connection counts in `OriginState.streaming`, under this path+query.
+    private var counted: String?
     /// A request of this connection counts in `OriginState.inFlight`.
     private var answering = false
 
@@ -569,9 +598,9 @@ final class OriginHandler: ChannelInboundHandler {
     }
 
     private func reset() {
-        if counted {
-            counted = false
-            state.streaming(false)
+        if let uri = counted {
+            counted = nil
+            state.streaming(false, uri: uri)
         }
         answered()
         timer?.cancel()
@@ -725,7 +754,7 @@ final class OriginHandler: ChannelInboundHandler {
 
     private func serveBytes(context: ChannelHandlerContext, request: HTTPRequestHead, size: Int64, query: Query) {
         var numbers: [String: Int64] = [:]
-        for key in ["rate", "drop_after", "stall_after", "length", "overlong", "linger", "ranges_for", "variant"] {
+        for key in ["rate", "drop_after", "stall_after", "length", "overlong", "linger", "ranges_for", "variant", "gate"] {
             switch query.int(key) {
             case .absent:
                 continue
@@ -837,6 +866,7 @@ final class OriginHandler: ChannelInboundHandler {
             ending: ending
         )
         stream.rate = rate
+        stream.gate = numbers["gate"]
         switch (dropAfter, stallAfter) {
         case (let d?, let s?):
             stream.limit = min(d, s)
@@ -874,9 +904,9 @@ final class OriginHandler: ChannelInboundHandler {
         }
         let head = HTTPResponseHead(version: request.version, status: status, headers: headers)
         lastWrite = context.write(wrapOutboundOut(.head(head)))
-        if !counted {
-            counted = true
-            state.streaming(true)
+        if counted == nil {
+            counted = request.uri
+            state.streaming(true, uri: request.uri)
         }
         body = stream
         body?.uri = request.uri
@@ -894,6 +924,18 @@ final class OriginHandler: ChannelInboundHandler {
 
         loop: while var stream = body {
             if stream.stalled { break loop }
+            if let gate = stream.gate {
+                let now = NIODeadline.now()
+                let until = stream.gateUntil ?? now + BodyStream.gateWait
+                if state.streamingNow < gate && now < until {
+                    stream.gateUntil = until
+                    body = stream
+                    scheduleWake(context: context, in: .milliseconds(5))
+                    break loop
+                }
+                stream.gate = nil
+                body = stream
+            }
             if stream.remaining == 0 {
                 unflushed = 0
                 finish(context: context, stream: stream)
@@ -976,9 +1018,9 @@ final class OriginHandler: ChannelInboundHandler {
 
     private func finish(context: ChannelHandlerContext, stream: BodyStream) {
         body = nil
-        if counted {
-            counted = false
-            state.streaming(false)
+        if let uri = counted {
+            counted = nil
+            state.streaming(false, uri: uri)
         }
         answered()
         switch stream.ending {

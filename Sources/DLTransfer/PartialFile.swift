@@ -157,14 +157,16 @@ public final class PartialFile {
     /// Moves the complete file to its final name (durability rule 4; the caller syncs the
     /// folder, once per batch). Without `overwrite`, an existing file is never replaced:
     /// `link` fails when the name exists, atomically, where a check-then-rename would race.
-    public static func link(_ partial: String, to final: String, overwrite: Bool) throws(TransferFailure) {
+    /// `calls` are the system's; tests hand in failing ones to take the fallbacks that other
+    /// filesystems need.
+    public static func link(_ partial: String, to final: String, overwrite: Bool, calls: LinkCalls = .system) throws(TransferFailure) {
         if overwrite {
             guard rename(partial, final) == 0 else { throw failure("rename", final, errno) }
-        } else if dld_rename_noreplace(partial, final) == 0 {
+        } else if calls.renameNoReplace(partial, final) == 0 {
             // One atomic call that never replaces (renameat2 RENAME_NOREPLACE).
         } else if errno == EEXIST {
             throw TransferFailure(.permanent, "destination_exists", "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
-        } else if Glibc.link(partial, final) == 0 {
+        } else if calls.hardLink(partial, final) == 0 {
             // Filesystems without RENAME_NOREPLACE: link, which fails on an existing name.
             unlink(partial)
         } else {
@@ -206,6 +208,21 @@ public final class PartialFile {
             let code = syncFolder((dir as NSString).deletingLastPathComponent)
             if code != 0 { throw failure("sync the folder of", dir, code) }
         }
+    }
+
+    /// The calls of `link` that filesystems differ in: `renameat2(RENAME_NOREPLACE)` (EINVAL
+    /// where unsupported) and `link` (EPERM where there are no hard links). Each returns 0, or
+    /// -1 with `errno` set.
+    public struct LinkCalls: Sendable {
+        public var renameNoReplace: @Sendable (String, String) -> Int32
+        public var hardLink: @Sendable (String, String) -> Int32
+
+        public init(renameNoReplace: @escaping @Sendable (String, String) -> Int32, hardLink: @escaping @Sendable (String, String) -> Int32) {
+            self.renameNoReplace = renameNoReplace
+            self.hardLink = hardLink
+        }
+
+        public static let system = LinkCalls(renameNoReplace: { dld_rename_noreplace($0, $1) }, hardLink: { Glibc.link($0, $1) })
     }
 
     /// fsync of the folder that holds `path`, so that a rename in it is durable.

@@ -195,7 +195,12 @@ extension Downloader {
                              progress: progress, checkpoint: checkpoint)
             return
         } catch {
-            _ = try? await run.state.withLock({ $0.inFlight })?.value
+            let inFlight = run.state.withLock { $0.inFlight }
+            // A stopped transfer does not wait for a commit that may not come (a shared table
+            // that went away): the checkpoint in flight is cancelled (its bytes are synced
+            // again before the stop is reported, see `Downloader.run`).
+            if Task.isCancelled { inFlight?.cancel() }
+            _ = try? await inFlight?.value
             // Queued work reads the file, which the caller closes next.
             try? await run.hashing?.drain()
             record(run, into: &state)

@@ -459,15 +459,27 @@ extension JSONValue {
 
         let logger = Logger(label: "test")
         let engine = Engine(store: store, downloader: Downloader(logger: logger), configuration: EngineConfiguration(downloadDir: folder + "/dl"), logger: logger)
-        // Nothing below throws before the shutdown: a client left running would abort the run.
-        try? await engine.start()
+        // Nothing below throws before the shutdown (a client left running would abort the run):
+        // each failure is caught and recorded, so that it fails the test instead of passing it.
+        do { try await engine.start() } catch { Issue.record(error, "the engine did not start") }
         #expect((try? String(contentsOfFile: dir + "/a.txt", encoding: .utf8)) == "a.txt")
         #expect((try? String(contentsOfFile: dir + "/sub/b.txt", encoding: .utf8)) == "b.txt")
         #expect(!FileManager.default.fileExists(atPath: group.staging))
-        for member in (try? await store.members(of: group.id)) ?? [] { #expect(member.error == nil, "\(member.id)") }
+        do {
+            let after = try await store.members(of: group.id)
+            #expect(after.map(\.id).sorted() == members.map(\.id).sorted())
+            for member in after {
+                #expect(member.state == .completed, "\(member.id)")
+                #expect(member.error == nil, "\(member.id)")
+            }
+        } catch { Issue.record(error, "the group's members could not be read") }
         #expect((try? String(contentsOfFile: folder + "/dl/c.bin", encoding: .utf8)) == "ccc")
         #expect(!FileManager.default.fileExists(atPath: single.partialPath))
-        #expect((try? await store.fetch(single.id))??.error == nil)
+        do {
+            let after = try await store.fetch(single.id)
+            #expect(after?.state == .completed)
+            #expect(after != nil && after?.error == nil)
+        } catch { Issue.record(error, "the single job could not be read") }
         await engine.shutdown()
     }
 }

@@ -1,5 +1,6 @@
 import DLCore
 import DLRPC
+import DLTestSupport
 import Foundation
 import Testing
 
@@ -9,7 +10,7 @@ import Testing
     private static let alphabet: [Unicode.Scalar] = (0..<0x30).compactMap(Unicode.Scalar.init)
         + ["\"", "\\", "/", "a", "Z", "é", "\u{7F}", "\u{80}", "\u{2028}", "\u{FEFF}", "日", "😀", "\u{202E}"]
 
-    private func randomString(_ rng: inout SystemRandomNumberGenerator) -> String {
+    private func randomString(_ rng: inout SplitMix64) -> String {
         var text = ""
         for _ in 0..<Int.random(in: 0...12, using: &rng) {
             text.unicodeScalars.append(Self.alphabet.randomElement(using: &rng) ?? "a")
@@ -17,7 +18,7 @@ import Testing
         return text
     }
 
-    private func randomValue(_ depth: Int, _ rng: inout SystemRandomNumberGenerator) -> JSONValue {
+    private func randomValue(_ depth: Int, _ rng: inout SplitMix64) -> JSONValue {
         switch Int.random(in: 0...(depth > 3 ? 3 : 5), using: &rng) {
         case 0: return .null
         case 1: return .bool(Bool.random(using: &rng))
@@ -32,14 +33,15 @@ import Testing
     }
 
     @Test func sameBytesAsFoundation() throws {
-        var rng = SystemRandomNumberGenerator()
+        let seed = SplitMix64.testSeed()
+        var rng = SplitMix64(state: seed)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         for _ in 0..<2000 {
             let value = randomValue(0, &rng)
             let ours = value.serialized()
-            #expect(ours == (try encoder.encode(value)), "\(String(decoding: ours, as: UTF8.self))")
-            #expect(try JSONValue.parse(ours) == value)
+            #expect(ours == (try encoder.encode(value)), "seed \(seed): \(String(decoding: ours, as: UTF8.self))")
+            #expect(try JSONValue.parse(ours) == value, "seed \(seed)")
         }
     }
 
@@ -61,11 +63,12 @@ import Testing
 
     /// Job timestamps are written by hand: the same text as Foundation's ISO 8601 style.
     @Test func timestampsAsFoundation() {
-        var rng = SystemRandomNumberGenerator()
+        let seed = SplitMix64.testSeed()
+        var rng = SplitMix64(state: seed)
         var dates = [Date(timeIntervalSince1970: 0), Date(timeIntervalSince1970: 1_800_000_000.999), Date(timeIntervalSince1970: 951_782_400)]
         for _ in 0..<2000 { dates.append(Date(timeIntervalSince1970: Double.random(in: 0..<4_102_444_800, using: &rng))) }
         for date in dates {
-            #expect(JobJSON.timestamp(date) == .string(date.formatted(.iso8601)), "\(date.timeIntervalSince1970)")
+            #expect(JobJSON.timestamp(date) == .string(date.formatted(.iso8601)), "seed \(seed): \(date.timeIntervalSince1970)")
         }
     }
 }
@@ -136,7 +139,8 @@ import Testing
 /// `list` pages write each job straight to text: the bytes must be those of the job object.
 @Suite struct JobTextTests {
     @Test func rawJobIsTheSerializedObject() throws {
-        var rng = SystemRandomNumberGenerator()
+        let seed = SplitMix64.testSeed()
+        var rng = SplitMix64(state: seed)
         func maybe<T>(_ value: T) -> T? { Bool.random(using: &rng) ? value : nil }
         for n in 0..<500 {
             var job = Job(url: maybe("https://u:p@h/a\"b") ?? "http://h/é/\(n)", path: "/tmp/x/\(n) \\ \"q\"",
@@ -159,11 +163,11 @@ import Testing
             job.overwrite = Bool.random(using: &rng)
             let live = maybe(LiveProgress(received: 12_345, size: maybe(99_999), speed: 1234.6))
             guard case .raw(let text) = JobJSON.raw(job, live: live) else {
-                Issue.record("not raw text")
+                Issue.record("seed \(seed): not raw text")
                 continue
             }
             let expected = JobJSON.encode(job, live: live).serialized()
-            #expect(Data(text.bytes) == expected, "\(String(decoding: text.bytes, as: UTF8.self))")
+            #expect(Data(text.bytes) == expected, "seed \(seed): \(String(decoding: text.bytes, as: UTF8.self))")
             // Spliced into a reply as it is.
             #expect(JSONValue.array([.raw(text), .raw(text)]).serialized() == Data("[".utf8) + expected + Data(",".utf8) + expected + Data("]".utf8))
         }

@@ -80,6 +80,28 @@ import Testing
         }
     }
 
+    /// The origin is down when a stale copy is asked for: `dlctl get` still answers, with the
+    /// copy it has (`source: stale`, the same path, the same bytes), and says why in the log.
+    @Test func staleCopyIsServedWhenTheOriginIsDown() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness()
+            try daemon.start()
+            defer { daemon.stop() }
+            let url = origin.baseURL + "/bytes/150000?cache_control=max-age=0"
+            let first = try get(daemon, url)
+            #expect(first["source"] == "download", "\(first)")
+            let path = try #require(first["path"]?.stringValue)
+
+            try await origin.shutdown()
+            let offline = try get(daemon, url)
+            #expect(offline["source"] == "stale", "\(offline)")
+            #expect(offline["path"]?.stringValue == path)
+            try expectOriginBytes(at: path, count: 150_000)
+            #expect(daemon.waitForLog("serving the stale copy"), "\(daemon.log)")
+            #expect(try cacheStats(daemon)["hits"] == 1)
+        }
+    }
+
     /// With `cache_max_bytes` for two files, the least recently used entry goes as others come,
     /// never the pinned one; after `unpin` it may go too.
     @Test func budgetKeepsPinnedEntries() async throws {

@@ -27,8 +27,9 @@ import Testing
 
     /// A fresh database on the shared PostgreSQL server (its name and URL), a shared download
     /// folder and the test origin, for `body`; the database and folder are removed after it.
-    private func withFleet(_ body: (PostgresServer, String, String, String, TestOrigin) async throws -> Void) async throws {
-        let server = try PostgresServer.shared()
+    /// With `server`, on that one (a test that stops it has a server of its own).
+    private func withFleet(on own: PostgresServer? = nil, _ body: (PostgresServer, String, String, String, TestOrigin) async throws -> Void) async throws {
+        let server = try own ?? PostgresServer.shared()
         let name = try server.createDatabase()
         defer { server.dropDatabase(name) }
         let url = "postgresql://\(server.user)@/\(name)?host=\(server.socketFolder)&port=\(server.port)"
@@ -153,20 +154,13 @@ import Testing
 
             _ = try other.call("pause", ["id": .int(id)])
             #expect(try runs.job(id)["state"] == "paused")
-            // The transfer on the other worker stops: the origin stops sending (long before the
-            // next lease renewal could notice).
+            // The transfer on the other worker stops (long before the next lease renewal could
+            // notice): the runner says so, and the origin's one body ends, cut by the client.
+            #expect(runs.waitForLog("transfers stop here", timeout: 15), "\(runs.log)")
             let deadline = Date().addingTimeInterval(15)
-            var stopped = false
-            while Date() < deadline {
-                let before = origin.bytesServed
-                usleep(500_000)
-                if origin.bytesServed == before {
-                    stopped = true
-                    break
-                }
-            }
-            #expect(stopped, "the origin still sends after the pause")
-            #expect(runs.log.contains("transfers stop here"), "\(runs.log)")
+            while origin.bodiesStreaming > 0, Date() < deadline { usleep(20_000) }
+            #expect(origin.bodiesStreaming == 0, "the origin still sends after the pause")
+            #expect(origin.requests.count == 1, "\(origin.requests.map(\.uri))")
             let kept = try other.job(id)["received"]?.int64Value ?? 0
 
             _ = try other.call("resume", ["id": .int(id)])
@@ -221,5 +215,224 @@ import Testing
             let fetched = origin.requests.filter { $0.uri.hasPrefix("/bytes/1000") || $0.uri.hasPrefix("/bytes/2000") }
             #expect(fetched.count == 2, "\(fetched.map(\.uri))")
         }
+    }
+
+    // MARK: PostgreSQL goes away
+
+    /// `stats.lease` of each worker until `condition` holds for every one (each asked in
+    /// turn, a bounded wait); returns the last replies.
+    private func waitForLeases(_ fleet: [DaemonHarness], timeout: TimeInterval = 60, _ condition: (JSONValue) -> Bool) throws -> [JSONValue] {
+        let deadline = Date().addingTimeInterval(timeout)
+        var last: [JSONValue] = []
+        repeat {
+            last = try fleet.map { try $0.call("stats") }
+            if last.allSatisfy(condition) { return last }
+            usleep(100_000)
+        } while Date() < deadline
+        // What each worker said lately, without the lines of a server that is away.
+        let logs = fleet.map { worker in
+            worker.log.split(separator: "\n").filter { !$0.contains("cannot connect") && !$0.contains("creation failed") && !$0.contains("requestCancelled") }
+                .suffix(40).joined(separator: "\n")
+        }
+        throw HarnessError("the workers' stats did not come to the expected state within \(timeout) s: \(last.map { $0.serializedString() })\n"
+            + logs.joined(separator: "\n----\n"))
+    }
+
+    /// Enqueues `count` files of `size` bytes at `rate` (one stream each) through `worker`,
+    /// into `shared`; returns their URIs.
+    private func enqueueFiles(_ worker: DaemonHarness, origin: TestOrigin, shared: String, prefix: String, count: Int, size: Int, rate: Int) throws -> [String] {
+        let uris = (0..<count).map { "/bytes/\(size)?rate=\(rate)&file=\(prefix)\($0)" }
+        let jobs = JSONValue.array(uris.enumerated().map { n, uri in
+            ["url": .string(origin.baseURL + uri), "dir": .string(shared), "name": .string("\(prefix)\(n).bin"), "segments": 1]
+        })
+        let reply = try worker.call("enqueue", ["jobs": jobs])
+        guard reply["count"]?.int64Value == Int64(count) else { throw HarnessError("enqueue: \(reply.serializedString())") }
+        return uris
+    }
+
+    /// Every job of the table completes (bounded wait), once: one `completed` event each; no
+    /// file was streamed by two transfers at once; every file is the origin's bytes.
+    private func expectAllCompleteOnce(
+        _ server: PostgresServer, _ name: String, origin: TestOrigin, shared: String, files: [(name: String, size: Int)],
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) throws {
+        let deadline = Date().addingTimeInterval(300)
+        var counts = ""
+        while Date() < deadline {
+            counts = try server.psql(database: name, "SELECT state || ':' || count(*) FROM jobs GROUP BY state ORDER BY state")
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+            if counts == "completed:\(files.count)" { break }
+            usleep(200_000)
+        }
+        #expect(counts == "completed:\(files.count)", "\(counts)", sourceLocation: sourceLocation)
+        let events = try server.psql(
+            database: name, "SELECT count(*) || ':' || count(DISTINCT job_id) FROM events WHERE kind = 'job.state' AND state = 'completed'")
+        #expect(events.trimmingCharacters(in: .whitespacesAndNewlines) == "\(files.count):\(files.count)", "completed events", sourceLocation: sourceLocation)
+        let twice = origin.mostConcurrentBodiesByURI.filter { $0.value > 1 }
+        #expect(twice.isEmpty, "streamed by two transfers at once: \(twice)", sourceLocation: sourceLocation)
+        for file in files {
+            let path = shared + "/" + file.name
+            let linkedBy = Date().addingTimeInterval(10)
+            while !FileManager.default.fileExists(atPath: path), Date() < linkedBy { usleep(20_000) }
+            guard let data = try? Data(contentsOf: URL(fileURLWithPath: path)), data == Data(TestOrigin.bytes(count: file.size)) else {
+                Issue.record("\(file.name) is missing or not the origin's bytes", sourceLocation: sourceLocation)
+                return
+            }
+        }
+    }
+
+    /// PostgreSQL goes away under three running workers, stays away past a lease, and comes
+    /// back. Each worker that cannot renew is fenced at 80 % of the lease: its transfers stop
+    /// (the origin streams nothing), `stats` says so (`lease.fenced`, `table_unreachable`)
+    /// while the table is away, and the log too. Once the server is back, the listener
+    /// connects again, the workers renew and take jobs again, an `enqueue` answered before
+    /// the outage and one sent during it (answered after) are both there, and every job
+    /// completes once, never fetched by two transfers at once.
+    @Test func postgresOutageFencesTheWorkersAndEveryJobCompletes() async throws {
+        let server = try PostgresServer.start()
+        defer { server.stop() }
+        try await withFleet(on: server) { server, name, url, shared, origin in
+            let lease = 4
+            let fleet = try workers(["p1", "p2", "p3"], database: url, shared: shared, maxActive: 2, lease: lease)
+            for worker in fleet { try worker.start() }
+            defer { for worker in fleet { worker.stop() } }
+            // 12 files of 3 MiB at 500 kB/s: each runs for seconds, long past the fence.
+            let size = 3 << 20
+            var uris = try enqueueFiles(fleet[0], origin: origin, shared: shared, prefix: "a", count: 12, size: size, rate: 500_000)
+            // Every worker runs transfers when the server goes away.
+            _ = try waitForLeases(fleet) { ($0["active"]?.int64Value ?? 0) > 0 }
+            // Answered before the outage: committed, so it survives it.
+            uris += try enqueueFiles(fleet[1], origin: origin, shared: shared, prefix: "b", count: 2, size: 1000, rate: 0)
+
+            server.halt()
+            let halted = Date()
+            // Sent while the server is away: answered (if at all) only once it is committed.
+            let jobs: JSONValue = [["url": .string(origin.baseURL + "/bytes/2000?file=c0"), "dir": .string(shared), "name": "c0.bin"]]
+            let during = Background { try fleet[2].call("enqueue", ["jobs": jobs]) }
+
+            // Fenced: each worker's stats says so while the table is away, and its transfers
+            // have stopped (`active` goes to 0 once they have ended).
+            let fenced = try waitForLeases(fleet, timeout: Double(lease) * 5) { $0["lease"]?["fenced"] == true && $0["active"] == 0 }
+            for stats in fenced {
+                #expect(stats["table_unreachable"]?.stringValue != nil, "\(stats.serializedString())")
+                #expect(stats["lease"]?["fences"] == 1 && stats["lease"]?["fenced_since"]?.stringValue != nil, "\(stats.serializedString())")
+            }
+            for worker in fleet {
+                #expect(worker.waitForLog("this worker is fenced"), "\(worker.log.suffix(3000))")
+            }
+            // Their transfers stopped: nothing streams from the origin.
+            let quiet = Date().addingTimeInterval(30)
+            while origin.bodiesStreaming > 0, Date() < quiet { usleep(20_000) }
+            #expect(origin.bodiesStreaming == 0, "transfers still stream while the workers are fenced")
+            // Away past a lease (and the fence) before it comes back.
+            let away = Double(lease) * 2 - Date().timeIntervalSince(halted)
+            if away > 0 { usleep(UInt32(away * 1_000_000)) }
+            try server.restart()
+
+            _ = try waitForLeases(fleet) { $0["lease"]?["fenced"] == false && $0["table_unreachable"] == .null }
+            for worker in fleet {
+                #expect(worker.waitForLog("PostgreSQL listener connected again"), "\(worker.log.suffix(3000))")
+                #expect(worker.waitForLog("this worker takes jobs again"), "\(worker.log.suffix(3000))")
+            }
+            var files = uris.enumerated().map { n, _ in (name: n < 12 ? "a\(n).bin" : "b\(n - 12).bin", size: n < 12 ? size : 1000) }
+            switch during.wait() {
+            case .success(let reply):
+                #expect(reply["count"] == 1, "\(reply.serializedString())")
+                files.append((name: "c0.bin", size: 2000))
+            case .failure(let error):
+                // Refused while the table was away: then it is not there either.
+                #expect(try server.psql(database: name, "SELECT count(*) FROM jobs WHERE path LIKE '%/c0.bin'").hasPrefix("0"), "\(error)")
+            }
+            try expectAllCompleteOnce(server, name, origin: origin, shared: shared, files: files)
+        }
+    }
+
+    /// PostgreSQL restarts while a bulk command runs: the `pause` of every job either is
+    /// answered (then every job that was not finished is paused) or fails with the reason,
+    /// never half done; after a `resume` of all, every job completes once.
+    @Test func postgresRestartDuringABulkCommand() async throws {
+        let server = try PostgresServer.start()
+        defer { server.stop() }
+        try await withFleet(on: server) { server, name, url, shared, origin in
+            let fleet = try workers(["q1", "q2"], database: url, shared: shared, maxActive: 2, lease: 4)
+            for worker in fleet { try worker.start() }
+            defer { for worker in fleet { worker.stop() } }
+            let size = 1 << 20
+            _ = try enqueueFiles(fleet[0], origin: origin, shared: shared, prefix: "d", count: 300, size: size, rate: 2_000_000)
+            _ = try waitForLeases(fleet) { ($0["active"]?.int64Value ?? 0) > 0 }
+
+            let pause = Background { try fleet[1].call("pause", ["all": true]) }
+            server.halt()
+            try server.restart()
+            let outcome = pause.wait()
+            let states = try server.psql(database: name, "SELECT state || ':' || count(*) FROM jobs GROUP BY state ORDER BY state")
+            switch outcome {
+            case .success(let reply):
+                // Answered: committed whole. No job is left queued (running ones were paused
+                // or were finishing).
+                #expect((reply["count"]?.int64Value ?? 0) > 0, "\(reply.serializedString())")
+                #expect(!states.contains("queued:"), "\(states)")
+            case .failure(let error):
+                // Not done at all: nothing was paused.
+                #expect(!states.contains("paused:"), "\(error): \(states)")
+                #expect("\(error)".contains("storage_error") || "\(error)".contains("job table"), "\(error)")
+            }
+            _ = try waitForLeases(fleet) { $0["lease"]?["fenced"] == false && $0["table_unreachable"] == .null }
+            _ = try fleet[0].call("resume", ["all": true])
+            try expectAllCompleteOnce(server, name, origin: origin, shared: shared, files: (0..<300).map { (name: "d\($0).bin", size: size) })
+        }
+    }
+
+    /// A worker whose clock is an hour ahead (`DLD_TEST_CLOCK_OFFSET`, a test hook) shares the
+    /// queue with one whose clock is right: leases are reckoned on PostgreSQL's clock, so it
+    /// does not see the other's leases as run out and takes none of its running jobs; its
+    /// `stats` shows the difference. Every job completes once, none fetched twice at once.
+    @Test func aWorkerWhoseClockIsAheadTakesNoRunningJob() async throws {
+        try await withFleet { server, name, url, shared, origin in
+            let fleet = try workers(["right", "ahead"], database: url, shared: shared, maxActive: 2, lease: 4)
+            fleet[1].extraEnvironment["DLD_TEST_CLOCK_OFFSET"] = "3600"
+            try fleet[0].start()
+            defer { for worker in fleet { worker.stop() } }
+            let size = 2 << 20
+            var files = try enqueueFiles(fleet[0], origin: origin, shared: shared, prefix: "e", count: 2, size: size, rate: 400_000)
+                .indices.map { (name: "e\($0).bin", size: size) }
+            _ = try waitForLeases([fleet[0]]) { $0["active"] == 2 }
+            // Started once the right worker runs jobs whose leases it renews: many lease
+            // turns of the ahead worker pass while they run.
+            try fleet[1].start()
+            let ahead = try fleet[1].call("stats")
+            let skew = ahead["lease"]?["clock_skew"]?.doubleValue ?? 0
+            #expect(abs(skew + 3600) < 5, "\(ahead.serializedString())")
+            files += try enqueueFiles(fleet[1], origin: origin, shared: shared, prefix: "f", count: 4, size: 4000, rate: 0)
+                .indices.map { (name: "f\($0).bin", size: 4000) }
+            try expectAllCompleteOnce(server, name, origin: origin, shared: shared, files: files)
+            #expect(!fleet[1].log.contains("leases ran out"), "\(fleet[1].log.suffix(3000))")
+            #expect(!fleet[0].log.contains("transfers stop here"), "\(fleet[0].log.suffix(3000))")
+            let whole = origin.requests.filter { $0.uri.contains("file=e") && $0.header("range") == nil }.count
+            #expect(whole == 2, "\(origin.requests.map(\.uri))")
+        }
+    }
+}
+
+/// A blocking call (an RPC that waits for the table) on a thread of its own, so that it does
+/// not hold one of the few threads that async tasks share; `wait` gives its outcome.
+final class Background<T: Sendable>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var outcome: Result<T, any Error>?
+    private let done = DispatchSemaphore(value: 0)
+
+    init(_ body: @escaping @Sendable () throws -> T) {
+        Thread.detachNewThread {
+            let result: Result<T, any Error>
+            do { result = .success(try body()) } catch { result = .failure(error) }
+            self.lock.withLock { self.outcome = result }
+            self.done.signal()
+        }
+    }
+
+    func wait() -> Result<T, any Error> {
+        done.wait()
+        done.signal()
+        return lock.withLock { outcome } ?? .failure(HarnessError("no outcome"))
     }
 }

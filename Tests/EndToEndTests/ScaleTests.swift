@@ -182,8 +182,10 @@ import Testing
             let files = 120
             // Each body takes about 30 ms (a burst of 800 bytes, then 40 000 bytes/s): more
             // transfers than the slots would overlap at the origin.
+            // The first four bodies (two on each host) wait for each other at the origin
+            // (`gate=4`): the limit is reached for certain, not by the luck of overlapping bodies.
             let jobs = JSONValue.array((0..<files).map { n in
-                ["url": .string("\(n % 3 == 0 ? other : origin.baseURL)/bytes/\(2000 + n)?rate=40000"), "name": .string("f\(n)")]
+                ["url": .string("\(n % 3 == 0 ? other : origin.baseURL)/bytes/\(2000 + n)?rate=40000\(n < 4 ? "&gate=4" : "")"), "name": .string("f\(n)")]
             })
             _ = try daemon.call("enqueue", ["jobs": jobs])
             let deadline = Date().addingTimeInterval(120)
@@ -227,7 +229,9 @@ import Testing
     /// and byte-exact.
     @Test func handedOffPlacesKeepTheGroupLimit() async throws {
         try await withOrigin { origin in
-            try groupRunsWhole(origin, config: "max_active = 1\ngroup_parallel = 2\n", files: 60, query: "?rate=40000")
+            // The first two members' bodies wait for each other (`gate=2`): the group's limit
+            // is reached for certain.
+            try groupRunsWhole(origin, config: "max_active = 1\ngroup_parallel = 2\n", files: 60, query: "?rate=40000", gated: 2)
             #expect(origin.mostConcurrentBodies == 2, "bodies streamed at once: \(origin.mostConcurrentBodies)")
         }
     }
@@ -279,13 +283,13 @@ import Testing
     /// Runs one group of `files` members (`/bytes/<2000 + n><query>`) in a fresh daemon and
     /// checks that it completed, every member after one start, every file byte-exact, and that
     /// no transfer was stopped as lost (what a job started twice leads to).
-    private func groupRunsWhole(_ origin: TestOrigin, config: String, files: Int, query: String) throws {
+    private func groupRunsWhole(_ origin: TestOrigin, config: String, files: Int, query: String, gated: Int = 0) throws {
         let daemon = try DaemonHarness(config: config)
         try daemon.start()
         defer { daemon.stop() }
         let dir = daemon.downloadDir + "/chapter"
         let members = JSONValue.array((0..<files).map { n in
-            ["url": .string("\(origin.baseURL)/bytes/\(2000 + n)\(query)"), "name": .string("p\(n)")]
+            ["url": .string("\(origin.baseURL)/bytes/\(2000 + n)\(query)\(n < gated ? "&gate=\(gated)" : "")"), "name": .string("p\(n)")]
         })
         _ = try daemon.call("enqueue", ["group": ["name": "chapter", "dir": .string(dir)], "jobs": members])
         var state: String? = nil

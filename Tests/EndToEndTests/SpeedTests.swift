@@ -67,6 +67,86 @@ import Testing
         }
     }
 
+    /// The rate a running job gets (its `received` over the time it took to grow by
+    /// `bytes`), measured once it runs: bytes written count, not bytes in socket buffers.
+    private func measuredRate(_ daemon: DaemonHarness, _ id: Int64, bytes: Int64) throws -> Double {
+        let first = try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 0 }
+        let clock = ContinuousClock()
+        let start = clock.now
+        let from = first["received"]?.int64Value ?? 0
+        let last = try daemon.waitForJob(id, timeout: 120) {
+            ($0["received"]?.int64Value ?? 0) >= from + bytes || $0["state"] != "running"
+        }
+        let elapsed = (clock.now - start) / .milliseconds(1) / 1000
+        return Double((last["received"]?.int64Value ?? 0) - from) / max(elapsed, 0.001)
+    }
+
+    /// A limit is a rate, measured end to end: a job's own `max_speed`, then the global limit,
+    /// each measured over seconds of a transfer, falls within half to twice the limit (a
+    /// generous bound, for loaded machines; a limiter wrong by a factor of 2 or more fails it).
+    @Test func measuredRateFollowsTheLimit() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness()
+            try daemon.start()
+            defer { daemon.stop() }
+            let limit: Int64 = 512 << 10
+            let id = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(Self.big)?job=measured"), "name": "measured.bin", "max_speed": .int(limit), "segments": 1,
+            ])
+            // About 4 s at the limit, past the bucket's first burst (a tenth of a second's worth).
+            let own = try measuredRate(daemon, id, bytes: 2 << 20)
+            #expect(own >= Double(limit) / 2 && own <= Double(limit) * 2, "job limit \(limit) B/s, measured \(Int(own)) B/s")
+
+            _ = try daemon.call("set_speed", ["global": true, "max_speed": .int(limit)])
+            _ = try daemon.call("set_speed", ["id": .int(id), "max_speed": 0])
+            let global = try measuredRate(daemon, id, bytes: 2 << 20)
+            #expect(global >= Double(limit) / 2 && global <= Double(limit) * 2, "global limit \(limit) B/s, measured \(Int(global)) B/s")
+            _ = try daemon.call("cancel", ["id": .int(id)])
+        }
+    }
+
+    /// A `speed_schedule` switches at its boundary in a live daemon: limited until 12:00, no
+    /// limit after. The daemon's clock is set (a test hook, `DLD_TEST_CLOCK_OFFSET`) to 30 s
+    /// before 12:00 local time: the limit in force, then its end, are seen in `stats`, and the
+    /// held-back job completes once it is lifted.
+    @Test func scheduleSwitchesAtItsBoundary() async throws {
+        try await withOrigin { origin in
+            let calendar = Calendar.current
+            let noon = try #require(calendar.date(bySettingHour: 12, minute: 0, second: 0, of: Date()))
+            let offset = noon.addingTimeInterval(-30).timeIntervalSinceNow
+            let daemon = try DaemonHarness(config: "speed_schedule = \"11:00-12:00 32K\"\n")
+            daemon.extraEnvironment["DLD_TEST_CLOCK_OFFSET"] = String(offset)
+            try daemon.start()
+            defer { daemon.stop() }
+            let before = try #require(try daemon.call("stats")["max_speed"])
+            #expect(before["limit"] == 32768 && before["source"] == "schedule", "\(before.serializedString())")
+            func near(_ value: JSONValue?, _ date: Date) -> Bool {
+                guard let text = value?.stringValue, let shown = ISO8601DateFormatter().date(from: text) else { return false }
+                return abs(shown.timeIntervalSince(date)) < 2
+            }
+            #expect(near(before["next_change_at"], noon), "\(before.serializedString())")
+            let size: Int64 = 8 << 20
+            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)"), "name": "scheduled.bin"])
+            let held = try daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 0 }
+            #expect(held["state"] == "running", "\(held.serializedString())")
+
+            // The boundary: stats shows no limit (an event of the daemon's clock, waited for).
+            let deadline = Date().addingTimeInterval(90)
+            var after = JSONValue.null
+            while Date() < deadline {
+                after = try daemon.call("stats")["max_speed"] ?? .null
+                if after["limit"] == 0 { break }
+                // Still before it: the job is held back (32 KiB/s for at most 30 s is < 1 MiB).
+                #expect(try daemon.job(id)["state"] == "running")
+                usleep(100_000)
+            }
+            #expect(after["limit"] == 0 && after["source"] == "max_speed", "\(after.serializedString())")
+            #expect(near(after["next_change_at"], noon.addingTimeInterval(23 * 3600)), "\(after.serializedString())")
+            #expect(try daemon.waitForState(id, ["completed", "failed", "waiting"])["state"] == "completed")
+            try expectOriginBytes(at: daemon.downloadDir + "/scheduled.bin", count: Int(size))
+        }
+    }
+
     /// `max_speed` and `speed_schedule` from the config file, shown by stats; a reload applies a
     /// new `max_speed` live; a broken schedule is refused with its line.
     @Test func configLimitsAndReload() throws {

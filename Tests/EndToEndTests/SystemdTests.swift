@@ -25,14 +25,16 @@ import Testing
         #expect(beforeReady.count == 1, "messages before READY=1: \(beforeReady)")
 
         let paused = try daemon.enqueue(["url": "http://127.0.0.1:9/x", "name": "x.bin", "paused": true])
-        #expect(paused > 0)
+        #expect(try daemon.job(paused)["state"] == "paused")
         let heartbeat = try #require(notify.receive(until: "WATCHDOG=1", timeout: 30), "no WATCHDOG=1:\n\(daemon.log)")
         let statuses = heartbeat.flatMap { $0.split(separator: "\n") }.filter { $0.hasPrefix("STATUS=") }
         #expect(statuses.contains { $0.contains("running") && $0.contains("queued") && $0.contains("B/s") }, "\(heartbeat)")
 
         daemon.send(SIGTERM)
         let stopping = try #require(notify.receive(until: "STOPPING=1", timeout: 30), "no STOPPING=1:\n\(daemon.log)")
-        #expect(!stopping.isEmpty)
+        // The message that says STOPPING=1 also says why, for `systemctl status`.
+        let stoppingLines = stopping.last.map { $0.split(separator: "\n").map(String.init) } ?? []
+        #expect(stoppingLines.contains("STATUS=stopping: checkpointing transfers"), "\(stopping)")
         let after = notify.receive(until: "EXTEND_TIMEOUT_USEC=20000000", timeout: 30)
         #expect(after != nil, "no EXTEND_TIMEOUT_USEC while stopping")
         #expect(daemon.stop() == 0)
@@ -66,8 +68,12 @@ import Testing
             try daemon.launch()
             defer { daemon.stop() }
             let deadline = Date().addingTimeInterval(20)
-            while !FileManager.default.fileExists(atPath: daemon.socket) && Date() < deadline { usleep(20_000) }
-            #expect(!daemon.log.contains("listening"), "dld started before any connection:\n\(daemon.log)")
+            while (!FileManager.default.fileExists(atPath: daemon.socket) || daemon.pid == nil) && Date() < deadline { usleep(20_000) }
+            // Proof that dld has not started (its log line could still be on its way): the
+            // launched process is still systemd-socket-activate, which becomes dld by exec.
+            let launched = try #require(daemon.pid, "the launcher wrote no pid")
+            let program = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(launched)/exe")
+            #expect(program.hasSuffix("/systemd-socket-activate"), "dld started before any connection: \(program)\n\(daemon.log)")
 
             let first = try daemon.dlctl(["status"])
             #expect(first.status == 0, "\(first.stderr)\n\(daemon.log)")
