@@ -46,6 +46,11 @@ public struct ProgramOutput: Sendable {
 }
 
 /// Runs a program to its end and collects its output.
+///
+/// Its output goes to temporary files, not pipes: a pipe's end is only seen when every process
+/// holding its write side has closed it, and a process that another test launches at the same
+/// moment may inherit that side (seen: a FUSE daemon started by one test kept `mount`'s pipe
+/// of another open, and the reader waited forever on a program that had exited).
 public func runProgram(
     _ path: String, _ arguments: [String], environment: [String: String]? = nil, stdin: Data? = nil, currentDirectory: String? = nil
 ) throws -> ProgramOutput {
@@ -54,22 +59,42 @@ public func runProgram(
     process.arguments = arguments
     if let environment { process.environment = environment }
     if let currentDirectory { process.currentDirectoryURL = URL(fileURLWithPath: currentDirectory) }
-    let out = Pipe()
-    let err = Pipe()
+    let out = try OutputFile()
+    let err = try OutputFile()
     let input = Pipe()
-    process.standardOutput = out
-    process.standardError = err
+    process.standardOutput = out.handle
+    process.standardError = err.handle
     process.standardInput = input
     try process.run()
     if let stdin { input.fileHandleForWriting.write(stdin) }
     try? input.fileHandleForWriting.close()
-    // Read both pipes before waiting, so that a chatty program cannot block on a full pipe.
-    let outData = out.fileHandleForReading.readDataToEndOfFile()
-    let errData = err.fileHandleForReading.readDataToEndOfFile()
     process.waitUntilExit()
     return ProgramOutput(
-        status: process.terminationStatus, stdout: String(decoding: outData, as: UTF8.self),
-        stderr: String(decoding: errData, as: UTF8.self))
+        status: process.terminationStatus, stdout: String(decoding: out.contents(), as: UTF8.self),
+        stderr: String(decoding: err.contents(), as: UTF8.self))
+}
+
+/// An unnamed temporary file a child process writes its output to.
+private final class OutputFile {
+    let handle: FileHandle
+    private let path: String
+
+    init() throws {
+        var template = Array("/tmp/dld-output-XXXXXX".utf8CString)
+        let fd = template.withUnsafeMutableBufferPointer { buffer -> Int32 in
+            guard let base = buffer.baseAddress else { return -1 }
+            return mkstemp(base)
+        }
+        guard fd >= 0 else { throw HarnessError("mkstemp failed: \(String(cString: strerror(errno)))") }
+        path = template.withUnsafeBufferPointer { buffer in buffer.baseAddress.map { String(cString: $0) } ?? "" }
+        handle = FileHandle(fileDescriptor: fd, closeOnDealloc: true)
+    }
+
+    func contents() -> Data {
+        (try? Data(contentsOf: URL(fileURLWithPath: path))) ?? Data()
+    }
+
+    deinit { unlink(path) }
 }
 
 /// A real `dld` process on a temporary socket, state folder and download folder, for
