@@ -127,6 +127,15 @@ func stagingFolders(in folder: String) throws -> [String] {
                 _ = try daemon.call("resume", ["id": .int(id)])
                 job = try daemon.waitForJob(id) { $0["state"] != "queued" && $0["state"] != "running" }
             }
+            if job["state"] == "completed" {
+                // The resume started from byte 0 (the drop came before a checkpoint): its
+                // first answer is a range whose length disagrees with its Content-Range, which
+                // is not trusted, and the whole file is fetched in one answer instead. What is
+                // published is exactly the file, not the overlong bytes.
+                #expect(origin.requests.last?.header("range") == nil, "\(origin.requests.map(\.uri))")
+                try expectOriginBytes(at: daemon.downloadDir + "/long.bin", count: Int(size))
+                return
+            }
             #expect(job["state"] == "waiting", "\(job.serializedString())")
             #expect(job["wait_reason"] == "retry")
             #expect(job["error"]?["code"] == "length_mismatch", "\(job.serializedString())")
