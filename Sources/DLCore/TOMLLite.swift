@@ -4,9 +4,10 @@ import Foundation
 /// floats, booleans and one-line arrays of those; `#` comments. No tables: every key of dld's
 /// configuration is top-level. A hand-written reader because the TOML package on these
 /// machines (TOMLKit) needs a dependency that is not available here; this subset is small and
-/// its errors name the line.
-enum TOMLLite {
-    indirect enum Value: Equatable {
+/// its errors name the line. In DLCore, with the other parsers of untrusted text, so that a
+/// fuzz target can reach it without linking the daemon.
+public enum TOMLLite {
+    public indirect enum Value: Sendable, Equatable {
         case string(String)
         case integer(Int64)
         case float(Double)
@@ -14,13 +15,13 @@ enum TOMLLite {
         case array([Value])
     }
 
-    struct ParseError: Error, CustomStringConvertible {
-        let line: Int
-        let message: String
-        var description: String { "line \(line): \(message)" }
+    public struct ParseError: Error, CustomStringConvertible {
+        public let line: Int
+        public let message: String
+        public var description: String { "line \(line): \(message)" }
     }
 
-    static func parse(_ text: String) throws -> [(key: String, value: Value, line: Int)] {
+    public static func parse(_ text: String) throws -> [(key: String, value: Value, line: Int)] {
         var entries: [(key: String, value: Value, line: Int)] = []
         var seen: Set<String> = []
         for (index, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
