@@ -21,6 +21,10 @@ public enum TOMLLite {
         public var description: String { "line \(line): \(message)" }
     }
 
+    /// Arrays nested deeper than this are an error, not a stack overflow: dld's keys take flat
+    /// arrays, and a line of `[[[[…` must not crash the daemon reading it.
+    public static let maxDepth = 32
+
     public static func parse(_ text: String) throws -> [(key: String, value: Value, line: Int)] {
         var entries: [(key: String, value: Value, line: Int)] = []
         var seen: Set<String> = []
@@ -36,7 +40,7 @@ public enum TOMLLite {
             scanner.skipSpace()
             guard scanner.take("=") else { throw ParseError(line: lineNumber, message: "expected '=' after \(key)") }
             scanner.skipSpace()
-            let value = try scanner.value()
+            let value = try scanner.value(depth: 0)
             scanner.skipSpace()
             guard scanner.atEndOrComment else { throw ParseError(line: lineNumber, message: "unexpected text after the value of \(key)") }
             guard seen.insert(key).inserted else { throw ParseError(line: lineNumber, message: "\(key) is set twice") }
@@ -83,12 +87,12 @@ public enum TOMLLite {
             return String(out)
         }
 
-        mutating func value() throws -> Value {
+        mutating func value(depth: Int) throws -> Value {
             guard let c = peek else { throw error("expected a value") }
             switch c {
             case "\"": return .string(try basicString())
             case "'": return .string(try literalString())
-            case "[": return try array()
+            case "[": return try array(depth: depth + 1)
             case "t", "f": return try boolean()
             default: return try number()
             }
@@ -137,13 +141,14 @@ public enum TOMLLite {
             throw error("unterminated string")
         }
 
-        mutating func array() throws -> Value {
+        mutating func array(depth: Int) throws -> Value {
+            guard depth <= TOMLLite.maxDepth else { throw error("arrays nested deeper than \(TOMLLite.maxDepth)") }
             i += 1
             var values: [Value] = []
             while true {
                 skipSpace()
                 if take("]") { return .array(values) }
-                values.append(try value())
+                values.append(try value(depth: depth))
                 skipSpace()
                 if take(",") { continue }
                 guard take("]") else { throw error("expected ',' or ']' in array (arrays must be on one line)") }
