@@ -5,7 +5,8 @@ import FuzzSupport
 /// A response head from the bytes (status line and header lines, read as an HTTP/1.1 parser
 /// would give them to dld), then what dld does with a response that is not a 200: the failure
 /// kind of the status, its message, `Retry-After`, a redirect's `Location`, and the name a
-/// `Content-Disposition` proposes — as `Downloader.statusFailure` and `take(_:into:)` do.
+/// `Content-Disposition` proposes — as `Downloader.statusFailure` and `take(_:into:)` do — and
+/// the engine's retry decision on that failure.
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     let lines = fuzzText(start, count).split(separator: "\n", omittingEmptySubsequences: false)
@@ -30,8 +31,16 @@ public func fuzz(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     fuzzCheck((kind == .transient(.retry)) == transient, "status \(status) classified \(kind)")
     let message = HTTPFailurePolicy.message(host: "example.com", status: status, reason: reason)
     fuzzCheck(message.hasPrefix("example.com answered \(status)"), "message \(message)")
-    if let delay = HTTPFailurePolicy.retryAfter(first("retry-after"), now: Date(timeIntervalSince1970: 1_700_000_000)) {
-        fuzzCheck(delay.isFinite && delay >= 0, "Retry-After gave \(delay)")
+    let now = Date(timeIntervalSince1970: 1_700_000_000)
+    let delay = HTTPFailurePolicy.retryAfter(first("retry-after"), now: now)
+    if let delay { fuzzCheck(delay.isFinite && delay >= 0, "Retry-After gave \(delay)") }
+    // The engine's answer: a server's Retry-After is honoured up to the cap, never more.
+    let policy = BackoffPolicy()
+    switch RetryDecision.decide(TransferFailure(kind, "http_status", message, retryAfter: delay), attempts: 1, policy: policy, now: now, unit: 0.5) {
+    case .wait(_, let until):
+        fuzzCheck(transient && until >= now && until.timeIntervalSince(now) <= policy.cap, "waits until \(until)")
+    case .fail:
+        fuzzCheck(!transient, "status \(status) gave up at once")
     }
     if (300...399).contains(status), let location = first("location"), let current = URL(string: "https://example.com/dir/file") {
         if case .success(let next) = RedirectPolicy.target(from: current, location: location) {
