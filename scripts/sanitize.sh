@@ -9,6 +9,8 @@ SWIFT=${SWIFT:-swift}
 cd "$(dirname "$0")/.." || exit 1
 sanitizers=("$@")
 [ ${#sanitizers[@]} -gt 0 ] || sanitizers=(address thread)
+# LeakSanitizer (part of ASan) would fail the run on objects that live as long as the process.
+export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan-suppressions.txt:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 filter='^(DLCoreTests|DLRPCTests|DLStoreTests|DLTransferTests)\.'
 failed=()
 for sanitizer in "${sanitizers[@]}"; do
