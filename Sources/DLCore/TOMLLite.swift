@@ -115,7 +115,8 @@ public enum TOMLLite {
                     case "\\": out.append("\\")
                     case "u", "U":
                         let count = e == "u" ? 4 : 8
-                        guard i + count <= chars.count,
+                        // Hex digits only: UInt32(_:radix:) would also take a sign ("\u-000").
+                        guard i + count <= chars.count, chars[i..<i + count].allSatisfy(\.properties.isASCIIHexDigit),
                             let code = UInt32(String(String.UnicodeScalarView(chars[i..<i + count])), radix: 16),
                             let scalar = Unicode.Scalar(code)
                         else { throw error("invalid \\\(e) escape") }
