@@ -16,6 +16,9 @@ targets=("$@")
 "$SWIFT" build -c release -Xswiftc -sanitize=fuzzer 2>&1 | grep -v "Cannot export local symbol" || true
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "fuzz: the build failed"; exit 1; }
 
+# Swift's own backtracer would take the signal of a trap (fatalError, a failed precondition)
+# before libFuzzer, which then never writes the crashing input.
+export SWIFT_BACKTRACE=enable=no
 failed=()
 for target in "${targets[@]}"; do
     work=.build/corpus/$target artifacts=.build/artifacts/$target

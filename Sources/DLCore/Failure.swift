@@ -51,6 +51,10 @@ public enum HTTPFailurePolicy {
     public static func retryAfter(_ value: String?, now: Date) -> TimeInterval? {
         guard let value = value?.trimmingCharacters(in: .whitespaces), !value.isEmpty else { return nil }
         if let seconds = Int(value) { return seconds >= 0 ? TimeInterval(seconds) : nil }
+        // An HTTP-date is printable ASCII (RFC 9110). Anything else never reaches the
+        // formatter: Foundation's DateFormatter traps ("Incorrect range") on some text with
+        // combining marks, and this value is the server's to choose.
+        guard value.unicodeScalars.allSatisfy({ (0x20..<0x7F).contains($0.value) }) else { return nil }
         let formatter = DateFormatter()
         formatter.locale = Locale(identifier: "en_US_POSIX")
         formatter.timeZone = TimeZone(identifier: "GMT")

@@ -23,4 +23,17 @@ import Testing
         #expect(try TOMLLite.parse("a = " + deepest).first?.value == expected)
         #expect(throws: TOMLLite.ParseError.self) { try TOMLLite.parse("a = [" + deepest + "]") }
     }
+
+    /// A 503 whose `Retry-After` was "t\u{313}…" (a combining mark, as a server can send any
+    /// bytes): Foundation's DateFormatter trapped with "Incorrect range CFRange(location: 0,
+    /// length: 1)", which took the daemon down. Found by fuzz-http-response.
+    @Test func retryAfterWithCombiningMark() {
+        let now = Date(timeIntervalSince1970: 1_700_000_000)
+        let crashing = "t\u{313}\u{FFFD}g\u{FFFD}+12 y\u{1B}"
+        #expect(HTTPFailurePolicy.retryAfter(crashing, now: now) == nil)
+        #expect(HTTPFailurePolicy.retryAfter("Thu\u{301}, 01 Jan 2099 00:00:00 GMT", now: now) == nil)
+        // Dates and seconds still count.
+        #expect(HTTPFailurePolicy.retryAfter("120", now: now) == 120)
+        #expect(HTTPFailurePolicy.retryAfter("Tue, 14 Nov 2023 22:13:27 GMT", now: now) == 7)
+    }
 }

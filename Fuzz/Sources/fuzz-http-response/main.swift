@@ -9,8 +9,9 @@ import FuzzSupport
 /// the engine's retry decision on that failure.
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
-    let lines = fuzzText(start, count).split(separator: "\n", omittingEmptySubsequences: false)
-        .map { $0.hasSuffix("\r") ? $0.dropLast() : $0 }
+    // Split on scalars: as Characters, "\r\n" is one grapheme and no "\n" would be found.
+    let lines = fuzzText(start, count).unicodeScalars.split(separator: "\n", omittingEmptySubsequences: false)
+        .map { Substring($0.last == "\r" ? $0.dropLast() : $0) }
     guard let statusLine = lines.first else { return 0 }
     // "HTTP/1.1 503 Service Unavailable": a status of three digits, as llhttp insists on.
     let parts = statusLine.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
