@@ -47,19 +47,11 @@ public enum HTTPFailurePolicy {
         }
     }
 
-    /// `Retry-After` as seconds from `now`: either delta-seconds or an HTTP-date.
+    /// `Retry-After` as seconds from `now`: either delta-seconds or an HTTP-date (`HTTPDate`).
     public static func retryAfter(_ value: String?, now: Date) -> TimeInterval? {
         guard let value = value?.trimmingCharacters(in: .whitespaces), !value.isEmpty else { return nil }
         if let seconds = Int(value) { return seconds >= 0 ? TimeInterval(seconds) : nil }
-        // An HTTP-date is printable ASCII (RFC 9110). Anything else never reaches the
-        // formatter: Foundation's DateFormatter traps ("Incorrect range") on some text with
-        // combining marks, and this value is the server's to choose.
-        guard value.unicodeScalars.allSatisfy({ (0x20..<0x7F).contains($0.value) }) else { return nil }
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = TimeZone(identifier: "GMT")
-        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
-        guard let date = formatter.date(from: value) else { return nil }
+        guard let date = HTTPDate.parse(value) else { return nil }
         return max(0, date.timeIntervalSince(now))
     }
 }

@@ -32,6 +32,8 @@ import Testing
         let crashing = "t\u{313}\u{FFFD}g\u{FFFD}+12 y\u{1B}"
         #expect(HTTPFailurePolicy.retryAfter(crashing, now: now) == nil)
         #expect(HTTPFailurePolicy.retryAfter("Thu\u{301}, 01 Jan 2099 00:00:00 GMT", now: now) == nil)
+        // The cache reads Date, Expires and Last-Modified with the same parser.
+        #expect(HTTPDate.parse(crashing) == nil)
         // Dates and seconds still count.
         #expect(HTTPFailurePolicy.retryAfter("120", now: now) == 120)
         #expect(HTTPFailurePolicy.retryAfter("Tue, 14 Nov 2023 22:13:27 GMT", now: now) == 7)

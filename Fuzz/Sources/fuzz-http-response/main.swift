@@ -52,6 +52,8 @@ public func fuzz(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
         _ = FileNames.sanitize(name)
     }
     _ = first("content-length").flatMap { Int64($0) }
+    // The URL cache's freshness headers go through the same HTTP-date parser.
+    for name in ["date", "expires", "last-modified"] { _ = HTTPDate.parse(first(name)) }
     return 0
 }
 
