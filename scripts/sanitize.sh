@@ -11,6 +11,8 @@ sanitizers=("$@")
 [ ${#sanitizers[@]} -gt 0 ] || sanitizers=(address thread)
 # LeakSanitizer (part of ASan) would fail the run on objects that live as long as the process.
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan-suppressions.txt:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+# ThreadSanitizer: reports it cannot judge (see the file), nothing of dld's own.
+export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan-suppressions.txt${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
 filter='^(DLCoreTests|DLRPCTests|DLStoreTests|DLTransferTests)\.'
 failed=()
 for sanitizer in "${sanitizers[@]}"; do
