@@ -2,7 +2,7 @@
 SWIFT ?= swift
 PREFIX ?= $(HOME)/.local
 
-.PHONY: deps build release run test crash bench install install-files uninstall clean
+.PHONY: deps build release run test crash fuzz sanitize bench install install-files uninstall clean
 
 deps:
 	@scripts/deps.sh
@@ -32,6 +32,25 @@ test: deps
 crash: deps
 	$(SWIFT) build --build-tests
 	DLD_POWERCUT=full SWIFT=$(SWIFT) scripts/test.sh --filter 'PowerCutTests|DiskFaultTests'
+
+# libFuzzer on the parsers of untrusted input (JSON-RPC, the config file, Content-Disposition,
+# input lists, netrc, a response head): builds the targets of Fuzz/ (a package of its own, so
+# `make test` never builds them; under a minute, only DLCore and DLRPC) and runs each for
+# FUZZ_SECONDS from its seed corpus in Fuzz/corpus/<target>/. Fails if one crashes; the input
+# is in Fuzz/.build/artifacts/<target>/ and belongs in a regression test in Tests/.
+# `make fuzz FUZZ_TARGETS="json netrc"` runs some of them.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz:
+	SWIFT=$(SWIFT) FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh $(FUZZ_TARGETS)
+
+# The unit and store tests (not the end-to-end ones) under AddressSanitizer, then
+# ThreadSanitizer: two full debug builds of their own (.build-asan, .build-tsan), about ten
+# minutes each the first time. The store tests start their own PostgreSQL (deps installs it).
+# `make sanitize SANITIZERS=thread` runs one of them.
+SANITIZERS ?=
+sanitize: deps
+	SWIFT=$(SWIFT) scripts/sanitize.sh $(SANITIZERS)
 
 # Figures, not assertions: prints times, ratios and memory (see docs/benchmarks.md).
 # All parts by default; `make bench PARTS="small scale"` runs some of them.
@@ -94,4 +113,4 @@ uninstall:
 	rm -rf $(DESTDIR)$(DOC_DIR)
 
 clean:
-	rm -rf .build
+	rm -rf .build .build-asan .build-tsan Fuzz/.build

@@ -9,6 +9,9 @@ let package = Package(
     products: [
         .executable(name: "dld", targets: ["dld"]),
         .executable(name: "dlctl", targets: ["dlctl"]),
+        // For the fuzz targets in Fuzz/ (their own package, so that `make test` never builds them).
+        .library(name: "DLCore", targets: ["DLCore"]),
+        .library(name: "DLRPC", targets: ["DLRPC"]),
     ],
     dependencies: [
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),

@@ -79,6 +79,10 @@ public struct CacheControl: Sendable, Equatable {
 public enum HTTPDate {
     public static func parse(_ text: String?) -> Date? {
         guard let raw = text, raw.utf8.count <= 64 else { return nil }
+        // An HTTP-date is printable ASCII. Anything else never reaches the formatter:
+        // Foundation's DateFormatter traps ("Incorrect range") on some text with combining
+        // marks (found by fuzz-http-response), and these headers are the server's to choose.
+        guard raw.unicodeScalars.allSatisfy({ (0x20..<0x7F).contains($0.value) }) else { return nil }
         // asctime pads the day with a space ("Nov  6"): one space between fields.
         let text = raw.split(separator: " ", omittingEmptySubsequences: true).joined(separator: " ")
         guard !text.isEmpty else { return nil }

@@ -51,15 +51,11 @@ public enum HTTPFailurePolicy {
         }
     }
 
-    /// `Retry-After` as seconds from `now`: either delta-seconds or an HTTP-date.
+    /// `Retry-After` as seconds from `now`: either delta-seconds or an HTTP-date (`HTTPDate`).
     public static func retryAfter(_ value: String?, now: Date) -> TimeInterval? {
         guard let value = value?.trimmingCharacters(in: .whitespaces), !value.isEmpty else { return nil }
         if let seconds = Int(value) { return seconds >= 0 ? TimeInterval(seconds) : nil }
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = TimeZone(identifier: "GMT")
-        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
-        guard let date = formatter.date(from: value) else { return nil }
+        guard let date = HTTPDate.parse(value) else { return nil }
         return max(0, date.timeIntervalSince(now))
     }
 }

@@ -389,3 +389,14 @@ private func inputError(_ text: String) -> InputListError? {
         #expect(PathPolicy(allowedRoots: ["/home/u"], home: nil).refusal(for: "/home/u/.ssh/x") == nil)
     }
 }
+
+@Suite struct TOMLLiteEscapeTests {
+    /// `\u` and `\U` take exactly 4 or 8 hex digits; a sign is not one (UInt32(_:radix:) took
+    /// "\u-000" as U+0000 and "\u+041" as "A").
+    @Test func unicodeEscapesAreHexDigitsOnly() throws {
+        #expect(try TOMLLite.parse(#"a = "\u00e9\U0001F600""#).first?.value == .string("é😀"))
+        for bad in [#"a = "\u-000""#, #"a = "\u+041""#, #"a = "\U+0001F60""#, #"a = "\u00g1""#] {
+            #expect(throws: TOMLLite.ParseError.self, "\(bad)") { try TOMLLite.parse(bad) }
+        }
+    }
+}

@@ -4,9 +4,10 @@ import Foundation
 /// floats, booleans and one-line arrays of those; `#` comments. No tables: every key of dld's
 /// configuration is top-level. A hand-written reader because the TOML package on these
 /// machines (TOMLKit) needs a dependency that is not available here; this subset is small and
-/// its errors name the line.
-enum TOMLLite {
-    indirect enum Value: Equatable {
+/// its errors name the line. In DLCore, with the other parsers of untrusted text, so that a
+/// fuzz target can reach it without linking the daemon.
+public enum TOMLLite {
+    public indirect enum Value: Sendable, Equatable {
         case string(String)
         case integer(Int64)
         case float(Double)
@@ -14,13 +15,17 @@ enum TOMLLite {
         case array([Value])
     }
 
-    struct ParseError: Error, CustomStringConvertible {
-        let line: Int
-        let message: String
-        var description: String { "line \(line): \(message)" }
+    public struct ParseError: Error, CustomStringConvertible {
+        public let line: Int
+        public let message: String
+        public var description: String { "line \(line): \(message)" }
     }
 
-    static func parse(_ text: String) throws -> [(key: String, value: Value, line: Int)] {
+    /// Arrays nested deeper than this are an error, not a stack overflow: dld's keys take flat
+    /// arrays, and a line of `[[[[…` must not crash the daemon reading it.
+    public static let maxDepth = 32
+
+    public static func parse(_ text: String) throws -> [(key: String, value: Value, line: Int)] {
         var entries: [(key: String, value: Value, line: Int)] = []
         var seen: Set<String> = []
         for (index, rawLine) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
@@ -35,7 +40,7 @@ enum TOMLLite {
             scanner.skipSpace()
             guard scanner.take("=") else { throw ParseError(line: lineNumber, message: "expected '=' after \(key)") }
             scanner.skipSpace()
-            let value = try scanner.value()
+            let value = try scanner.value(depth: 0)
             scanner.skipSpace()
             guard scanner.atEndOrComment else { throw ParseError(line: lineNumber, message: "unexpected text after the value of \(key)") }
             guard seen.insert(key).inserted else { throw ParseError(line: lineNumber, message: "\(key) is set twice") }
@@ -82,12 +87,12 @@ enum TOMLLite {
             return String(out)
         }
 
-        mutating func value() throws -> Value {
+        mutating func value(depth: Int) throws -> Value {
             guard let c = peek else { throw error("expected a value") }
             switch c {
             case "\"": return .string(try basicString())
             case "'": return .string(try literalString())
-            case "[": return try array()
+            case "[": return try array(depth: depth + 1)
             case "t", "f": return try boolean()
             default: return try number()
             }
@@ -110,7 +115,8 @@ enum TOMLLite {
                     case "\\": out.append("\\")
                     case "u", "U":
                         let count = e == "u" ? 4 : 8
-                        guard i + count <= chars.count,
+                        // Hex digits only: UInt32(_:radix:) would also take a sign ("\u-000").
+                        guard i + count <= chars.count, chars[i..<i + count].allSatisfy(\.properties.isASCIIHexDigit),
                             let code = UInt32(String(String.UnicodeScalarView(chars[i..<i + count])), radix: 16),
                             let scalar = Unicode.Scalar(code)
                         else { throw error("invalid \\\(e) escape") }
@@ -136,13 +142,14 @@ enum TOMLLite {
             throw error("unterminated string")
         }
 
-        mutating func array() throws -> Value {
+        mutating func array(depth: Int) throws -> Value {
+            guard depth <= TOMLLite.maxDepth else { throw error("arrays nested deeper than \(TOMLLite.maxDepth)") }
             i += 1
             var values: [Value] = []
             while true {
                 skipSpace()
                 if take("]") { return .array(values) }
-                values.append(try value())
+                values.append(try value(depth: depth))
                 skipSpace()
                 if take(",") { continue }
                 guard take("]") else { throw error("expected ',' or ']' in array (arrays must be on one line)") }
