@@ -111,11 +111,6 @@ extension Engine {
         }
     }
 
-    /// A renewal or a read of the table's clock that did not answer within a third of the lease.
-    struct LeaseTimeout: Error, CustomStringConvertible {
-        var description: String { "the job table did not answer within a third of the lease" }
-    }
-
     /// The share of a lease after which a worker that could not renew stops its transfers:
     /// the rest of the lease is the margin for stopping them before other workers may take
     /// the jobs (`requeueExpired`, on the table's clock).
@@ -130,14 +125,7 @@ extension Engine {
     func measureTableClock() async {
         let before = now()
         do {
-            // Bounded: a pool that still waits for a server that went away must not hold the
-            // serial queue (and with it every later renewal).
-            let store = self.store
-            guard let answer = await Self.within(.milliseconds(Int64(configuration.lease * 1000 / 3)), { try await store.serverClock() }) else {
-                logger.warning("the job table's clock did not answer in time")
-                return
-            }
-            guard let server = try answer.get() else { return }
+            guard let server = try await store.serverClock() else { return }
             let after = now()
             let skew = server.timeIntervalSince(before.addingTimeInterval(after.timeIntervalSince(before) / 2))
             if abs(skew - tableClockSkew) > 1 {
@@ -163,13 +151,7 @@ extension Engine {
                 let at = leaseNow()
                 let owned: Set<JobID>
                 do {
-                    // Bounded as the clock's read is: a renewal that hangs is a failed one, and the
-                    // next turn sends a new one.
-                    let (store, worker, until) = (self.store, configuration.worker, at.addingTimeInterval(configuration.lease))
-                    guard let answer = await Self.within(.milliseconds(Int64(configuration.lease * 1000 / 3)), {
-                        try await store.renewLeases(worker: worker, until: until, now: at)
-                    }) else { throw LeaseTimeout() }
-                    owned = try answer.get()
+                    owned = try await store.renewLeases(worker: configuration.worker, until: at.addingTimeInterval(configuration.lease), now: at)
                 } catch {
                     await fenceIfLeasesRunOut()
                     logger.warning("lease renewal failed", metadata: ["error": "\(Self.storageText(error))"])
