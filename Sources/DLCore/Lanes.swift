@@ -110,8 +110,22 @@ public struct HostLimits: Sendable, Equatable {
         self.maxStreams = max(1, maxStreams)
     }
 
-    /// The limit of a host that answered over HTTP/2 (`multiplexed`) or not (yet).
+    /// The limit of a host that answered over HTTP/2 (`multiplexed`) or not (yet): streams,
+    /// or connections. Ranges of a segmented download count against it.
     public func limit(multiplexed: Bool) -> Int {
         multiplexed ? maxStreams : maxPerHost
+    }
+
+    /// Transfers to a host that may be under way at once, counting those whose request waits
+    /// for a connection. Over HTTP/1.1 a connection carries one request at a time, and the
+    /// next one is sent only when a transfer ends and the engine starts the next job: that
+    /// costs the engine's turnaround (the end, the hand-off, opening the next `.part`) once
+    /// per file and connection, on top of each round trip. So while a connection is held by a
+    /// transfer that will soon let it go, one more request may wait behind it in the client's
+    /// pool, which sends it the moment the connection is free. The pool still opens at most
+    /// `maxPerHost` connections (politeness is unchanged); only transfers that hold theirs
+    /// for long (`long`: bulk ones and ranges) get nobody queued behind them.
+    public func startLimit(multiplexed: Bool, long: Int) -> Int {
+        multiplexed ? maxStreams : maxPerHost + max(0, maxPerHost - long)
     }
 }

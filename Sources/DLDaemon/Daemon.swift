@@ -44,7 +44,7 @@ public enum Daemon {
         var downloaderConfig = DownloaderConfiguration()
         downloaderConfig.connectTimeout = .seconds(Int64(config.connectTimeout))
         downloaderConfig.readTimeout = .seconds(Int64(config.readTimeout))
-        downloaderConfig.connectionsPerHost = max(8, config.maxPerHost)
+        downloaderConfig.connectionsPerHost = config.maxPerHost
         downloaderConfig.http2 = config.http2
         downloaderConfig.tls = config.tls
         let (systemTrust, ignored) = SystemTrust.fromEnvironment(ProcessInfo.processInfo.environment)

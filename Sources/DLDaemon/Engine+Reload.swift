@@ -8,6 +8,7 @@ extension Engine {
         try await serial { () async throws(DLError) in
             let meteredByDefault = configuration.meteredByDefault
             update(&configuration)
+            downloader.setConnectionsPerHost(configuration.maxPerHost)
             applySpeedLimits()
             if configuration.meteredByDefault != meteredByDefault, connectionMetered {
                 // The jobs that do not say follow the new default at once.

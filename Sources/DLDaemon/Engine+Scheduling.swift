@@ -76,6 +76,30 @@ extension Engine {
         configuration.hostLimits.limit(multiplexed: downloader.multiplexed(host: host))
     }
 
+    /// How many transfers to `host` may be under way, counting requests that wait in the
+    /// client's pool for a connection (`HostLimits.startLimit`); `long` is `hostLongLoad()`.
+    func hostStartLimit(_ host: String, long: [String: Int]) -> Int {
+        configuration.hostLimits.startLimit(multiplexed: downloader.multiplexed(host: host), long: long[host, default: 0])
+    }
+
+    /// Connections by host held for long: by bulk transfers, ranges of segmented downloads,
+    /// and transfers of unknown size past `lightBytes`. No request waits behind those.
+    func hostLongLoad() -> [String: Int] {
+        var long: [String: Int] = [:]
+        let lightBytes = configuration.lanes.lightBytes
+        for entry in running.values where !entry.ended {
+            if let byHost = entry.progress.hostConnections {
+                for (host, count) in byHost { long[host, default: 0] += count }
+                continue
+            }
+            let connections = entry.progress.connections
+            if entry.bulk || connections > 1 || entry.progress.snapshot.received > lightBytes {
+                long[entry.host, default: 0] += connections
+            }
+        }
+        return long
+    }
+
     /// The claim a turn makes for `free` slots: hosts at their limit are passed over, and
     /// while some host is near it, no more than that host has room for (it might take all of
     /// them from it). Standalone jobs take light slots and groups bulk ones; while every bulk
@@ -157,11 +181,12 @@ extension Engine {
     /// when none is busy): a claim passes over the first and takes no more than the second.
     func hostRoom() -> (full: Set<String>, room: Int) {
         let load = hostLoad()
+        let long = hostLongLoad()
         var full: Set<String> = []
         var room = configuration.maxPerHost
         var busiest: Int? = nil
         for (host, count) in load {
-            let left = hostLimit(host) - count
+            let left = hostStartLimit(host, long: long) - count
             if left <= 0 { full.insert(host) } else { busiest = min(busiest ?? left, left) }
         }
         if let busiest { room = busiest }
@@ -390,10 +415,11 @@ extension Engine {
         let bulk = bulkTaken(group: group, excludingEnded: true)
         let free = lanes.free(bulk: bulk, light: lightTaken(group: group, excludingEnded: true))
         let mayStart: (Int) -> Bool = { lanes.mayStart(size: list[$0].size, received: list[$0].received, bulk: bulk) }
+        let long = hostLongLoad()
         guard let index = SchedulerPolicy.handOff(
             // Each URL is parsed only if the jobs before it cannot start.
             hosts: list.lazy.map { URLRules.hostKey($0.url) }, free: free,
-            load: hostLoad(excludingEnded: true), limit: hostLimit, mayStart: mayStart)
+            load: hostLoad(excludingEnded: true), limit: { self.hostStartLimit($0, long: long) }, mayStart: mayStart)
         else { return false }
         let at = now()
         if let group { readyMembers[group]?.remove(at: index) } else { ready.remove(at: index) }
@@ -416,7 +442,7 @@ extension Engine {
                 for (id, attempt, result) in batch {
                     guard let entry = running[id], entry.attempt == attempt, entry.stop == nil else { continue }
                     running[id] = nil
-                    record(result, for: entry.job, parked: entry.parked)
+                    record(result, for: entry.job, parked: entry.parked || entry.progress.waitedForConnection)
                     finished += 1
                 }
                 guard finished > 0 || !startedEarly.isEmpty else { return }

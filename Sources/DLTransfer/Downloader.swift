@@ -122,9 +122,10 @@ public struct DownloaderConfiguration: Sendable {
     /// Until the response head has arrived (AsyncHTTPClient's deadline ends there).
     public var headTimeout: TimeAmount = .seconds(90)
     public var maxRedirects = 10
-    /// Connections kept per host: at least the engine's per-host limit, so that every transfer
-    /// to a host reuses a kept-alive connection instead of opening one.
-    public var connectionsPerHost = 8
+    /// Connections to one host at most (HTTP/1.1): the engine's `max_per_host`. The engine may
+    /// start a few more transfers than that (`HostLimits.startLimit`): their requests wait in
+    /// the pool and take a kept-alive connection as soon as one is free.
+    public var connectionsPerHost = 6
     public var userAgent = "dld/\(DLDVersion.current)"
     /// The daemon's TLS settings (`ca_file`, `ca_dir`, `client_cert`, `client_key` of the config
     /// file); a job's own are merged on top.
@@ -161,6 +162,15 @@ public final class Downloader: Sendable {
     /// Hosts (`URLRules.hostKey`) that answered over HTTP/2: the engine gives them more
     /// transfers at once (`HostLimits`).
     private let multiplexedHosts = Mutex<Set<String>>([])
+    /// `max_per_host` now: starts as `configuration.connectionsPerHost`, and follows a
+    /// reload. Clients made before a change keep their pools (requests under way go on in
+    /// them); requests after it go to clients with the new limit.
+    private let perHost: Mutex<Int>
+
+    /// Sets the connections per host of the clients made from now on (a reload).
+    public func setConnectionsPerHost(_ count: Int) {
+        perHost.withLock { $0 = max(1, count) }
+    }
 
     /// Whether `host` (`URLRules.hostKey`) last answered over HTTP/2.
     public func multiplexed(host: String) -> Bool {
@@ -172,6 +182,7 @@ public final class Downloader: Sendable {
         var proxy: ProxyServer?
         /// HTTP/1.1 even where the server offers HTTP/2 (the ranges of a big file).
         var http1Only = false
+        var perHost: Int
     }
 
     private struct Clients {
@@ -183,12 +194,13 @@ public final class Downloader: Sendable {
     public init(configuration: DownloaderConfiguration = DownloaderConfiguration(), logger: Logger) {
         self.configuration = configuration
         self.logger = logger
+        self.perHost = Mutex(max(1, configuration.connectionsPerHost))
     }
 
     /// The client for these TLS settings and this proxy, made on first use; with
     /// `http1Only`, one that never negotiates HTTP/2.
     private func client(for tls: TLSSettings, proxy: ProxyServer?, http1Only: Bool = false) throws -> HTTPClient {
-        let key = ClientKey(tls: tls, proxy: proxy, http1Only: http1Only || !configuration.http2)
+        let key = ClientKey(tls: tls, proxy: proxy, http1Only: http1Only || !configuration.http2, perHost: perHost.withLock { $0 })
         return try clients.withLockedValue { clients in
             if let client = clients.byKey[key] { return client }
             guard !clients.isShutDown else { throw HTTPClientError.alreadyShutdown }
@@ -212,7 +224,7 @@ public final class Downloader: Sendable {
             // inside the client until the deadline.
             config.connectionPool.retryConnectionEstablishment = false
             config.timeout = .init(connect: configuration.connectTimeout, read: configuration.readTimeout)
-            config.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = configuration.connectionsPerHost
+            config.connectionPool.concurrentHTTP1ConnectionsPerHostSoftLimit = key.perHost
             let limiter = self.limiter
             config.http1_1ConnectionDebugInitializer = { channel in Self.largeReads(channel, limiter: limiter) }
             config.http2ConnectionDebugInitializer = { channel in Self.largeReads(channel, limiter: limiter) }
@@ -350,7 +362,10 @@ public final class Downloader: Sendable {
                 return .failed(syncFailure, state.checkpoint)
             }
             if Task.isCancelled { return .stopped(state.checkpoint) }
-            if error is TransferParked {
+            if (error as? HTTPClientError) == .getConnectionFromPoolTimeout {
+                progress.waitedForConnection = true
+            }
+            if error is TransferParked || progress.waitedForConnection {
                 if state.received == 0 {
                     file.close()
                     unlink(request.partialPath)

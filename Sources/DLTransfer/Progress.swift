@@ -23,6 +23,7 @@ public final class TransferProgress: Sendable {
         var startedOver: JobError?
         var connections = 1
         var hostConnections: [String: Int]?
+        var waitedForConnection = false
     }
 
     /// Speed is measured over windows of this length.
@@ -50,6 +51,15 @@ public final class TransferProgress: Sendable {
                 s.windowStart = now
             }
         }
+    }
+
+    /// Set when the transfer gave up waiting for a connection to its host: every connection
+    /// the pool may open was held past the connect timeout (requests wait behind busy
+    /// connections: `HostLimits.startLimit`). The job goes back to the queue, and that is not
+    /// an attempt: the server was never asked.
+    public var waitedForConnection: Bool {
+        get { state.withLock { $0.waitedForConnection } }
+        set { state.withLock { $0.waitedForConnection = newValue } }
     }
 
     /// The transfer dropped its bytes and starts over, for this reason.

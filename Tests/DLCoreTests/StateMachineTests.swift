@@ -226,6 +226,18 @@ extension SchedulerPolicyTests {
         #expect(limits.limit(multiplexed: false) == 6)
         #expect(limits.limit(multiplexed: true) == 32)
     }
+
+    /// Over HTTP/1.1 one request may wait behind each connection that a short transfer holds,
+    /// none behind a long one; over HTTP/2 the streams are the limit.
+    @Test func hostStartLimits() {
+        let limits = HostLimits(maxPerHost: 6, maxStreams: 32)
+        #expect(limits.startLimit(multiplexed: false, long: 0) == 12)
+        #expect(limits.startLimit(multiplexed: false, long: 2) == 10)
+        #expect(limits.startLimit(multiplexed: false, long: 6) == 6)
+        #expect(limits.startLimit(multiplexed: false, long: 9) == 6)
+        #expect(limits.startLimit(multiplexed: true, long: 0) == 32)
+        #expect(HostLimits(maxPerHost: 1).startLimit(multiplexed: false, long: 0) == 2)
+    }
 }
 
 @Suite struct BackoffTests {

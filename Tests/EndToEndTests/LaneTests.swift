@@ -156,4 +156,69 @@ import Testing
             #expect(origin.mostInFlight <= 6, "requests in flight at once: \(origin.mostInFlight)")
         }
     }
+    /// Over HTTP/1.1 the next job's request waits in the pool behind each connection a small
+    /// file holds (`HostLimits.startLimit`): while slow small files hold both connections that
+    /// `max_per_host = 2` allows, two more jobs are started and wait in the pool (not in the
+    /// queue), and the server still sees two requests at once, on two connections.
+    @Test func requestsWaitBehindConnectionsWithinTheHostLimit() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: "max_per_host = 2\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            // About 2 s each: two of them hold both connections while the others are looked at.
+            let jobs = (0..<6).map { n in JSONValue.object(["url": .string("\(origin.baseURL)/bytes/\(4000 + n)?rate=2000"), "name": .string("f\(n)")]) }
+            let ids = try daemon.call("enqueue", ["jobs": .array(jobs)])["results"]?.arrayValue?.compactMap { $0["id"]?.int64Value } ?? []
+            #expect(ids.count == 6)
+            let streaming = Date().addingTimeInterval(3)
+            while Date() < streaming, origin.bodiesStreaming < 2 { usleep(5000) }
+            var running = 0
+            let deadline = Date().addingTimeInterval(1)
+            while Date() < deadline, running < 4 {
+                running = try rows(daemon).filter { $0["state"] == "running" }.count
+                usleep(10_000)
+            }
+            #expect(origin.bodiesStreaming == 2, "two slow files no longer hold both connections")
+            #expect(running == 4, "jobs running, two of them waiting behind the busy connections: \(running)")
+            #expect(origin.requests.count == 2, "requests that reached the server: \(origin.requests.map(\.uri))")
+            for id in ids {
+                let job = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
+                #expect(job["state"] == "completed", "\(job.serializedString())")
+                #expect(job["attempts"]?.int64Value == 1, "\(job.serializedString())")
+            }
+            for n in 0..<6 { try expectOriginBytes(at: daemon.downloadDir + "/f\(n)", count: 4000 + n) }
+            #expect(origin.mostInFlight <= 2, "requests at the server at once: \(origin.mostInFlight)")
+            #expect(origin.connections <= 2, "connections: \(origin.connections)")
+        }
+    }
+
+    /// A request that waits for a connection longer than `connect_timeout` (the only one is
+    /// held by a slow small file) goes back to the queue: not an attempt, no error, no
+    /// backoff; it completes once the connection is free.
+    @Test func aRequestThatWaitsTooLongForAConnectionIsNoAttempt() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: "max_per_host = 1\nconnect_timeout = 1\n")
+            try daemon.start()
+            defer { daemon.stop() }
+            // About 4 s at 25 000 bytes/s, and light (well under 2 MiB): the next request waits
+            // behind it and gives up after 1 s, several times.
+            let slow = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/100000?rate=25000"), "name": .string("slow")])
+            _ = try daemon.waitForState(slow, ["running"])
+            let next = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": .string("next")])
+            var sawWaiting = false
+            let deadline = Date().addingTimeInterval(60)
+            var job = try daemon.job(next)
+            while Date() < deadline, job["state"] != "completed", job["state"] != "failed" {
+                if job["state"] == "waiting" { sawWaiting = true }
+                usleep(20_000)
+                job = try daemon.job(next)
+            }
+            #expect(job["state"] == "completed", "\(job.serializedString())")
+            #expect(!sawWaiting, "waiting for a connection became a failed attempt")
+            #expect(job["attempts"]?.int64Value == 1, "\(job.serializedString())")
+            #expect(job["error"] == .null || job["error"] == nil, "\(job.serializedString())")
+            #expect(try daemon.waitForState(slow, ["completed", "failed"])["state"] == "completed")
+            try expectOriginBytes(at: daemon.downloadDir + "/next", count: 1000)
+            #expect(origin.mostInFlight == 1, "requests at the server at once: \(origin.mostInFlight)")
+        }
+    }
 }
