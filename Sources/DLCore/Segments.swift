@@ -199,8 +199,11 @@ public struct SegmentPlanner: Sendable, Equatable {
 
     private var slots: [Slot]
     public let size: Int64
-    /// No split leaves a piece smaller than this: each piece costs a request.
-    public let minPiece: Int64
+    /// No split leaves a piece smaller than this: each piece costs a request. It starts at
+    /// the configured floor and grows with the link's round trip (`noteRange`).
+    public private(set) var minPiece: Int64
+    /// The configured floor of `minPiece`.
+    public let baseMinPiece: Int64
     /// How far the digest has consumed the file.
     public private(set) var hashed: Int64
     /// Whether a worker is hashing now (one at a time, in order).
@@ -213,6 +216,7 @@ public struct SegmentPlanner: Sendable, Equatable {
         slots = layout.segments.map { Slot(segment: $0) }
         size = layout.size
         self.minPiece = max(1, minPiece)
+        self.baseMinPiece = max(1, minPiece)
         self.hashed = hashed ?? layout.prefix
         self.workers = max(1, workers)
     }
@@ -238,6 +242,30 @@ public struct SegmentPlanner: Sendable, Equatable {
         if !whole { cutShare(idle) }
         slots[idle].active = true
         return idle
+    }
+
+    /// Round trips of a connection's bytes that one piece is worth at least (`noteRange`).
+    public static let roundTripsPerPiece = 4.0
+    /// The largest floor the round trip may set: a piece of the first takes (`pieceSize`).
+    public static let maxRoundTripPiece: Int64 = 32 << 20
+
+    /// The shortest wait for an answer's head seen in this attempt (seconds): a round trip
+    /// on a kept-alive connection (a new connection's first wait includes its handshakes).
+    public private(set) var roundTrip: Double?
+
+    /// A range ended: its request waited `roundTrip` seconds for the answer's head, then its
+    /// body came at `rate` bytes per second. Every piece costs its connection one idle round
+    /// trip (the next request leaves only when the range before it on that connection has
+    /// ended), so over a link with round trips small pieces waste a share of the time: the
+    /// floor of a piece becomes `roundTripsPerPiece` round trips of that connection's bytes
+    /// (at most a fifth of each piece's time is then spent waiting), from the shortest wait
+    /// seen and the latest rate. Loopback keeps the configured floor.
+    public mutating func noteRange(roundTrip: Double, rate: Double) {
+        guard roundTrip.isFinite, rate.isFinite, roundTrip > 0, rate > 0 else { return }
+        let trip = min(self.roundTrip ?? roundTrip, roundTrip)
+        self.roundTrip = trip
+        let worth = min(Self.roundTripsPerPiece * trip * rate, Double(Self.maxRoundTripPiece))
+        minPiece = max(baseMinPiece, Int64(worth.rounded()))
     }
 
     /// The share of one take: what nobody fetches, over twice the workers (guided

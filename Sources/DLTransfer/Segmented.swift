@@ -39,6 +39,9 @@ struct OpenedRange: Sendable {
     var response: HTTPClientResponse
     var end: Int64?
     var check: Int64 = 0
+    /// How long the request waited for this answer's head (nil: not timed, the attempt's
+    /// first answer), for `SegmentPlanner.noteRange`.
+    var headWait: Duration? = nil
 }
 
 /// The digests of an attempt. The worker that holds the planner's hashing role queues their
@@ -291,6 +294,7 @@ extension Downloader {
                 open = answer
             }
             let slot = open.slot
+            let bodyFrom = (at: ContinuousClock.now, done: run.state.withLock { $0.planner.segment(slot).done })
             do {
                 try await receive(open, run: run, request: request, host: host, base: base, progress: progress, checkpoint: checkpoint)
             } catch let failure as SourceFailure {
@@ -306,9 +310,25 @@ extension Downloader {
                     set.delivered(source)
                 }
             }
+            if let wait = open.headWait {
+                let took = ContinuousClock.now - bodyFrom.at
+                run.state.withLock { state in
+                    let bytes = state.planner.segment(slot).done - bodyFrom.done
+                    // A short range says little of the rate.
+                    guard bytes >= Self.rateSampleBytes else { return }
+                    state.planner.noteRange(roundTrip: Self.seconds(wait), rate: Double(bytes) / max(Self.seconds(took), 1e-6))
+                }
+            }
             run.state.withLock { $0.planner.release(slot) }
             if run.size == nil { return }
         }
+    }
+
+    /// The fewest bytes of a range whose time tells its connection's rate.
+    static let rateSampleBytes: Int64 = 256 << 10
+
+    static func seconds(_ duration: Duration) -> Double {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
     }
 
     /// A range failed on a source: recorded, and the worker goes on with another source (its
@@ -335,6 +355,7 @@ extension Downloader {
         var local = template
         let response: HTTPClientResponse
         let book = template.sources
+        let asked = ContinuousClock.now
         do {
             response = try await fetch(
                 request, state: &local, rangeFrom: segment.done - overlap, rangeEnd: segment.end, source: source.flatMap { book?.url($0) },
@@ -365,7 +386,7 @@ extension Downloader {
             guard let range, range.start == segment.done - overlap, range.total == run.size else {
                 throw SegmentFallback(response: nil, reason: "\(host) answered a range request with another range")
             }
-            return OpenedRange(slot: slot, response: response, end: range.end.map { $0 + 1 }, check: overlap)
+            return OpenedRange(slot: slot, response: response, end: range.end.map { $0 + 1 }, check: overlap, headWait: .now - asked)
         case 200:
             var answered = AttemptState(received: 0, size: nil, validators: Validators(), finalURL: nil, target: nil)
             take(response.headers, into: &answered)

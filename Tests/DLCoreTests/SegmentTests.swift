@@ -38,6 +38,49 @@ import Testing
         #expect(last.allSatisfy { $0 <= 2 * mib }, "\(last)")
     }
 
+    /// Over a link with round trips, a piece is worth `roundTripsPerPiece` round trips of a
+    /// connection's bytes: from the shortest head wait seen (a new connection's first wait
+    /// holds its handshakes) and the latest rate; loopback keeps the configured floor; the
+    /// shares of later takes keep to the new floor, so a file over a 40 ms link is fetched
+    /// in fewer requests.
+    @Test func piecesFollowTheRoundTrip() throws {
+        var loopback = SegmentPlanner(SegmentLayout(size: 200 * mib), minPiece: mib, workers: 4)
+        loopback.noteRange(roundTrip: 0.000_2, rate: 1e9)
+        #expect(loopback.minPiece == mib, "loopback: \(loopback.minPiece)")
+        var planner = SegmentPlanner(SegmentLayout(size: 200 * mib), minPiece: mib, workers: 4)
+        planner.noteRange(roundTrip: 0.12, rate: 40e6)
+        #expect(planner.minPiece == 19_200_000)
+        planner.noteRange(roundTrip: 0.04, rate: 40e6)
+        #expect(planner.minPiece == 6_400_000)
+        planner.noteRange(roundTrip: 0.08, rate: 40e6)
+        #expect(planner.minPiece == 6_400_000, "a longer wait later does not count: \(planner.minPiece)")
+        planner.noteRange(roundTrip: 0.04, rate: 1e12)
+        #expect(planner.minPiece == SegmentPlanner.maxRoundTripPiece)
+        planner.noteRange(roundTrip: .nan, rate: 40e6)
+        planner.noteRange(roundTrip: 0.04, rate: 0)
+        #expect(planner.minPiece == SegmentPlanner.maxRoundTripPiece)
+
+        func requests(_ noted: Bool) -> Int {
+            var planner = SegmentPlanner(SegmentLayout(size: 200 * mib), minPiece: mib, workers: 4)
+            if noted { planner.noteRange(roundTrip: 0.04, rate: 40e6) }
+            var count = 0
+            while let next = planner.take() {
+                count += 1
+                let piece = planner.segment(next).remaining
+                if planner.layout.segments.last?.end != planner.segment(next).end || piece > 0 {
+                    #expect(piece >= planner.minPiece || planner.segment(next).end == 200 * mib, "piece \(piece)")
+                }
+                _ = planner.reserve(next, count: piece)
+                planner.commit(next)
+                planner.release(next)
+            }
+            return count
+        }
+        let fine = requests(false)
+        let coarse = requests(true)
+        #expect(coarse < fine, "requests with the round trip \(coarse), without \(fine)")
+    }
+
     /// A range being fetched is never split: all its bytes are asked for, so taking a part of
     /// it over would have them sent twice. A worker with nothing left to take stops; a range
     /// given up is taken again from its `done`.
