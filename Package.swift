@@ -115,7 +115,10 @@ let package = Package(
         .testTarget(name: "DLCoreTests", dependencies: ["DLCore"]),
         .testTarget(
             name: "DLStoreTests",
-            dependencies: ["DLStore", "DLStorePostgres", "DLCore", "DLTestSupport", .product(name: "Logging", package: "swift-log")]
+            dependencies: [
+                "DLStore", "DLStorePostgres", "DLCore", "DLTestSupport", .product(name: "Logging", package: "swift-log"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+            ]
         ),
         .testTarget(
             name: "DLTransferTests",

@@ -152,8 +152,13 @@ public final class PostgresJobStore: JobTable {
 
     private func inTransaction<T: Sendable>(_ begin: PostgresQuery, _ body: (PostgresConnection) async throws -> T) async throws -> T {
         try await connection { connection in
-            try await connection.run(begin, logger: logger)
             do {
+                // Inside the `do`: a BEGIN reported failed may have begun all the same, as when
+                // its caller is cancelled (a checkpoint the fence abandons, a `stats` that gave
+                // up): postgres-nio sends it, then stops reading its answer. Left open, the
+                // transaction would go back to the pool, and the next calls on that connection
+                // would run in it (after a `READ ONLY` one, their writes would fail).
+                try await connection.run(begin, logger: logger)
                 let value = try await body(connection)
                 try await connection.run("COMMIT", logger: logger)
                 return value

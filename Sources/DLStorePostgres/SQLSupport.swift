@@ -238,15 +238,20 @@ enum Columns {
 }
 
 extension PostgresConnection {
-    /// Runs a statement and collects its rows.
+    /// Runs a statement and collects its rows; fails when the connection closes before the
+    /// answer (`answered`: postgres-nio would wait forever then).
     func rows(_ query: PostgresQuery, logger: Logger) async throws -> [PostgresRow] {
-        var rows: [PostgresRow] = []
-        for try await row in try await self.query(query, logger: logger) { rows.append(row) }
-        return rows
+        try await answered { connection in
+            var rows: [PostgresRow] = []
+            for try await row in try await connection.query(query, logger: logger) { rows.append(row) }
+            return rows
+        }
     }
 
-    /// Runs a statement that returns no rows (or whose rows do not matter).
+    /// Runs a statement that returns no rows (or whose rows do not matter), as `rows` does.
     func run(_ query: PostgresQuery, logger: Logger) async throws {
-        for try await _ in try await self.query(query, logger: logger) {}
+        try await answered { connection in
+            for try await _ in try await connection.query(query, logger: logger) {}
+        }
     }
 }

@@ -1,8 +1,10 @@
 import DLCore
 import DLStore
-import DLStorePostgres
+@testable import DLStorePostgres
 import DLTestSupport
 import Foundation
+import Logging
+import PostgresNIO
 import Testing
 
 /// What only the PostgreSQL backend has: connection strings, its own migrations, and writers
@@ -92,6 +94,37 @@ import Testing
         await fixture.finish()
     }
 
+    /// A statement sent on a connection that has closed fails at once. postgres-nio drops such
+    /// a statement without an answer; when PostgreSQL went away as a store call took or used a
+    /// connection, that call waited forever, and with it the engine's serial queue (issue 31).
+    /// The watch that fails it forgets the connection once it has closed.
+    @Test func aStatementOnAClosedConnectionFailsInsteadOfWaitingForever() async throws {
+        let fixture = try StoreFixture(.postgres)
+        let url = try #require(fixture.postgresURL)
+        let connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 1, logger: StoreFixture.logger)
+        #expect(try await connection.rows("SELECT 1", logger: StoreFixture.logger).count == 1)
+        #expect(ConnectionWatch.shared.watches(connection))
+        try await connection.close()
+        // In a task of its own, so that a statement that never answers fails this test
+        // instead of hanging the run.
+        let outcome = Outcome()
+        Task {
+            outcome.set(await Result { try await connection.run("ROLLBACK", logger: StoreFixture.logger) })
+        }
+        let deadline = Date().addingTimeInterval(10)
+        while outcome.value == nil, Date() < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        switch outcome.value {
+        case nil: Issue.record("a statement on a closed connection did not answer within 10 s")
+        case .success?: Issue.record("a statement on a closed connection succeeded")
+        case .failure(let error)?: #expect(error is ConnectionLost, "\(error)")
+        }
+        // Forgotten by the close callback, which may come just after the failure.
+        let forgotten = Date().addingTimeInterval(5)
+        while ConnectionWatch.shared.watches(connection), Date() < forgotten { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(!ConnectionWatch.shared.watches(connection))
+        await fixture.finish()
+    }
+
     /// A server error reaches the caller with the server's words, and no password.
     @Test func errorsSayWhatThePostgreSQLServerSaid() async throws {
         let fixture = try StoreFixture(.postgres)
@@ -115,6 +148,13 @@ extension Result where Failure == any Error {
     init(catching body: () async throws -> Success) async {
         do { self = .success(try await body()) } catch { self = .failure(error) }
     }
+}
+
+final class Outcome: @unchecked Sendable {
+    private let lock = NSLock()
+    private var result: Result<Void, any Error>?
+    func set(_ result: Result<Void, any Error>) { lock.withLock { self.result = result } }
+    var value: Result<Void, any Error>? { lock.withLock { result } }
 }
 
 final class Flag: @unchecked Sendable {
