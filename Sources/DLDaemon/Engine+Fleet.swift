@@ -73,7 +73,7 @@ extension Engine {
     /// `body`'s outcome, or nil when it did not come within `limit`; it is then cancelled and
     /// left to end on its own (a pool that waits for a server does not hold the caller).
     static func within<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async throws -> T) async -> Result<T, any Error>? {
-        let once = Once<Result<T, any Error>?>()
+        let once = OneShot<Result<T, any Error>?>()
         let work = run(body, into: once)
         let timer = Task {
             try? await Task.sleep(for: limit)
@@ -81,17 +81,17 @@ extension Engine {
             once.resume(nil)
         }
         defer { timer.cancel() }
-        return await withCheckedContinuation { once.set($0) }
+        return await once.wait()
     }
 
     /// `body`, or a `CancellationError` as soon as the caller is cancelled, without waiting
     /// for `body` to end (it is cancelled too, and left to end on its own): a transfer that a
     /// fence stops must not wait for a checkpoint that a pool holds while the server is away.
     static func abandonedOnCancel<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) async throws -> T {
-        let once = Once<Result<T, any Error>?>()
+        let once = OneShot<Result<T, any Error>?>()
         let work = run(body, into: once)
         let outcome = await withTaskCancellationHandler {
-            await withCheckedContinuation { once.set($0) }
+            await once.wait()
         } onCancel: {
             work.cancel()
             once.resume(nil)
@@ -101,7 +101,7 @@ extension Engine {
     }
 
     /// Runs `body` in a task of its own that hands its outcome to `once`.
-    private static func run<T: Sendable>(_ body: @escaping @Sendable () async throws -> T, into once: Once<Result<T, any Error>?>) -> Task<Void, Never> {
+    private static func run<T: Sendable>(_ body: @escaping @Sendable () async throws -> T, into once: OneShot<Result<T, any Error>?>) -> Task<Void, Never> {
         Task {
             do {
                 once.resume(.success(try await body()))
@@ -266,48 +266,5 @@ extension Engine {
         // Heartbeats are written on the table's clock (`renewLeases` gets `leaseNow()`).
         let seen = try await storage { try await store.workers(seenSince: leaseNow().addingTimeInterval(-2 * configuration.lease)) }
         return seen.contains { $0.id == configuration.worker } ? seen : [(configuration.worker, startedAt)] + seen
-    }
-}
-
-/// A continuation resumed once, by the first of several callers, whether they come before or
-/// after it is handed over.
-private final class Once<T: Sendable>: Sendable {
-    private enum State {
-        case empty
-        case waiting(CheckedContinuation<T, Never>)
-        case done(T)
-        case resumed
-    }
-
-    private let state = Mutex(State.empty)
-
-    func set(_ continuation: CheckedContinuation<T, Never>) {
-        let early = state.withLock { state -> T? in
-            switch state {
-            case .done(let value):
-                state = .resumed
-                return value
-            default:
-                state = .waiting(continuation)
-                return nil
-            }
-        }
-        if let early { continuation.resume(returning: early) }
-    }
-
-    func resume(_ value: T) {
-        let waiting = state.withLock { state -> CheckedContinuation<T, Never>? in
-            switch state {
-            case .empty:
-                state = .done(value)
-                return nil
-            case .waiting(let continuation):
-                state = .resumed
-                return continuation
-            case .done, .resumed:
-                return nil
-            }
-        }
-        waiting?.resume(returning: value)
     }
 }

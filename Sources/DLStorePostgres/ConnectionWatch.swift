@@ -1,3 +1,4 @@
+import DLCore
 import Foundation
 import PostgresNIO
 import Synchronization
@@ -71,53 +72,11 @@ struct ConnectionLost: Error, CustomStringConvertible {
     var description: String { "the connection closed before the server answered" }
 }
 
-/// The first of several outcomes, handed to the one waiter whether it comes before or after.
-private final class FirstOutcome<T: Sendable>: Sendable {
-    private enum State {
-        case empty
-        case waiting(CheckedContinuation<Result<T, any Error>, Never>)
-        case done(Result<T, any Error>)
-        case resumed
-    }
-
-    private let state = Mutex(State.empty)
-
-    func wait() async -> Result<T, any Error> {
-        await withCheckedContinuation { continuation in
-            let early = state.withLock { state -> Result<T, any Error>? in
-                guard case .done(let outcome) = state else {
-                    state = .waiting(continuation)
-                    return nil
-                }
-                state = .resumed
-                return outcome
-            }
-            if let early { continuation.resume(returning: early) }
-        }
-    }
-
-    func resume(_ outcome: Result<T, any Error>) {
-        let waiting = state.withLock { state -> CheckedContinuation<Result<T, any Error>, Never>? in
-            switch state {
-            case .empty:
-                state = .done(outcome)
-                return nil
-            case .waiting(let continuation):
-                state = .resumed
-                return continuation
-            case .done, .resumed:
-                return nil
-            }
-        }
-        waiting?.resume(returning: outcome)
-    }
-}
-
 extension PostgresConnection {
     /// `statement`'s outcome, or `ConnectionLost` as soon as this connection closes (see
     /// `ConnectionWatch`).
     func answered<T: Sendable>(_ statement: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
-        let outcome = FirstOutcome<T>()
+        let outcome = OneShot<Result<T, any Error>>()
         let watch = ConnectionWatch.shared
         let number = watch.watch(self) { outcome.resume(.failure(ConnectionLost())) }
         let work = Task {
