@@ -86,8 +86,6 @@ public enum Daemon {
             logger: logger, now: { Date().addingTimeInterval(clockOffset) })
         let hub = EventHub()
         store.setEventSink(wanted: { hub.subscriberCount > 0 }) { hub.publish($0) }
-        await engine.startProgressReports(every: .milliseconds(500)) { hub.publishProgress($0, $1) }
-        await engine.startUnsyncedRecords()
         let hooks = Reloadable(HookRunner(
             onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger))
         await engine.setOnFinished { hooks.value.finished($0) }
@@ -97,8 +95,18 @@ public enum Daemon {
         let service = DaemonService(
             config: config, engine: engine, hub: hub, cache: cache, bootGuard: bootGuard, adoptedSocket: adopted,
             notifier: SystemdNotifier(), hooks: hooks, current: Reloadable(config), reloadConfig: reload, logger: logger)
+        // Services shut down in the reverse order of this list: `DaemonService` first (it stops
+        // the transfers with their last checkpoints committed), then the loops, which would
+        // otherwise find the engine shut down under them; the table closes after them all.
+        let loops = LoopService("EngineLoops") {
+            await engine.runLoops(progressEvery: .milliseconds(500)) { hub.publishProgress($0, $1) }
+        }
+        let sweeps = LoopService("CacheSweeps") { await cache.runSweeps() }
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
-            services: [.init(service: service, successTerminationBehavior: .gracefullyShutdownGroup)],
+            services: [
+                .init(service: loops), .init(service: sweeps),
+                .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup),
+            ],
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
         do {
@@ -204,6 +212,23 @@ public enum Daemon {
     }
 }
 
+/// A loop of the daemon as a service of its group: it runs from the start and is cancelled when
+/// the group shuts it down, after the services listed after it (`DaemonService`, which stops
+/// the transfers), and before the job table closes.
+struct LoopService: Service, CustomStringConvertible {
+    let description: String
+    let body: @Sendable () async -> Void
+
+    init(_ name: String, _ body: @escaping @Sendable () async -> Void) {
+        description = name
+        self.body = body
+    }
+
+    func run() async {
+        await cancelWhenGracefulShutdown(body)
+    }
+}
+
 /// The daemon as a service: binds the socket, starts the engine, serves until asked to stop,
 /// then stops the transfers with their progress committed.
 struct DaemonService: Service, CustomStringConvertible {
@@ -244,7 +269,8 @@ struct DaemonService: Service, CustomStringConvertible {
         let cache = self.cache
         let server = ControlServer(path: config.socket, dispatcher: dispatcher, hub: hub, limits: Self.limits(config), logger: logger) {
             // A `get` waiting for its download holds its connection open: it must end, or
-            // serving (which waits for every connection) would never end.
+            // serving (which waits for every connection) would never end. A hop: this handler
+            // cannot wait, and the same call after serving makes sure it has happened.
             Task { await cache.shutdown() }
             closer.withLock { $0?.close(promise: nil) }
         }
@@ -302,6 +328,7 @@ struct DaemonService: Service, CustomStringConvertible {
                 group.cancelAll()
             }
         } onGracefulShutdown: {
+            // A hop, as above.
             Task { await cache.shutdown() }
             // At once on SIGTERM: systemd shows the unit as deactivating from here.
             if stopping.exchange(true, ordering: .relaxed) == false { notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers") }
