@@ -290,22 +290,19 @@ struct DaemonService: Service, CustomStringConvertible {
             throw DaemonError("cannot start the queue: \(error)")
         }
         await cache.start()
-        // Jobs that failed for want of a network start again as soon as a route is back.
+        // Jobs that failed for want of a network start again as soon as a route is back. The
+        // engine reads the route tables itself, so reports that come while it looks are one.
         let engine = self.engine
-        let routes = RouteMonitor(logger: logger) { _ in
-            Task { await engine.networkChanged() }
+        let (routeChanges, routeReports) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        let routes = RouteMonitor(logger: logger) { _ in routeReports.yield() }
+        defer {
+            routes?.cancel()
+            routeReports.finish()
         }
-        defer { routes?.cancel() }
         // One consumer, so that the engine sees the changes in the order they happened.
         let (meteredChanges, meteredReports) = AsyncStream.makeStream(of: Bool.self)
         metered.start { meteredReports.yield($0) }
-        let meteredTask = Task {
-            for await isMetered in meteredChanges { await engine.meteredChanged(isMetered) }
-        }
-        defer {
-            meteredReports.finish()
-            meteredTask.cancel()
-        }
+        defer { meteredReports.finish() }
         let socketPath = adoptedSocket.flatMap(SocketActivation.path(of:)) ?? config.socket
         logger.info("dld \(DLDVersion.current) listening", metadata: [
             "socket": "\(socketPath)", "state_dir": "\(config.stateDir)", "socket_from": "\(adoptedSocket == nil ? "dld" : "systemd")",
@@ -322,6 +319,13 @@ struct DaemonService: Service, CustomStringConvertible {
                 if notifier.isActive { group.addTask { await self.heartbeat() } }
                 group.addTask {
                     for await _ in hangups { await self.reload(server: server) }
+                }
+                // Those sequences end only when cancelled: the first child to end is serving.
+                group.addTask {
+                    for await _ in routeChanges { await engine.networkChanged() }
+                }
+                group.addTask {
+                    for await isMetered in meteredChanges { await engine.meteredChanged(isMetered) }
                 }
                 // Serving ends when the socket is closed (SIGTERM, or a `shutdown` request).
                 try await group.next()
@@ -365,15 +369,20 @@ struct DaemonService: Service, CustomStringConvertible {
     /// While dld serves: `WATCHDOG=1` when systemd asks for it, and `STATUS=` for
     /// `systemctl --user status dld`. Both come from an answer of the engine (its serial queue)
     /// and the job table, so a stuck engine stops the pings and systemd restarts dld; a live
-    /// process alone is not enough.
+    /// process alone is not enough. With the watchdog, every `statusInterval` (at most):
+    /// a stuck turn must not outlast `WatchdogSec=` by much. Without it, the status follows
+    /// the queue: after a turn of it, at most every `statusInterval`, and an idle queue is not
+    /// woken for it.
     func heartbeat() async {
-        let every = min(notifier.watchdogInterval ?? Self.statusInterval, Self.statusInterval)
+        let watchdog = notifier.watchdogInterval
+        let activity = engine.activity
         while !Task.isCancelled {
             if let stats = try? await engine.statsFromTheQueue() {
                 let status = "STATUS=" + Self.statusLine(stats)
-                if notifier.watchdogInterval != nil { notifier.notify("WATCHDOG=1", status) } else { notifier.notify(status) }
+                if watchdog != nil { notifier.notify("WATCHDOG=1", status) } else { notifier.notify(status) }
             }
-            try? await Task.sleep(for: every)
+            try? await Task.sleep(for: min(watchdog ?? Self.statusInterval, Self.statusInterval))
+            if watchdog == nil { await activity.wait() }
         }
     }
 

@@ -23,7 +23,13 @@ extension Engine {
         let wake = Doorbell()
         /// `speedChangeAt` changed.
         let speed = Doorbell()
+        /// A section of the serial queue ran (the systemd heartbeat's status line).
+        let activity = Doorbell()
     }
+
+    /// Rings after every section of the serial queue but the heartbeat's own read: what may
+    /// change the status line shown by `systemctl status`.
+    nonisolated var activity: Doorbell { bells.activity }
 
     /// Runs the timed work until cancelled. It begins once `start` is done; before, nothing is
     /// due. `report` is handed the live progress of the running transfers every

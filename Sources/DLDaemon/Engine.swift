@@ -297,8 +297,9 @@ public actor Engine {
 
     /// Runs `body` alone in the queue. A `turn` (the end of transfers, the publisher's steps)
     /// keeps the ready jobs; any other section, which may change the queue, first drops them and
-    /// commits the claims of those already started.
-    func serial<T: Sendable>(turn: Bool = false, _ body: () async throws(DLError) -> T) async throws(DLError) -> T {
+    /// commits the claims of those already started. Each section but a `quiet` one (the
+    /// heartbeat's read) rings `bells.activity`: systemd's status line follows the queue.
+    func serial<T: Sendable>(turn: Bool = false, quiet: Bool = false, _ body: () async throws(DLError) -> T) async throws(DLError) -> T {
         if busy {
             await withCheckedContinuation { waiters.append($0) }
         } else {
@@ -306,6 +307,7 @@ public actor Engine {
         }
         defer {
             if waiters.isEmpty { busy = false } else { waiters.removeFirst().resume() }
+            if !quiet { bells.activity.ring() }
         }
         // A turn that failed before its flush left changes that were never committed: they
         // are dropped, not committed by the next turn. Its claims are committed: they start.
