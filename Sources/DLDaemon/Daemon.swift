@@ -377,12 +377,13 @@ struct DaemonService: Service, CustomStringConvertible {
         let watchdog = notifier.watchdogInterval
         let activity = engine.activity
         while !Task.isCancelled {
+            let sentAt = ContinuousClock.now
             if let stats = try? await engine.statsFromTheQueue() {
                 let status = "STATUS=" + Self.statusLine(stats)
                 if watchdog != nil { notifier.notify("WATCHDOG=1", status) } else { notifier.notify(status) }
             }
-            try? await Task.sleep(for: min(watchdog ?? Self.statusInterval, Self.statusInterval))
             if watchdog == nil { await activity.wait() }
+            try? await Task.sleep(until: sentAt + min(watchdog ?? Self.statusInterval, Self.statusInterval), clock: .continuous)
         }
     }
 
