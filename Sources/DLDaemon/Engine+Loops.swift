@@ -70,22 +70,29 @@ extension Engine {
 
     /// Each time a loop wakes (from a sleep or its bell): the trace log shows what wakes an
     /// engine, and a test counts these lines on an idle one.
-    private func woke(_ loop: String) {
+    private nonisolated func woke(_ loop: String) {
         logger.trace("loop woke", metadata: ["loop": "\(loop)"])
     }
 
-    private func reportProgress(every interval: Duration, _ report: @Sendable ([Job], [TransferProgress.Snapshot]) -> Void) async {
+    /// Off the actor: handing progress to every subscriber must not hold the serial queue's
+    /// actor, only the read of the snapshots does.
+    private nonisolated func reportProgress(every interval: Duration, _ report: @Sendable ([Job], [TransferProgress.Snapshot]) -> Void) async {
         while !Task.isCancelled {
-            if running.isEmpty {
+            if await running.isEmpty {
                 await bells.progress.wait()
                 woke("progress")
                 continue
             }
             try? await Task.sleep(for: interval)
             woke("progress")
-            let entries = running.values.sorted { $0.job.id < $1.job.id }
-            if !entries.isEmpty { report(entries.map(\.job), entries.map { $0.progress.snapshot }) }
+            let (jobs, snapshots) = await liveSnapshots()
+            if !jobs.isEmpty { report(jobs, snapshots) }
         }
+    }
+
+    private func liveSnapshots() -> ([Job], [TransferProgress.Snapshot]) {
+        let entries = running.values.sorted { $0.job.id < $1.job.id }
+        return (entries.map(\.job), entries.map { $0.progress.snapshot })
     }
 
     private func recordUnsyncedProgress(every interval: Duration) async {
