@@ -3,6 +3,9 @@
 
 Parts, selected by name on the command line (`scripts/bench.sh small scale`; all by default):
 
+idle        How often an idle dld wakes up: context switches of each of its threads over 30 s,
+            with an empty queue and again after one download; target <= 1/s in all. See
+            bench_idle.py.
 throughput  One file from a loopback origin (nginx when installed, else dld-origin), with
             `curl -o` and with dld; wall times, their ratio, and dld's peak RSS (VmHWM).
 crash       The same size from dld-origin throttled to BENCH_CRASH_RATE bytes/s (default
@@ -52,6 +55,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import BIN, Client, peak_rss_kib, start_nginx  # noqa: E402
 import bench_fleet  # noqa: E402
+import bench_idle  # noqa: E402
 import bench_many  # noqa: E402
 import bench_wan  # noqa: E402
 
@@ -67,7 +71,7 @@ KILL_RATE = int(os.environ.get("BENCH_KILL_RATE", "8000000"))
 KILL_AFTER = float(os.environ.get("BENCH_KILL_AFTER", "0.9"))
 KILL_CYCLES = int(os.environ.get("BENCH_KILL_CYCLES", "10"))
 WIRE_SIZES = [int(m) << 20 for m in os.environ.get("BENCH_WIRE_MIB", "5,64,1024").split(",") if m.strip()]
-PARTS = ("throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments", "kill", "wire", "wan")
+PARTS = ("idle", "throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments", "kill", "wire", "wan")
 
 
 def wait_for_socket(path, proc, timeout=20):
@@ -527,6 +531,8 @@ def main():
             bench_many.part_postgres(args.jobs)
         elif part == "wan":
             bench_wan.part_wan()
+        elif part == "idle":
+            bench_idle.part_idle()
         else:
             bench_fleet.part_fleet()
         print(f"  ({part}: {time.monotonic() - started:.0f} s in all)")

@@ -86,8 +86,6 @@ public enum Daemon {
             logger: logger, now: { Date().addingTimeInterval(clockOffset) })
         let hub = EventHub()
         store.setEventSink(wanted: { hub.subscriberCount > 0 }) { hub.publish($0) }
-        await engine.startProgressReports(every: .milliseconds(500)) { hub.publishProgress($0, $1) }
-        await engine.startUnsyncedRecords()
         let hooks = Reloadable(HookRunner(
             onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger))
         await engine.setOnFinished { hooks.value.finished($0) }
@@ -97,8 +95,18 @@ public enum Daemon {
         let service = DaemonService(
             config: config, engine: engine, hub: hub, cache: cache, bootGuard: bootGuard, adoptedSocket: adopted,
             notifier: SystemdNotifier(), hooks: hooks, current: Reloadable(config), reloadConfig: reload, logger: logger)
+        // Services shut down in the reverse order of this list: `DaemonService` first (it stops
+        // the transfers with their last checkpoints committed), then the loops, which would
+        // otherwise find the engine shut down under them; the table closes after them all.
+        let loops = LoopService("EngineLoops") {
+            await engine.runLoops(progressEvery: .milliseconds(500)) { hub.publishProgress($0, $1) }
+        }
+        let sweeps = LoopService("CacheSweeps") { await cache.runSweeps() }
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
-            services: [.init(service: service, successTerminationBehavior: .gracefullyShutdownGroup)],
+            services: [
+                .init(service: loops), .init(service: sweeps),
+                .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup),
+            ],
             gracefulShutdownSignals: [.sigterm, .sigint],
             logger: logger))
         do {
@@ -204,6 +212,23 @@ public enum Daemon {
     }
 }
 
+/// A loop of the daemon as a service of its group: it runs from the start and is cancelled when
+/// the group shuts it down, after the services listed after it (`DaemonService`, which stops
+/// the transfers), and before the job table closes.
+struct LoopService: Service, CustomStringConvertible {
+    let description: String
+    let body: @Sendable () async -> Void
+
+    init(_ name: String, _ body: @escaping @Sendable () async -> Void) {
+        description = name
+        self.body = body
+    }
+
+    func run() async {
+        await cancelWhenGracefulShutdown(body)
+    }
+}
+
 /// The daemon as a service: binds the socket, starts the engine, serves until asked to stop,
 /// then stops the transfers with their progress committed.
 struct DaemonService: Service, CustomStringConvertible {
@@ -244,7 +269,8 @@ struct DaemonService: Service, CustomStringConvertible {
         let cache = self.cache
         let server = ControlServer(path: config.socket, dispatcher: dispatcher, hub: hub, limits: Self.limits(config), logger: logger) {
             // A `get` waiting for its download holds its connection open: it must end, or
-            // serving (which waits for every connection) would never end.
+            // serving (which waits for every connection) would never end. A hop: this handler
+            // cannot wait, and the same call after serving makes sure it has happened.
             Task { await cache.shutdown() }
             closer.withLock { $0?.close(promise: nil) }
         }
@@ -264,22 +290,19 @@ struct DaemonService: Service, CustomStringConvertible {
             throw DaemonError("cannot start the queue: \(error)")
         }
         await cache.start()
-        // Jobs that failed for want of a network start again as soon as a route is back.
+        // Jobs that failed for want of a network start again as soon as a route is back. The
+        // engine reads the route tables itself, so reports that come while it looks are one.
         let engine = self.engine
-        let routes = RouteMonitor(logger: logger) { _ in
-            Task { await engine.networkChanged() }
+        let (routeChanges, routeReports) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        let routes = RouteMonitor(logger: logger) { _ in routeReports.yield() }
+        defer {
+            routes?.cancel()
+            routeReports.finish()
         }
-        defer { routes?.cancel() }
         // One consumer, so that the engine sees the changes in the order they happened.
         let (meteredChanges, meteredReports) = AsyncStream.makeStream(of: Bool.self)
         metered.start { meteredReports.yield($0) }
-        let meteredTask = Task {
-            for await isMetered in meteredChanges { await engine.meteredChanged(isMetered) }
-        }
-        defer {
-            meteredReports.finish()
-            meteredTask.cancel()
-        }
+        defer { meteredReports.finish() }
         let socketPath = adoptedSocket.flatMap(SocketActivation.path(of:)) ?? config.socket
         logger.info("dld \(DLDVersion.current) listening", metadata: [
             "socket": "\(socketPath)", "state_dir": "\(config.stateDir)", "socket_from": "\(adoptedSocket == nil ? "dld" : "systemd")",
@@ -297,11 +320,19 @@ struct DaemonService: Service, CustomStringConvertible {
                 group.addTask {
                     for await _ in hangups { await self.reload(server: server) }
                 }
+                // Those sequences end only when cancelled: the first child to end is serving.
+                group.addTask {
+                    for await _ in routeChanges { await engine.networkChanged() }
+                }
+                group.addTask {
+                    for await isMetered in meteredChanges { await engine.meteredChanged(isMetered) }
+                }
                 // Serving ends when the socket is closed (SIGTERM, or a `shutdown` request).
                 try await group.next()
                 group.cancelAll()
             }
         } onGracefulShutdown: {
+            // A hop, as above.
             Task { await cache.shutdown() }
             // At once on SIGTERM: systemd shows the unit as deactivating from here.
             if stopping.exchange(true, ordering: .relaxed) == false { notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers") }
@@ -338,15 +369,21 @@ struct DaemonService: Service, CustomStringConvertible {
     /// While dld serves: `WATCHDOG=1` when systemd asks for it, and `STATUS=` for
     /// `systemctl --user status dld`. Both come from an answer of the engine (its serial queue)
     /// and the job table, so a stuck engine stops the pings and systemd restarts dld; a live
-    /// process alone is not enough.
+    /// process alone is not enough. With the watchdog, every `statusInterval` (at most):
+    /// a stuck turn must not outlast `WatchdogSec=` by much. Without it, the status follows
+    /// the queue: after a turn of it, at most every `statusInterval`, and an idle queue is not
+    /// woken for it.
     func heartbeat() async {
-        let every = min(notifier.watchdogInterval ?? Self.statusInterval, Self.statusInterval)
+        let watchdog = notifier.watchdogInterval
+        let activity = engine.activity
         while !Task.isCancelled {
+            let sentAt = ContinuousClock.now
             if let stats = try? await engine.statsFromTheQueue() {
                 let status = "STATUS=" + Self.statusLine(stats)
-                if notifier.watchdogInterval != nil { notifier.notify("WATCHDOG=1", status) } else { notifier.notify(status) }
+                if watchdog != nil { notifier.notify("WATCHDOG=1", status) } else { notifier.notify(status) }
             }
-            try? await Task.sleep(for: every)
+            if watchdog == nil { await activity.wait() }
+            try? await Task.sleep(until: sentAt + min(watchdog ?? Self.statusInterval, Self.statusInterval), clock: .continuous)
         }
     }
 

@@ -333,7 +333,7 @@ extension Engine {
     /// `stats()` answered from a turn of the serial queue: proof for the watchdog that the
     /// queue turns, not only that the actor answers (a turn stuck in an await leaves it free).
     public func statsFromTheQueue() async throws(DLError) -> Stats {
-        try await serial { () async throws(DLError) in try await stats() }
+        try await serial(quiet: true) { () async throws(DLError) in try await stats() }
     }
 
     func view(_ job: Job) -> JSONValue {

@@ -12,43 +12,39 @@ extension Engine {
     /// Waits between two looks after a change signal: the changes of that moment, seen once.
     static let changesSettle: Duration = .milliseconds(100)
 
-    func startFleet() {
-        guard store.sharesQueue, leaseTask == nil else { return }
+    /// The worker's loops (shared table only), children of the engine's loops (`runLoops`):
+    /// they end when the service group ends those.
+    func runFleet() async {
+        guard store.sharesQueue else { return }
         renewedAt = now()
         renewedInstant = .now
         let period = Duration.milliseconds(Int64(configuration.lease * 1000 / 3))
         // The fence looks often, and never through the serial queue: a renewal that hangs on
         // a table that went away holds that queue, and the fence is what must not wait for it.
         let look = Duration.milliseconds(Int64(min(configuration.lease * 1000 / 20, 250)))
-        fenceTask = Task { [weak self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(for: look)
-                guard let self else { return }
-                await self.fenceIfLeasesRunOut()
-            }
-        }
-        // The first turn at once: the worker shows among the live ones from the start.
-        leaseTask = Task { [weak self] in
-            while !Task.isCancelled {
-                guard let self else { return }
-                await self.leaseTurn()
-                try? await Task.sleep(for: period)
-            }
-        }
         let changes = store.changes()
-        changesTask = Task { [weak self] in
-            for await _ in changes {
-                try? await Task.sleep(for: Self.changesSettle)
-                guard !Task.isCancelled, let self else { return }
-                await self.changesTurn()
+        await withDiscardingTaskGroup { group in
+            group.addTask {
+                while !Task.isCancelled {
+                    try? await Task.sleep(for: look)
+                    await self.fenceIfLeasesRunOut()
+                }
+            }
+            // The first turn at once: the worker shows among the live ones from the start.
+            group.addTask {
+                while !Task.isCancelled {
+                    await self.leaseTurn()
+                    try? await Task.sleep(for: period)
+                }
+            }
+            group.addTask {
+                for await _ in changes {
+                    try? await Task.sleep(for: Self.changesSettle)
+                    guard !Task.isCancelled else { return }
+                    await self.changesTurn()
+                }
             }
         }
-    }
-
-    func stopFleet() {
-        leaseTask?.cancel()
-        changesTask?.cancel()
-        fenceTask?.cancel()
     }
 
     /// This worker's leases, for `stats` (nil on SQLite).

@@ -25,6 +25,8 @@ extension Engine {
         toPublish.append(item)
         guard !publisherRunning else { return }
         publisherRunning = true
+        // Not a loop that waits: it publishes the batches that are ready and ends; shutdown
+        // takes what is left in its own turn.
         Task { [weak self] in await self?.runPublisher() }
     }
 

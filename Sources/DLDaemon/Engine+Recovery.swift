@@ -57,8 +57,7 @@ extension Engine {
             try await schedule()
             try await flush()
         }
-        startFleet()
-        startRetention()
+        markStarted()
     }
 
     /// On a shared table, start-up reconciles only the jobs this worker was running when it
@@ -229,14 +228,10 @@ extension Engine {
     public func shutdown() async {
         do {
             try await serial { () async throws(DLError) in
+                // The loops (`Engine+Loops`) see it and start nothing more; the service group
+                // ends them after this, before the table closes.
                 accepting = false
-                wakeTask?.cancel()
                 claimFlushTask?.cancel()
-                progressTask?.cancel()
-                unsyncedTask?.cancel()
-                retentionTask?.cancel()
-                speedTask?.cancel()
-                stopFleet()
                 let ready = toPublish
                 toPublish = []
                 if !ready.isEmpty {

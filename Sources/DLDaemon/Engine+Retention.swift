@@ -25,22 +25,13 @@ extension Engine {
         return outcome
     }
 
-    /// Sweeps by the retention policy now and then every `interval` until shutdown.
-    func startRetention() {
-        retentionTask?.cancel()
-        retentionTask = Task { [weak self] in
-            while !Task.isCancelled {
-                guard let self else { return }
-                let interval = await self.sweep()
-                try? await Task.sleep(for: .seconds(interval))
-            }
-        }
-    }
-
-    /// One sweep; returns the seconds until the next (the policy may change at a reload).
-    private func sweep() async -> TimeInterval {
+    /// One sweep (`Engine+Loops`); returns the seconds until the next (the policy may change at
+    /// a reload).
+    func sweep() async -> TimeInterval {
         let policy = configuration.retention
         guard let interval = policy.interval else { return 3600 }
+        // Shutting down: the records stay for the next start.
+        guard accepting else { return interval }
         var removed = 0
         for sweep in policy.sweeps(now: now()) {
             do {
@@ -60,6 +51,8 @@ extension Engine {
     func compactSoon() {
         guard !compacting else { return }
         compacting = true
+        // One compaction after a delete, which ends by itself (a step at a time, so shutdown's
+        // turn waits for one step at most).
         Task { [weak self] in
             guard let self else { return }
             let store = self.store

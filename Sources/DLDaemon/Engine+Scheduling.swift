@@ -324,6 +324,7 @@ extension Engine {
         }
         running[id] = Running(
             job: started, progress: progress, task: task, host: host ?? URLRules.hostKey(started.url), attempt: attempt, stop: nil)
+        transfersRun()
     }
 
     /// A light transfer's answer told its size (`remaining` bytes left, nil when unknown, with
@@ -352,6 +353,7 @@ extension Engine {
     func scheduleTurn() {
         guard !refillScheduled else { return }
         refillScheduled = true
+        // A hop, not a loop: one turn once the caller's section of the queue is over.
         Task { [weak self] in await self?.refill() }
     }
 
@@ -395,6 +397,7 @@ extension Engine {
         }
         guard !drainScheduled else { return }
         drainScheduled = true
+        // A hop, not a loop: one turn for every outcome buffered by the time it runs.
         Task { [weak self] in await self?.drainEnded() }
     }
 
@@ -469,6 +472,8 @@ extension Engine {
               activeGroups.allSatisfy({ (readyMembers[$0]?.count ?? 0) >= min(16, max(configuration.groupParallel, busy(group: $0))) })
         else { return false }
         guard claimFlushTask == nil else { return true }
+        // One timer, armed only while transfers end (many times a second in a run of small
+        // files: a task is cheaper there than a ring of a loop), and cancelled by shutdown.
         claimFlushTask = Task { [weak self] in
             try? await Task.sleep(for: Self.claimDelay)
             guard !Task.isCancelled else { return }
@@ -625,25 +630,19 @@ extension Engine {
 
     // MARK: Waiting jobs
 
-    /// Sleeps until the earliest `next_attempt_at`, then requeues what is due. Asks the table
-    /// only when a job may have started or stopped waiting since it last asked.
+    /// Sets the earliest `next_attempt_at` for the wake-up loop (`Engine+Loops`), which then
+    /// requeues what is due. Asks the table only when a job may have started or stopped
+    /// waiting since it last asked.
     func armWakeUp() async throws(DLError) {
         guard wakeMayHaveChanged else { return }
         wakeMayHaveChanged = false
         let next = try await storage { try await store.nextWakeUp() }
         guard next != wakeAt else { return }
-        wakeTask?.cancel()
         wakeAt = next
-        guard let next else { return }
-        let delay = max(0, next.timeIntervalSince(now()))
-        wakeTask = Task { [weak self] in
-            try? await Task.sleep(for: .milliseconds(Int(delay * 1000) + 10))
-            guard !Task.isCancelled else { return }
-            await self?.wake()
-        }
+        bells.wake.ring()
     }
 
-    private func wake() async {
+    func wake() async {
         do {
             try await serial { () async throws(DLError) in
                 wakeAt = nil

@@ -41,21 +41,16 @@ extension Engine {
             nextChange: policy.secondsUntilChange(fromSecondOfDay: second).map { at.addingTimeInterval(Double($0)) })
     }
 
-    /// Hands the global limit in force to the transfers, and wakes up when the schedule changes
-    /// it. Called at start, after a reload and after `set_speed`.
+    /// Hands the global limit in force to the transfers, and tells the speed loop
+    /// (`Engine+Loops`) when the schedule next changes it. Called at start, after a reload,
+    /// after `set_speed`, and by that loop.
     func applySpeedLimits() {
-        speedTask?.cancel()
-        speedTask = nil
         let view = speedView
         downloader.limiter.setGlobal(view.limit)
-        guard let next = view.nextChange, accepting else { return }
-        // At most a minute at a time: the local clock may jump (daylight saving, a manual set).
-        let delay = min(max(next.timeIntervalSince(now()), 0.5), 60)
-        speedTask = Task { [weak self] in
-            try? await Task.sleep(for: .milliseconds(Int64(delay * 1000)))
-            guard !Task.isCancelled else { return }
-            await self?.applySpeedLimits()
-        }
+        let next = accepting ? view.nextChange : nil
+        guard next != speedChangeAt else { return }
+        speedChangeAt = next
+        bells.speed.ring()
     }
 
     /// `set_speed` with `global`: a rate over the config file's (0: no limit), or nil to go back

@@ -25,28 +25,12 @@ extension Engine {
         return id.isEmpty ? nil : id
     }
 
-    /// Starts the ticker that records unsynced progress (nothing without a boot id).
-    public func startUnsyncedRecords(every interval: Duration = Engine.unsyncedInterval) {
-        unsyncedTask?.cancel()
-        guard configuration.bootID != nil else {
-            logger.notice("the boot id cannot be read: a resume after a kill continues from the last checkpoint")
-            return
-        }
-        unsyncedTask = Task { [weak self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(for: interval)
-                guard let self else { return }
-                await self.recordUnsynced()
-            }
-        }
-    }
-
     /// One store write for every running transfer whose written bytes moved since the last
-    /// record. In a turn of the serial queue, so that it never lands after the outcome of the
-    /// same transfer (which clears it).
+    /// record (a tick of `Engine+Loops`, which ticks only while transfers run). In a turn of
+    /// the serial queue, so that it never lands after the outcome of the same transfer (which
+    /// clears it).
     func recordUnsynced() async {
-        // A turn that waits behind a long one is enough; the next tick would repeat it. An
-        // idle daemon takes no turn at all.
+        // A turn that waits behind a long one is enough; the next tick would repeat it.
         guard !recordingUnsynced, !running.isEmpty, let boot = configuration.bootID else { return }
         recordingUnsynced = true
         defer { recordingUnsynced = false }

@@ -128,7 +128,8 @@ public struct EngineConfiguration: Sendable {
 ///
 /// The roles live in their own files: Engine+Commands (what clients ask), Engine+Scheduling
 /// (slots, transfers and their outcomes), Engine+Publishing (finished files in batches),
-/// Engine+Groups, Engine+Recovery (start-up and shutdown).
+/// Engine+Groups, Engine+Recovery (start-up and shutdown), Engine+Loops (the timed work, run
+/// by the daemon's service group).
 public actor Engine {
     let store: any JobTable
     let downloader: Downloader
@@ -200,14 +201,11 @@ public actor Engine {
     var claimFlushTask: Task<Void, Never>?
     /// Called after a job or group finishes (completed or failed), outside the serial queue.
     var onFinished: (@Sendable (FinishedNotice) -> Void)?
-    var progressTask: Task<Void, Never>?
-    /// Records the running transfers' unsynced progress a few times a second.
-    var unsyncedTask: Task<Void, Never>?
     var recordingUnsynced = false
     var accepting = true
     private var busy = false
     private var waiters: [CheckedContinuation<Void, Never>] = []
-    var wakeTask: Task<Void, Never>?
+    /// When the earliest waiting job is due (`armWakeUp`); the wake-up loop sleeps until then.
     var wakeAt: Date?
     /// Set when a commit may have made a job `waiting` or requeued waiting jobs: the next flush
     /// looks up the earliest wake-up again.
@@ -231,8 +229,6 @@ public actor Engine {
     /// Batches of finished files between their commit and their links, outside the queue.
     var linksInFlight = 0
     var linkWaiters: [CheckedContinuation<Void, Never>] = []
-    var leaseTask: Task<Void, Never>?
-    var retentionTask: Task<Void, Never>?
     /// Whether this machine has a route to a network, as last seen (`Engine+Network`).
     var online = true
     /// Reads the route tables; a test may pass its own.
@@ -241,7 +237,6 @@ public actor Engine {
     var connectionMetered = false
     /// A compaction runs (one at a time).
     var compacting = false
-    var changesTask: Task<Void, Never>?
     /// When this worker last renewed its leases (shared table): the engine's clock for
     /// `stats`, and the monotonic clock (taken before the renewal was sent) for the fence.
     var renewedAt: Date?
@@ -251,7 +246,6 @@ public actor Engine {
     var fencedSince: Date?
     /// How many times this worker was fenced since it started.
     var fences = 0
-    var fenceTask: Task<Void, Never>?
     /// The shared table's clock minus this engine's (seconds), as last measured: leases are
     /// reckoned on the table's clock, so a worker whose clock is wrong neither takes jobs whose
     /// leases still run nor gives out leases that others see as ended.
@@ -263,8 +257,13 @@ public actor Engine {
     var speedOverride: Int64?
     /// `~/.netrc` as last read, by what `stat` said of it then (`currentNetrc`).
     var netrcCache: (key: [Int], entries: [NetrcEntry])?
-    /// Applies the schedule's next rate when it is due.
-    var speedTask: Task<Void, Never>?
+    /// When the speed schedule next changes the limit (`applySpeedLimits`); the speed loop
+    /// sleeps until then.
+    var speedChangeAt: Date?
+    /// What wakes the engine's loops (`Engine+Loops`).
+    let bells = Bells()
+    /// Set once `start` is done: the loops wait for it.
+    var started = false
 
     public init(
         store: any JobTable, downloader: Downloader, configuration: EngineConfiguration, logger: Logger,
@@ -294,31 +293,13 @@ public actor Engine {
         onFinished = handler
     }
 
-    /// Reports live progress of running transfers every `interval` (job.progress events are
-    /// coalesced to this rate).
-    public func startProgressReports(every interval: Duration, _ report: @escaping @Sendable ([Job], [TransferProgress.Snapshot]) -> Void) {
-        progressTask?.cancel()
-        progressTask = Task { [weak self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(for: interval)
-                guard let self else { return }
-                let (jobs, snapshots) = await self.liveSnapshots()
-                if !jobs.isEmpty { report(jobs, snapshots) }
-            }
-        }
-    }
-
-    private func liveSnapshots() -> ([Job], [TransferProgress.Snapshot]) {
-        let entries = running.values.sorted { $0.job.id < $1.job.id }
-        return (entries.map(\.job), entries.map { $0.progress.snapshot })
-    }
-
     // MARK: The serial queue
 
     /// Runs `body` alone in the queue. A `turn` (the end of transfers, the publisher's steps)
     /// keeps the ready jobs; any other section, which may change the queue, first drops them and
-    /// commits the claims of those already started.
-    func serial<T: Sendable>(turn: Bool = false, _ body: () async throws(DLError) -> T) async throws(DLError) -> T {
+    /// commits the claims of those already started. Each section but a `quiet` one (the
+    /// heartbeat's read) rings `bells.activity`: systemd's status line follows the queue.
+    func serial<T: Sendable>(turn: Bool = false, quiet: Bool = false, _ body: () async throws(DLError) -> T) async throws(DLError) -> T {
         if busy {
             await withCheckedContinuation { waiters.append($0) }
         } else {
@@ -326,6 +307,7 @@ public actor Engine {
         }
         defer {
             if waiters.isEmpty { busy = false } else { waiters.removeFirst().resume() }
+            if !quiet { bells.activity.ring() }
         }
         // A turn that failed before its flush left changes that were never committed: they
         // are dropped, not committed by the next turn. Its claims are committed: they start.

@@ -59,7 +59,9 @@ public actor URLCache {
     var misses = 0
     var revalidations = 0
     var stopped = false
-    var sweepTask: Task<Void, Never>?
+    /// `start` is done: the age sweeps run.
+    var sweeping = false
+    let sweepStarted = Doorbell()
 
     init(engine: Engine, hub: EventHub, downloader: Downloader, index: CacheIndex?, unavailable: String?, folder: String,
          policy: CachePolicy, logger: Logger, lock: CacheLock? = nil, now: @escaping @Sendable () -> Date = { Date() }) {
@@ -375,7 +377,7 @@ public actor URLCache {
 
     /// Start-up: rows whose file is gone are dropped (unless a download runs for them), files
     /// without a row are removed (partial files stay: they are jobs'), then eviction runs and
-    /// the timer starts.
+    /// the sweeps (`runSweeps`) begin.
     public func start() async {
         guard let index else { return }
         do {
@@ -393,13 +395,21 @@ public actor URLCache {
             logger.error("cache: start-up check failed", metadata: ["error": "\(error)"])
         }
         await evict()
-        sweepTask = Task { [weak self] in
-            while !Task.isCancelled {
-                guard let interval = await self?.sweepInterval() else { return }
-                try? await Task.sleep(for: .seconds(interval))
-                if Task.isCancelled { return }
-                await self?.evict()
+        sweeping = true
+        sweepStarted.ring()
+    }
+
+    /// The age sweeps, until cancelled (the daemon runs them as a service of its group). They
+    /// begin once `start` is done, and never when the cache cannot be used.
+    public func runSweeps() async {
+        while !Task.isCancelled {
+            guard sweeping, !stopped else {
+                await sweepStarted.wait()
+                continue
             }
+            try? await Task.sleep(for: .seconds(sweepInterval()))
+            guard !Task.isCancelled, !stopped else { continue }
+            await evict()
         }
     }
 
@@ -418,7 +428,6 @@ public actor URLCache {
     /// Ends the waits of running `get`s (they answer `shutting_down`); their jobs stay queued.
     public func shutdown() {
         stopped = true
-        sweepTask?.cancel()
         for task in shared.values { task.cancel() }
     }
 

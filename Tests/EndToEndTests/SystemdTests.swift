@@ -40,6 +40,27 @@ import Testing
         #expect(daemon.stop() == 0)
     }
 
+    /// Without `WATCHDOG_USEC` no clock drives the status line (an idle dld is not woken for
+    /// it): it follows the queue, so a job that comes to wait shows in a later `STATUS=`.
+    @Test func statusFollowsTheQueueWithoutWatchdog() throws {
+        let daemon = try DaemonHarness()
+        let notify = try NotifySocket(path: daemon.root + "/notify.sock")
+        daemon.extraEnvironment["NOTIFY_SOCKET"] = notify.path
+        try daemon.launch()
+        defer { daemon.stop() }
+        #expect(notify.receive(until: "READY=1", timeout: 30) != nil)
+        // Nothing listens on port 9: the attempt fails and the job waits to be retried.
+        _ = try daemon.enqueue(["url": "http://127.0.0.1:9/x", "name": "x.bin"])
+        let deadline = Date().addingTimeInterval(30)
+        var seen: [String] = []
+        while Date() < deadline, !seen.contains(where: { $0.hasPrefix("STATUS=") && $0.contains("1 waiting") }) {
+            if let message = notify.receive(timeout: max(0.01, deadline.timeIntervalSinceNow)) {
+                seen += message.split(separator: "\n").map(String.init)
+            }
+        }
+        #expect(seen.contains { $0.hasPrefix("STATUS=") && $0.contains("1 waiting") }, "no STATUS= with the waiting job: \(seen)\n\(daemon.log)")
+    }
+
     /// Without `$NOTIFY_SOCKET` nothing is sent and nothing changes (checked by every other test);
     /// with a `WATCHDOG_PID` of another process the watchdog is not this one's to feed.
     @Test func watchdogForAnotherProcessIsNotFed() throws {

@@ -1,0 +1,128 @@
+import DLCore
+@testable import DLDaemon
+import DLStore
+import DLTestSupport
+import DLTransfer
+import Foundation
+import Logging
+import Synchronization
+import Testing
+
+/// The loops' "loop woke" trace lines (`Engine+Loops`), by loop.
+final class WakeLog: Sendable {
+    private let wakes = Mutex<[String]>([])
+    var all: [String] { wakes.withLock { $0 } }
+    func add(_ loop: String) { wakes.withLock { $0.append(loop) } }
+}
+
+struct WakeLogHandler: LogHandler {
+    let log: WakeLog
+    var metadata: Logger.Metadata = [:]
+    var metadataProvider: Logger.MetadataProvider?
+    var logLevel: Logger.Level = .trace
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    func log(event: LogEvent) {
+        guard event.message.description == "loop woke" else { return }
+        log.add(event.metadata?["loop"].map { "\($0)" } ?? "?")
+    }
+}
+
+/// The engine's timed work (`Engine.runLoops`): nothing wakes an idle engine, the loops that
+/// run with transfers go back to sleep after them, a waiting job is queued again at its time,
+/// and cancelling the one task ends every loop. Not timings: the bounds are a few wake-ups
+/// where polling made dozens.
+@Suite struct EngineLoopTests {
+    final class Fixture: Sendable {
+        let folder = NSTemporaryDirectory() + "dld-loops-\(UUID().uuidString)"
+        let store: JobStore
+        let engine: Engine
+        let wakes = WakeLog()
+        /// Jobs seen by the progress reports.
+        let reports = Counter()
+        let loopsEnded = Counter()
+        let loops: Task<Void, Never>
+
+        init() throws {
+            try FileManager.default.createDirectory(atPath: folder + "/dl", withIntermediateDirectories: true)
+            store = try JobStore(path: folder + "/jobs.sqlite")
+            let wakes = self.wakes
+            let logger = Logger(label: "test") { _ in WakeLogHandler(log: wakes) }
+            var configuration = EngineConfiguration(downloadDir: folder + "/dl")
+            // Unsynced progress is recorded only with a boot id: its loop runs too.
+            configuration.bootID = "loop-tests"
+            let engine = Engine(store: store, downloader: Downloader(logger: logger), configuration: configuration, logger: logger)
+            self.engine = engine
+            let reports = self.reports
+            let loopsEnded = self.loopsEnded
+            loops = Task {
+                await engine.runLoops { jobs, _ in reports.add(jobs.count) }
+                loopsEnded.add(1)
+            }
+        }
+
+        deinit { try? FileManager.default.removeItem(atPath: folder) }
+
+        /// Ends the loops (cancelling their one task must end them all) and the engine.
+        func close() async {
+            loops.cancel()
+            #expect(await loopsEnded.reaches(1), "the loops went on once cancelled")
+            await engine.shutdown()
+        }
+
+        func state(_ id: JobID) async -> JobState? {
+            (try? await store.fetch(id))?.state
+        }
+
+        /// Waits (at most `seconds`) until the job is in one of `states`.
+        func wait(_ id: JobID, for states: Set<JobState>, seconds: Double = 20) async -> JobState? {
+            let deadline = Date().addingTimeInterval(seconds)
+            var last = await state(id)
+            while let now = last, !states.contains(now), Date() < deadline {
+                try? await Task.sleep(for: .milliseconds(20))
+                last = await state(id)
+            }
+            return last
+        }
+    }
+
+    @Test func anIdleEngineSleeps() async throws {
+        let f = try Fixture()
+        do { try await f.engine.start() } catch { Issue.record(error, "the engine did not start") }
+        try? await Task.sleep(for: .seconds(3))
+        let seen = f.wakes.all
+        // None is expected. Polling, the progress and unsynced loops alone woke 7 times a second.
+        #expect(seen.count <= 2, "an idle engine's loops woke: \(seen)")
+        await f.close()
+    }
+
+    @Test func loopsFollowTransfersAndWaitingJobs() async throws {
+        let f = try Fixture()
+        let origin = try await TestOrigin.start()
+        do {
+            try await f.engine.start()
+            // A 503 with Retry-After: 1 first: the job waits, and the wake-up loop queues it
+            // again; then a transfer of about a second, which the progress reports see.
+            var spec = EnqueueSpec(url: origin.baseURL + "/fail_first/1/bytes/400000?rate=400000")
+            spec.name = "one.bin"
+            let id = try #require(try await f.engine.enqueue([spec]).first?.job.id)
+            #expect(await f.wait(id, for: [.waiting, .completed, .failed]) == .waiting)
+            #expect(await f.wait(id, for: [.completed, .failed]) == .completed)
+            #expect(f.reports.value > 0, "no progress report while the transfer ran")
+            // The last ticks of the loops that ran with the transfer, then sleep.
+            try? await Task.sleep(for: .seconds(1.5))
+            let before = f.wakes.all.count
+            try? await Task.sleep(for: .seconds(3))
+            let after = f.wakes.all
+            #expect(after.count - before <= 2, "the loops woke after the transfer: \(after[before...])")
+        } catch {
+            Issue.record(error)
+        }
+        try? await origin.shutdown()
+        await f.close()
+    }
+}
