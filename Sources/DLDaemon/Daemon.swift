@@ -369,10 +369,9 @@ struct DaemonService: Service, CustomStringConvertible {
     /// While dld serves: `WATCHDOG=1` when systemd asks for it, and `STATUS=` for
     /// `systemctl --user status dld`. Both come from an answer of the engine (its serial queue)
     /// and the job table, so a stuck engine stops the pings and systemd restarts dld; a live
-    /// process alone is not enough. With the watchdog, every `statusInterval` (at most):
-    /// a stuck turn must not outlast `WatchdogSec=` by much. Without it, the status follows
-    /// the queue: after a turn of it, at most every `statusInterval`, and an idle queue is not
-    /// woken for it.
+    /// process alone is not enough. The status follows the queue: after a turn of it, at most
+    /// every `statusInterval`, and an idle queue is not woken for it, except by the watchdog,
+    /// which is pinged at least every half `WatchdogSec=`: a stuck turn is caught within it.
     func heartbeat() async {
         let watchdog = notifier.watchdogInterval
         let activity = engine.activity
@@ -382,7 +381,13 @@ struct DaemonService: Service, CustomStringConvertible {
                 let status = "STATUS=" + Self.statusLine(stats)
                 if watchdog != nil { notifier.notify("WATCHDOG=1", status) } else { notifier.notify(status) }
             }
-            if watchdog == nil { await activity.wait() }
+            // An idle queue is not woken for the status line: with the watchdog, the next ping
+            // comes at its interval (half of `WatchdogSec=`) unless the queue ran before.
+            if let watchdog {
+                _ = await activity.wait(until: sentAt + watchdog)
+            } else {
+                await activity.wait()
+            }
             try? await Task.sleep(until: sentAt + min(watchdog ?? Self.statusInterval, Self.statusInterval), clock: .continuous)
         }
     }
