@@ -78,8 +78,10 @@ struct WakeLogHandler: LogHandler {
             (try? await store.fetch(id))?.state
         }
 
-        /// Waits (at most `seconds`) until the job is in one of `states`.
-        func wait(_ id: JobID, for states: Set<JobState>, seconds: Double = 20) async -> JobState? {
+        /// Waits (at most `seconds`) until the job is in one of `states`. Generous: in `make
+        /// test` this engine shares the process's two cooperative threads with every other
+        /// suite, some of which block them (one run took 20 s to see a 1 s retry through).
+        func wait(_ id: JobID, for states: Set<JobState>, seconds: Double = 90) async -> JobState? {
             let deadline = Date().addingTimeInterval(seconds)
             var last = await state(id)
             while let now = last, !states.contains(now), Date() < deadline {
