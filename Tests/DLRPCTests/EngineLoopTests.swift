@@ -112,15 +112,20 @@ struct WakeLogHandler: LogHandler {
             var spec = EnqueueSpec(url: origin.baseURL + "/fail_first/1/bytes/400000?rate=400000")
             spec.name = "one.bin"
             let id = try #require(try await f.engine.enqueue([spec]).first?.job.id)
-            #expect(await f.wait(id, for: [.waiting, .completed, .failed]) == .waiting)
-            #expect(await f.wait(id, for: [.completed, .failed]) == .completed)
+            // The deadlines only keep a stuck job from hanging the run (the whole suite on two
+            // cores stretched this second to more than 20).
+            #expect(await f.wait(id, for: [.waiting, .completed, .failed], seconds: 120) == .waiting)
+            let end = await f.wait(id, for: [.completed, .failed], seconds: 120)
+            #expect(end == .completed)
             #expect(f.reports.value > 0, "no progress report while the transfer ran")
-            // The last ticks of the loops that ran with the transfer, then sleep.
-            try? await Task.sleep(for: .seconds(1.5))
-            let before = f.wakes.all.count
-            try? await Task.sleep(for: .seconds(3))
-            let after = f.wakes.all
-            #expect(after.count - before <= 2, "the loops woke after the transfer: \(after[before...])")
+            if end == .completed {
+                // The last ticks of the loops that ran with the transfer, then sleep.
+                try? await Task.sleep(for: .seconds(3))
+                let before = f.wakes.all.count
+                try? await Task.sleep(for: .seconds(3))
+                let after = f.wakes.all
+                #expect(after.count - before <= 2, "the loops woke after the transfer: \(after[before...])")
+            }
         } catch {
             Issue.record(error)
         }
