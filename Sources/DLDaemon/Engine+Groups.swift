@@ -15,9 +15,9 @@ extension Engine {
     /// standalone jobs are; all members are read only to publish them.
     func settle(_ groupID: GroupID) async throws(DLError) {
         let active = activeGroups.contains(groupID)
-        let busy = self.busy(group: groupID)
+        let busy = scheduling.busy(group: groupID)
         // Members follow the lanes inside the slot: `groupParallel` big ones, small ones beside.
-        let free = lanes(groupID).free(bulk: bulkTaken(group: groupID), light: lightTaken(group: groupID))
+        let free = scheduling.lanes(groupID).free(bulk: scheduling.bulkTaken(group: groupID), light: scheduling.lightTaken(group: groupID))
         var want = active && configuration.queuePausedReason == nil ? free : 0
         if busy > 0 {
             // Members of it run here, so it is open and not finished: a turn only refills its

@@ -49,8 +49,9 @@ extension Engine {
                 // (`remove`) wait for it (`linksSettled`).
                 let prepared = try await serial(turn: true) { () async throws(DLError) in
                     // A completion is written after its claim: claims left waiting go first.
-                    if !startedEarly.isEmpty, batch.contains(where: { item in startedEarly.contains { $0.id == item.job.id } }) {
-                        await commitStarted()
+                    let early = scheduling.startedEarly
+                    if !early.isEmpty, batch.contains(where: { item in early.contains { $0.id == item.job.id } }) {
+                        await commitStarted(scheduling.takeStartedEarly())
                     }
                     linksInFlight += 1
                     return prepareCompletion(batch, syncFailures: failures)

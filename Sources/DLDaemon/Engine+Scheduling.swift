@@ -22,82 +22,13 @@ extension Engine {
         for id in activeGroups.sorted() { try await settle(id) }
         // A fenced worker (its leases unrenewed, `Engine+Fleet`) starts nothing.
         guard configuration.queuePausedReason == nil, fencedSince == nil else { return }
-        var free = configuration.lanes.free(bulk: bulkTaken(), light: lightTaken())
+        var free = configuration.lanes.free(bulk: scheduling.bulkTaken(), light: scheduling.lightTaken())
         // The ready jobs first: no trip to the table before they start.
         while free > 0, startFromReady() { free -= 1 }
-        let forGroups = configuration.lanes.freeForGroups(bulk: bulkTaken(), light: lightTaken())
-        let total = configuration.lanes.strict ? free : free + forGroups
-        guard total > 0 else { return }
-        // Ready jobs are left that could not start: their host is at its limit (or they are
-        // big and the bulk lane is full). A claim would look past them for other hosts' jobs;
-        // the light lane has more slots than a busy host takes, so without this every turn
-        // would make that claim. After one that found nothing it waits `blockedClaimPause`,
-        // and the ready list is kept for the hand-offs.
-        if !ready.isEmpty, let last = fruitlessClaimAt, now().timeIntervalSince(last) < Self.blockedClaimPause { return }
-        // The claim counts these slots free: none of them may be handed off meanwhile.
-        ready = []
+        // Ready jobs left that could not start (their host at its limit, or big with the bulk
+        // lane full) pause the claim past them for a while (`Scheduling.claimFree`).
+        guard let total = scheduling.claimFree(now: now()) else { return }
         pending.claimFree = total
-    }
-
-    /// How long a turn leaves out the claim past ready jobs that could not start, after one
-    /// that found nothing (`schedule`): another host's queued jobs start at most this late.
-    static let blockedClaimPause: TimeInterval = 0.1
-
-    /// Transfers of `group`'s members (nil: standalone jobs), running or about to start; with
-    /// `excludingEnded`, not those that ended on their own and wait for the queue.
-    func busy(group: GroupID?, excludingEnded: Bool = false) -> Int {
-        running.values.filter { $0.job.groupID == group && !(excludingEnded && $0.ended) }.count
-            + pending.launches.filter { $0.groupID == group }.count
-    }
-
-    /// Bulk slots taken: standalone transfers in the bulk lane and the groups that hold
-    /// slots (`Lanes`); with `group`, that group's members in its bulk lane. With
-    /// `excludingEnded`, not transfers that ended on their own.
-    func bulkTaken(group: GroupID? = nil, excludingEnded: Bool = false) -> Int {
-        running.values.filter { $0.job.groupID == group && $0.bulk && !(excludingEnded && $0.ended) }.count
-            + (group == nil ? activeGroups.count : 0)
-    }
-
-    /// Transfers in the light lane (standalone, or `group`'s members), running or about to
-    /// start (every start is light until its answer tells its size).
-    func lightTaken(group: GroupID? = nil, excludingEnded: Bool = false) -> Int {
-        busy(group: group, excludingEnded: excludingEnded) - bulkTaken(group: group, excludingEnded: excludingEnded)
-            + (group == nil ? activeGroups.count : 0)
-    }
-
-    /// The lanes of standalone jobs, or inside `group`'s slot.
-    func lanes(_ group: GroupID?) -> Lanes {
-        group == nil ? configuration.lanes : configuration.groupLanes
-    }
-
-    /// The limit of `host`: a host that answered over HTTP/2 takes more streams than an
-    /// HTTP/1.1 host takes connections (`HostLimits`).
-    func hostLimit(_ host: String) -> Int {
-        configuration.hostLimits.limit(multiplexed: downloader.multiplexed(host: host))
-    }
-
-    /// How many transfers to `host` may be under way, counting requests that wait in the
-    /// client's pool for a connection (`HostLimits.startLimit`); `long` is `hostLongLoad()`.
-    func hostStartLimit(_ host: String, long: [String: Int]) -> Int {
-        configuration.hostLimits.startLimit(multiplexed: downloader.multiplexed(host: host), long: long[host, default: 0])
-    }
-
-    /// Connections by host held for long: by bulk transfers, ranges of segmented downloads,
-    /// and transfers of unknown size past `lightBytes`. No request waits behind those.
-    func hostLongLoad() -> [String: Int] {
-        var long: [String: Int] = [:]
-        let lightBytes = configuration.lanes.lightBytes
-        for entry in running.values where !entry.ended {
-            if let byHost = entry.progress.hostConnections {
-                for (host, count) in byHost { long[host, default: 0] += count }
-                continue
-            }
-            let connections = entry.progress.connections
-            if entry.bulk || connections > 1 || entry.progress.snapshot.received > lightBytes {
-                long[entry.host, default: 0] += connections
-            }
-        }
-        return long
     }
 
     /// The claim a turn makes for `free` slots: hosts at their limit are passed over, and
@@ -105,11 +36,11 @@ extension Engine {
     /// them from it). Standalone jobs take light slots and groups bulk ones; while every bulk
     /// slot is taken, jobs known to be big are left in the queue.
     func turnClaim(free: Int) -> TurnClaim {
-        let (full, room) = hostRoom()
+        let (full, room) = scheduling.hostRoom()
         let at = now()
         let lanes = configuration.lanes
-        let bulk = bulkTaken()
-        let light = lightTaken()
+        let bulk = scheduling.bulkTaken()
+        let light = scheduling.lightTaken()
         let standalone = min(free, lanes.free(bulk: bulk, light: light))
         var claim = TurnClaim(
             free: free, limit: min(standalone, room), excludingGroups: activeGroups, excludingHosts: full,
@@ -125,7 +56,7 @@ extension Engine {
     /// one go (a host near its limit) are claimed in further steps.
     func startTurn(_ outcome: TurnOutcome, claim: TurnClaim) async throws(DLError) {
         // A claim for free slots that found nothing to start (`schedule` pauses such claims).
-        fruitlessClaimAt = claim.free > 0 && outcome.claimed.isEmpty && outcome.groups.isEmpty ? now() : nil
+        scheduling.claimed(free: claim.free, found: !outcome.claimed.isEmpty || !outcome.groups.isEmpty, now: now())
         let (starting, waiting) = holdForMetered(outcome.claimed)
         pending.launches += starting
         if !waiting.isEmpty {
@@ -146,17 +77,17 @@ extension Engine {
     /// Returns how many of the claimed jobs were held for a metered connection instead.
     @discardableResult
     func claim(_ wanted: Int, group: GroupID?) async throws(DLError) -> Int {
-        if let group { readyMembers[group] = nil } else { ready = [] }
+        scheduling.dropReady(group: group)
         // Jobs started from the lists are still `queued` until their claims are committed:
         // committed first, so that this claim does not take them a second time.
-        await commitStarted()
+        await commitStarted(scheduling.takeStartedEarly())
         var left = wanted
         var held = 0
         while left > 0 {
-            let (full, room) = hostRoom()
+            let (full, room) = scheduling.hostRoom()
             let batch = min(left, room)
             let at = now()
-            let lightOnly = lanes(group).claimFilter(bulk: bulkTaken(group: group))
+            let lightOnly = scheduling.lanes(group).claimFilter(bulk: scheduling.bulkTaken(group: group))
             let claimed = try await storage {
                 try await store.claim(
                     limit: batch, worker: configuration.worker, leaseUntil: leaseNow().addingTimeInterval(configuration.lease),
@@ -177,54 +108,21 @@ extension Engine {
         return held
     }
 
-    /// The hosts at their limit, and the room of the fullest other host (the default limit
-    /// when none is busy): a claim passes over the first and takes no more than the second.
-    func hostRoom() -> (full: Set<String>, room: Int) {
-        let load = hostLoad()
-        let long = hostLongLoad()
-        var full: Set<String> = []
-        var room = configuration.maxPerHost
-        var busiest: Int? = nil
-        for (host, count) in load {
-            let left = hostStartLimit(host, long: long) - count
-            if left <= 0 { full.insert(host) } else { busiest = min(busiest ?? left, left) }
-        }
-        if let busiest { room = busiest }
-        return (full, room)
-    }
-
-    /// Transfers by host: running (with `excludingEnded`, only those that did not end on
-    /// their own yet), and about to start in this turn.
-    func hostLoad(excludingEnded: Bool = false) -> [String: Int] {
-        var load: [String: Int] = [:]
-        // A transfer counts the connections it may use: its ranges, until it knows it is one
-        // stream (TransferProgress.connections).
-        for entry in running.values where !(excludingEnded && entry.ended) {
-            // With mirrors, a transfer's ranges count against the hosts they go to.
-            if let byHost = entry.progress.hostConnections {
-                for (host, count) in byHost { load[host, default: 0] += count }
-            } else {
-                load[entry.host, default: 0] += entry.progress.connections
-            }
-        }
-        for job in pending.launches { load[URLRules.hostKey(job.url), default: 0] += 1 }
-        return load
-    }
-
     /// Starts the transfers of claimed jobs whose `running` rows are committed. Each may take
     /// more of its host's slots for ranges (segmented downloads), but never those that the
     /// jobs after it in the batch need: every claimed job gets at least its one.
-    func startTransfers(_ jobs: [Job]) {
-        guard !jobs.isEmpty else { return }
+    func startTransfers(_ claimed: [Job]) {
+        guard !claimed.isEmpty else { return }
+        let jobs = claimed
         // The load is read once and kept up to date here, not recounted (every running job's
         // URL parsed again) for each job of the batch.
-        var load = hostLoad()
+        var load = scheduling.hostLoad()
         let hosts = jobs.map { URLRules.hostKey($0.url) }
         var waiting: [String: Int] = [:]
         for host in hosts { waiting[host, default: 0] += 1 }
         for (job, host) in zip(jobs, hosts) {
             waiting[host, default: 1] -= 1
-            let free = hostLimit(host) - load[host, default: 0] - waiting[host, default: 0]
+            let free = scheduling.hostLimit(host) - load[host, default: 0] - waiting[host, default: 0]
             // An encrypted file is one stream (its chunks are sealed in order): one connection.
             let wanted = job.options.isEncrypted ? 1 : job.options.segments ?? configuration.segments
             if !job.mirrors.isEmpty {
@@ -235,7 +133,7 @@ extension Engine {
                 let hosts = [host] + job.mirrors.filter { allDropped || $0.dropped == nil }.map { URLRules.hostKey($0.url) }
                 var frees: [String: Int] = [:]
                 for other in hosts {
-                    frees[other] = hostLimit(other) - load[other, default: 0] - waiting[other, default: 0]
+                    frees[other] = scheduling.hostLimit(other) - load[other, default: 0] - waiting[other, default: 0]
                 }
                 frees[host] = free
                 let allowance = MirrorAllowance.slots(wanted: wanted, hosts: hosts, free: frees)
@@ -281,12 +179,11 @@ extension Engine {
         }
         let store = self.store
         let downloader = self.downloader
-        lastAttempt += 1
-        let attempt = lastAttempt
+        let attempt = scheduling.nextAttempt()
         let id = started.id
         // Jobs start in the light lane (of their group's slot, for members); the answer's size
         // decides (`admit`).
-        progress.setAdmission(lanes(started.groupID)) { [weak self] remaining, received in
+        progress.setAdmission(scheduling.lanes(started.groupID)) { [weak self] remaining, received in
             await self?.admit(id, attempt: attempt, remaining: remaining, received: received) ?? false
         }
         // Set before the transfer starts, removed when it has ended (a restart awaits the end
@@ -322,8 +219,7 @@ extension Engine {
             await self?.transferEnded(id, attempt: attempt, result: result)
             return result
         }
-        running[id] = Running(
-            job: started, progress: progress, task: task, host: host ?? URLRules.hostKey(started.url), attempt: attempt, stop: nil)
+        scheduling.started(started, transfer: Transfer(progress: progress, task: task), host: host ?? URLRules.hostKey(started.url), attempt: attempt)
         transfersRun()
     }
 
@@ -332,18 +228,13 @@ extension Engine {
     /// stops before writing and goes back to the queue). A light slot freed by a transfer
     /// that moved to the bulk lane is filled at once.
     func admit(_ id: JobID, attempt: UInt64, remaining: Int64?, received: Int64) -> Bool {
-        guard let entry = running[id], entry.attempt == attempt, entry.stop == nil else { return true }
-        guard !entry.bulk else { return true }
-        let group = entry.job.groupID
-        switch lanes(group).admit(remaining: remaining, received: received, bulk: bulkTaken(group: group, excludingEnded: true)) {
-        case .light:
+        switch scheduling.admit(id, attempt: attempt, remaining: remaining, received: received) {
+        case nil, .light:
             return true
         case .bulk:
-            running[id]?.bulk = true
-            if !startFromReady(group: group) { scheduleTurn() }
+            if !startFromReady(group: running[id]?.job.groupID) { scheduleTurn() }
             return true
         case .park:
-            running[id]?.parked = true
             logger.debug("parked until a bulk slot is free", metadata: ["job": "\(id)", "remaining": "\(remaining.map(String.init) ?? "unknown")"])
             return false
         }
@@ -391,10 +282,8 @@ extension Engine {
     /// once.
     func transferEnded(_ id: JobID, attempt: UInt64, result: TransferResult) {
         ended.append((id, attempt, result))
-        if let entry = running[id], entry.attempt == attempt, entry.stop == nil {
-            running[id]?.ended = true
-            _ = startFromReady(group: entry.job.groupID)
-        }
+        let slot = scheduling.ended(id, attempt: attempt)
+        if slot.free { _ = startFromReady(group: slot.group) }
         guard !drainScheduled else { return }
         drainScheduled = true
         // A hop, not a loop: one turn for every outcome buffered by the time it runs.
@@ -408,29 +297,9 @@ extension Engine {
     /// while the queue runs as usual: not paused, not shutting down, not on a metered
     /// connection (whose jobs may have to wait), not on a table other workers share.
     func startFromReady(group: GroupID? = nil) -> Bool {
-        guard accepting, configuration.queuePausedReason == nil, !connectionMetered, !store.sharesQueue else { return false }
-        let list = group.map { readyMembers[$0] ?? [] } ?? ready
-        guard !list.isEmpty else { return false }
-        if let group, !activeGroups.contains(group) { return false }
-        // A group's places are its own; standalone jobs start in the lanes' free slots, and a
-        // job known to be big only while a bulk slot is free.
-        let lanes = self.lanes(group)
-        let bulk = bulkTaken(group: group, excludingEnded: true)
-        let free = lanes.free(bulk: bulk, light: lightTaken(group: group, excludingEnded: true))
-        let mayStart: (Int) -> Bool = { lanes.mayStart(size: list[$0].size, received: list[$0].received, bulk: bulk) }
-        let long = hostLongLoad()
-        guard let index = SchedulerPolicy.handOff(
-            // Each URL is parsed only if the jobs before it cannot start.
-            hosts: list.lazy.map { URLRules.hostKey($0.url) }, free: free,
-            load: hostLoad(excludingEnded: true), limit: { self.hostStartLimit($0, long: long) }, mayStart: mayStart)
+        let open = accepting && configuration.queuePausedReason == nil && !connectionMetered && !store.sharesQueue
+        guard let job = scheduling.handOff(group: group, open: open, worker: configuration.worker, lease: configuration.lease, now: now())
         else { return false }
-        let at = now()
-        if let group { readyMembers[group]?.remove(at: index) } else { ready.remove(at: index) }
-        guard var job = try? StateMachine.apply(.start, to: list[index], now: at) else { return false }
-        // What the claim writes (`TurnClaim.started`).
-        job.worker = configuration.worker
-        job.leaseUntil = at.addingTimeInterval(configuration.lease)
-        startedEarly.append(job)
         startTransfers([job])
         return true
     }
@@ -443,12 +312,11 @@ extension Engine {
                 ended = []
                 var finished = 0
                 for (id, attempt, result) in batch {
-                    guard let entry = running[id], entry.attempt == attempt, entry.stop == nil else { continue }
-                    running[id] = nil
+                    guard let entry = scheduling.settle(id, attempt: attempt) else { continue }
                     record(result, for: entry.job, parked: entry.parked || entry.progress.waitedForConnection)
                     finished += 1
                 }
-                guard finished > 0 || !startedEarly.isEmpty else { return }
+                guard finished > 0 || !scheduling.startedEarly.isEmpty else { return }
                 try await schedule()
                 if deferStartedClaims() { return }
                 try await flush()
@@ -466,43 +334,31 @@ extension Engine {
     /// whichever comes first; a small file's slot then costs no transaction of
     /// its own (2000 files of 16 KiB: a turn each 1.6 files before).
     func deferStartedClaims() -> Bool {
-        guard pending.saves.isEmpty, pending.launches.isEmpty, pending.notices.isEmpty, pending.claimFree == nil,
-              !startedEarly.isEmpty, startedEarly.count < Self.deferredClaimsLimit,
-              ready.count >= min(readyRows, max(configuration.maxActive, busy(group: nil))),
-              activeGroups.allSatisfy({ (readyMembers[$0]?.count ?? 0) >= min(16, max(configuration.groupParallel, busy(group: $0))) })
-        else { return false }
-        guard claimFlushTask == nil else { return true }
-        // One timer, armed only while transfers end (many times a second in a run of small
-        // files: a task is cheaper there than a ring of a loop), and cancelled by shutdown.
-        claimFlushTask = Task { [weak self] in
-            try? await Task.sleep(for: Self.claimDelay)
-            guard !Task.isCancelled else { return }
-            await self?.commitDeferredClaims()
+        switch scheduling.deferClaims() {
+        case .commitNow: return false
+        case .wait: return true
+        case .arm:
+            // One timer, armed only while transfers end (many times a second in a run of small
+            // files: a task is cheaper there than a ring of a loop), and cancelled by shutdown.
+            claimFlushTask = Task { [weak self] in
+                try? await Task.sleep(for: Self.claimDelay)
+                guard !Task.isCancelled else { return }
+                await self?.commitDeferredClaims()
+            }
+            return true
         }
-        return true
-    }
-
-    /// Ready rows a turn reads: a few transfers may end between two turns. Four rows a slot
-    /// with strictly one at a time or `max_light = 0`, at most 16 (2000 files of 16 KiB with
-    /// three slots took 0.72–0.81 s with 12 rows, 1.02 s with 3, 0.85 s with 48); 16 with the
-    /// light lane (the same files, three alternating runs: 1.27–1.75 s with 16 rows,
-    /// 1.38–1.95 s with 64: each turn reads every row).
-    var readyRows: Int {
-        configuration.lanes.strict ? min(4 * configuration.maxActive, 16) : 16
     }
 
     /// Claims of jobs started from the ready lists wait at most this long for a commit: far
     /// below the first checkpoint of a transfer (`CheckpointPolicy.minInterval`), which is
     /// written only while the job is this worker's `running` job.
     static let claimDelay: Duration = .milliseconds(20)
-    /// Claims that may wait at once; more are committed by the turn that starts them.
-    static let deferredClaimsLimit = 64
 
     private func commitDeferredClaims() async {
         do {
             try await serial(turn: true) { () async throws(DLError) in
                 claimFlushTask = nil
-                guard !startedEarly.isEmpty else { return }
+                guard scheduling.claimTimerFired() else { return }
                 try await schedule()
                 try await flush()
             }

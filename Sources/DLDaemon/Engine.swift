@@ -134,69 +134,56 @@ public actor Engine {
     let store: any JobTable
     let downloader: Downloader
     let logger: Logger
-    var configuration: EngineConfiguration
+    var configuration: EngineConfiguration {
+        didSet { scheduling.limits = Self.limits(configuration, downloader) }
+    }
     let now: @Sendable () -> Date
 
-    struct Running {
-        var job: Job
-        var progress: TransferProgress
-        var task: Task<TransferResult, Never>
-        /// `URLRules.hostKey` of the job's URL, parsed once (the host limit reads it every turn).
-        var host: String
-        /// Tells this transfer's outcome from that of an earlier transfer of the same job.
-        var attempt: UInt64
-        /// Set when a command stops the transfer; the command then handles its outcome.
-        var stop: StopIntent?
-        /// The unsynced progress last recorded for it (`Engine+Unsynced`).
-        var recorded: UnsyncedProgress? = nil
-        /// The transfer ended on its own and its outcome waits for the queue: its slot may be
-        /// handed to a ready job already (`startFromReady`).
-        var ended = false
-        /// It holds a bulk slot (`Lanes`): its answer told more than `lightBytes` left. Until
-        /// then it is in the light lane.
-        var bulk = false
-        /// It stopped before writing because no bulk slot was free (`Lanes.Admission.park`):
-        /// it goes back to the queue without using up an attempt.
-        var parked = false
+    /// A running transfer as the engine holds it: what it reports, and its task.
+    struct Transfer: TransferLoad, Sendable {
+        let progress: TransferProgress
+        let task: Task<TransferResult, Never>
+        var connections: Int { progress.connections }
+        var hostConnections: [String: Int]? { progress.hostConnections }
+        var received: Int64 { progress.snapshot.received }
+    }
+    typealias Slot = Scheduling<Transfer, FinishedNotice>.Slot
+    typealias Pending = Scheduling<Transfer, FinishedNotice>.Pending
+
+    /// The limits of `configuration`; a host's HTTP version is the client's knowledge.
+    static func limits(_ configuration: EngineConfiguration, _ downloader: Downloader) -> SchedulingLimits {
+        SchedulingLimits(
+            lanes: configuration.lanes, groupLanes: configuration.groupLanes, hosts: configuration.hostLimits,
+            multiplexed: { downloader.multiplexed(host: $0) })
     }
 
-    enum StopIntent: Int, Comparable {
-        /// `lost`: the job is no longer this worker's (another daemon paused, canceled or
-        /// requeued it): its transfer stops and nothing of it is written or published.
-        case shutdown = 0, pause, cancel, remove, lost
-        static func < (a: StopIntent, b: StopIntent) -> Bool { a.rawValue < b.rawValue }
-    }
-
+    /// What holds slots, the ready lists, the claims not committed yet and this turn's rows
+    /// (`Scheduling`, a value with no I/O: the engine carries out what it decides).
+    var scheduling: Scheduling<Transfer, FinishedNotice>
     /// Transfers in flight; each holds a slot (or a place in its group's slot).
-    var running: [JobID: Running] = [:]
+    var running: [JobID: Slot] {
+        get { scheduling.running }
+        _modify { yield &scheduling.running }
+    }
+    /// Groups holding a slot of the queue.
+    var activeGroups: Set<GroupID> {
+        get { scheduling.activeGroups }
+        _modify { yield &scheduling.activeGroups }
+    }
+    /// Changes of this turn of the queue, committed together by `flush`.
+    var pending: Pending {
+        get { scheduling.pending }
+        _modify { yield &scheduling.pending }
+    }
     /// A turn to fill slots freed outside of a turn is on its way (`scheduleTurn`).
     var refillScheduled = false
-    /// Groups holding a slot of the queue.
-    var activeGroups: Set<GroupID> = []
     /// Transfers that ended and wait for the queue's next turn, which records them together.
     var ended: [(id: JobID, attempt: UInt64, result: TransferResult)] = []
     var drainScheduled = false
-    /// The number of the last transfer started (`Running.attempt`).
-    var lastAttempt: UInt64 = 0
     /// Downloaded files waiting to be synced, recorded and published in a batch. Their rows are
     /// still `running`; they hold no slot.
     var toPublish: [PublishItem] = []
     var publisherRunning = false
-    /// Changes of this turn of the queue, committed together by `flush`.
-    var pending = Pending()
-    /// The next queued standalone jobs as the last turn read them (`TurnOutcome.ready`): a
-    /// slot whose transfer ends starts the first of them at once (`startFromReady`), and the
-    /// next turn commits the claim. Emptied before anything else may change the queue: at the
-    /// start of every section of `serial` but the turns, and before every claim.
-    var ready: [Job] = []
-    /// The same for the members of each group that holds a slot (`TurnOutcome.readyMembers`):
-    /// a place in the group that frees up starts the next of them.
-    var readyMembers: [GroupID: [Job]] = [:]
-    /// Jobs started from `ready` or `readyMembers` whose claims are not committed yet
-    /// (`TurnClaim.started`).
-    var startedEarly: [Job] = []
-    /// When the last claim for free slots found nothing (`schedule`, `startTurn`).
-    var fruitlessClaimAt: Date?
     /// Commits claims that `deferStartedClaims` left waiting, after `claimDelay`.
     var claimFlushTask: Task<Void, Never>?
     /// Called after a job or group finishes (completed or failed), outside the serial queue.
@@ -212,18 +199,6 @@ public actor Engine {
     var wakeMayHaveChanged = true
     let startedAt: Date
 
-    /// Rows to write in the next commit, and what to do once it is durable.
-    struct Pending {
-        var saves: [Job] = []
-        /// Rows among `saves` that leave `running` from this worker's transfers: written only
-        /// while the job is still this worker's (`saveOwned`).
-        var owned: Set<JobID> = []
-        /// Jobs claimed (committed as `running`) whose transfers start after the commit.
-        var launches: [Job] = []
-        var notices: [FinishedNotice] = []
-        /// Slots `schedule` found free: the commit claims work for them (`JobTable.turn`).
-        var claimFree: Int? = nil
-    }
     /// Jobs taken from `toPublish` whose files are being synced (their rows are still running).
     var publishing: Set<JobID> = []
     /// Batches of finished files between their commit and their links, outside the queue.
@@ -273,6 +248,7 @@ public actor Engine {
         self.store = store
         self.downloader = downloader
         self.configuration = configuration
+        self.scheduling = Scheduling(limits: Self.limits(configuration, downloader))
         self.logger = logger
         self.now = now
         self.hasNetwork = hasNetwork
@@ -311,18 +287,14 @@ public actor Engine {
         }
         // A turn that failed before its flush left changes that were never committed: they
         // are dropped, not committed by the next turn. Its claims are committed: they start.
-        if !pending.saves.isEmpty || !pending.launches.isEmpty || pending.claimFree != nil {
-            if !pending.saves.isEmpty {
-                logger.warning("dropped changes of a turn that failed", metadata: ["rows": "\(pending.saves.count)"])
-            }
-            let claimed = pending.launches
-            pending = Pending()
-            if accepting { startTransfers(claimed) }
+        // A section that is not a turn may change the queue: the claims of jobs started from
+        // the ready lists are committed first.
+        let start = scheduling.beginSection(turn: turn)
+        if start.droppedRows > 0 {
+            logger.warning("dropped changes of a turn that failed", metadata: ["rows": "\(start.droppedRows)"])
         }
-        if !turn {
-            dropReady()
-            await commitStarted()
-        }
+        if accepting { startTransfers(start.launches) }
+        await commitStarted(start.claims)
         return try await body()
     }
 
@@ -354,18 +326,16 @@ public actor Engine {
         // A turn that writes anything commits the claims of jobs started early and reads the
         // next ready ones. One that writes nothing is not taken for that alone: the list is
         // still valid then, and a slot that finds it empty claims in a turn anyway.
-        let readsReady = !store.sharesQueue && (claim != nil || !startedEarly.isEmpty || !pending.saves.isEmpty)
+        let readsReady = scheduling.turnReadsReady(claims: claim != nil, shared: store.sharesQueue)
         if readsReady {
             var handOff = claim ?? turnClaim(free: 0)
-            handOff.started = startedEarly.map(\.id)
-            // A few ends may come between two turns: four rows a slot (2000 files of 16 KiB
-            // with three slots: 0.72–0.81 s with 12 rows, 1.02 s with 3, 0.85 s with 48).
-            handOff.ready = readyRows
-            handOff.readyMembers = configuration.lanes.strict ? min(4 * configuration.groupParallel, 16) : 16
+            handOff.started = scheduling.takeStartedEarly().map(\.id)
+            // A few ends may come between two turns (`SchedulingLimits.readyRows`).
+            handOff.ready = scheduling.limits.readyRows
+            handOff.readyMembers = scheduling.limits.readyMemberRows
             claim = handOff
-            startedEarly = []
         }
-        if (claim?.free ?? 0) > 0 { ready = [] }
+        scheduling.claiming(free: claim?.free ?? 0)
         var batch = pending
         pending = Pending()
         if batch.saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
@@ -383,8 +353,7 @@ public actor Engine {
         await stopLost(outcome.startedLost.sorted())
         if readsReady {
             // Jobs started from the old list while the turn ran are still queued in its read.
-            ready = outcome.ready.filter { running[$0.id] == nil }
-            readyMembers = outcome.readyMembers.mapValues { $0.filter { running[$0.id] == nil } }
+            scheduling.turnRead(ready: outcome.ready, members: outcome.readyMembers)
         }
         if !outcome.lost.isEmpty {
             logger.notice("jobs taken over while their transfers ended here: not recorded", metadata: ["jobs": "\(outcome.lost.sorted())"])
@@ -422,20 +391,13 @@ public actor Engine {
         for notice in batch.notices where notice.jobID.map({ !outcome.lost.contains($0) }) ?? true { onFinished?(notice) }
     }
 
-    /// Forgets the ready jobs and members: the queue may change otherwise.
-    func dropReady() {
-        ready = []
-        readyMembers = [:]
-    }
-
-    /// Commits the claims of the jobs started from `ready` in a transaction of their own (a
-    /// section of `serial` that is not a turn comes first); the transfers of jobs that are no
-    /// longer queued stop.
-    func commitStarted() async {
-        guard !startedEarly.isEmpty else { return }
+    /// Commits the claims of jobs started from the ready lists (`started`, taken from
+    /// `scheduling`) in a transaction of their own; the transfers of jobs that are no longer
+    /// queued stop.
+    func commitStarted(_ started: [Job]) async {
+        guard !started.isEmpty else { return }
         var claim = turnClaim(free: 0)
-        claim.started = startedEarly.map(\.id)
-        startedEarly = []
+        claim.started = started.map(\.id)
         do {
             let outcome = try await store.turn(saves: [], owned: [], owner: configuration.worker, claim: claim)
             await stopLost(outcome.startedLost.sorted())
@@ -484,4 +446,9 @@ public actor Engine {
             logger.warning("could not remove partial file", metadata: ["path": "\(path)"])
         }
     }
+}
+
+extension Scheduling.Slot where Transfer == Engine.Transfer {
+    var progress: TransferProgress { transfer.progress }
+    var task: Task<TransferResult, Never> { transfer.task }
 }

@@ -1,0 +1,293 @@
+import DLCore
+import Foundation
+import Testing
+
+/// A transfer as the scheduler sees it, with the load the test gives it.
+struct FakeTransfer: TransferLoad {
+    var connections = 1
+    var hostConnections: [String: Int]? = nil
+    var received: Int64 = 0
+}
+
+typealias Book = Scheduling<FakeTransfer, String>
+
+func queuedJob(_ id: JobID, host: String = "a.example", group: GroupID? = nil, size: Int64? = nil, clock: TestClock = TestClock()) -> Job {
+    Job(id: id, url: "http://\(host)/f\(id)", path: "/tmp/f\(id)", state: .queued, size: size,
+        createdAt: clock.now, updatedAt: clock.now, groupID: group)
+}
+
+extension Book {
+    init(maxActive: Int = 3, maxLight: Int = 4, groupParallel: Int = 2, maxPerHost: Int = 6) {
+        self.init(limits: SchedulingLimits(
+            lanes: Lanes(maxActive: maxActive, maxLight: maxLight),
+            groupLanes: Lanes(maxActive: groupParallel, maxLight: 0),
+            hosts: HostLimits(maxPerHost: maxPerHost)))
+    }
+
+    /// Starts `job`'s transfer, as the engine does once its claim is committed or it was
+    /// handed off; `long`: it holds its connection for long (bytes past the light lane's).
+    @discardableResult
+    mutating func run(_ job: Job, long: Bool = false) -> UInt64 {
+        let attempt = nextAttempt()
+        started(job, transfer: FakeTransfer(received: long ? 64 << 20 : 0), host: URLRules.hostKey(job.url), attempt: attempt)
+        return attempt
+    }
+
+    mutating func handOff(group: GroupID? = nil, at clock: TestClock) -> Job? {
+        handOff(group: group, open: true, worker: "local/dld", lease: 30, now: clock.now)
+    }
+}
+
+/// The scheduling state machine (`Scheduling`): each invariant of its documentation, with a
+/// test clock and no store, socket or transfer.
+@Suite struct SchedulingTests {
+    /// Invariant 1: a section of the queue that is not a turn gets the claims of every job
+    /// started early before it may change the queue, and the ready lists are gone: no slot
+    /// that frees up afterwards starts a job from a list read before that section.
+    @Test func claimsAreCommittedBeforeTheQueueChanges() throws {
+        let clock = TestClock()
+        var book = Book()
+        let first = book.run(queuedJob(1))
+        book.run(queuedJob(2))
+        book.turnRead(ready: [queuedJob(3), queuedJob(4), queuedJob(5)], members: [:])
+        let r1 = book.ended(1, attempt: first)
+        #expect(r1 == (true, nil))
+        let r2 = book.handOff(at: clock)
+        let started = try #require(r2)
+        #expect(started.id == 3 && started.state == .running && started.worker == "local/dld")
+        #expect(started.leaseUntil == clock.now.addingTimeInterval(30))
+        book.run(started)
+
+        // A turn (the end of transfers) keeps the list and the claims for its own commit.
+        let turn = book.beginSection(turn: true)
+        #expect(turn.claims.isEmpty && book.ready.map(\.id) == [4, 5])
+
+        // A command: the claim first, and nothing is handed off from the old list.
+        let command = book.beginSection(turn: false)
+        #expect(command.claims.map(\.id) == [3])
+        #expect(book.startedEarly.isEmpty && book.ready.isEmpty)
+        let r3 = book.ended(2, attempt: 2)
+        #expect(r3.free)
+        let r4 = book.handOff(at: clock)
+        #expect(r4 == nil)
+        // A list read by a later turn leaves out the jobs that run already.
+        book.turnRead(ready: [queuedJob(3), queuedJob(6)], members: [:])
+        #expect(book.ready.map(\.id) == [6])
+    }
+
+    /// Invariant 2: the slot of a transfer that ended goes to the first ready job that may
+    /// start in it; a job whose host is at its limit is passed over, not waited for.
+    @Test func aFreedSlotGoesToTheNextReadyJob() throws {
+        let clock = TestClock()
+        var book = Book(maxLight: 3, maxPerHost: 2)
+        let one = book.run(queuedJob(1, host: "a.example"), long: true)
+        book.run(queuedJob(2, host: "a.example"), long: true)
+        book.run(queuedJob(3, host: "b.example"))
+        book.turnRead(ready: [queuedJob(4, host: "a.example"), queuedJob(5, host: "b.example"), queuedJob(6, host: "b.example")], members: [:])
+        // Every light slot is taken: nothing starts before a transfer ends.
+        let r5 = book.handOff(at: clock)
+        #expect(r5 == nil)
+        let r6 = book.ended(3, attempt: 3)
+        #expect(r6.free)
+        // Host a has its two connections held for long: its job is passed over.
+        let r7 = book.handOff(at: clock)
+        let next = try #require(r7)
+        #expect(next.id == 5)
+        book.run(next)
+        // A transfer to a ends: a's job goes first now.
+        let r8 = book.ended(1, attempt: one)
+        #expect(r8.free)
+        let r9 = book.handOff(at: clock)
+        #expect(r9?.id == 4)
+        #expect(book.ready.map(\.id) == [6])
+        // The outcome recorded: the slot is gone; a stale outcome finds nothing.
+        let r10 = book.settle(1, attempt: one)
+        #expect(r10?.job.id == 1)
+        let r11 = book.settle(1, attempt: one)
+        #expect(r11 == nil)
+    }
+
+    /// Invariant 3: over a long random run of ends, hand-offs, answers that tell sizes and
+    /// lists read again, no start takes more than the light lane's slots, a bulk slot that is
+    /// not free, more than a group's places, or more than a host's limit.
+    @Test(arguments: [1, 2, 3, 4, 5]) func limitsHoldForEveryStart(seed: UInt64) {
+        var random = SeededRandom(seed: seed)
+        let clock = TestClock()
+        var book = Book(maxActive: 2, maxLight: 5, groupParallel: 2, maxPerHost: 2)
+        let group: GroupID = 9
+        book.activeGroups = [group]
+        let hosts = ["a.example", "b.example", "c.example"]
+        var nextID: JobID = 1
+        var starts = 0
+        func fresh(group: GroupID? = nil) -> Job {
+            defer { nextID += 1 }
+            let size: Int64? = random.next() % 3 == 0 ? 64 << 20 : (random.next() % 2 == 0 ? 4096 : nil)
+            return queuedJob(nextID, host: hosts[Int(random.next() % 3)], group: group, size: size)
+        }
+        /// A hand-off, checked against the host's limit as it was when the slot was given.
+        func start(group: GroupID?) {
+            let long = book.hostLongLoad()
+            let load = book.hostLoad(excludingEnded: true)
+            guard let job = book.handOff(group: group, at: clock) else { return }
+            let host = URLRules.hostKey(job.url)
+            #expect(load[host, default: 0] < book.hostStartLimit(host, long: long), "\(host) had \(load[host, default: 0])")
+            book.run(job)
+            starts += 1
+        }
+        for _ in 0..<2000 {
+            switch random.next() % 5 {
+            case 0:
+                book.turnRead(ready: (0..<8).map { _ in fresh() }, members: [group: (0..<4).map { _ in fresh(group: group) }])
+            case 1:
+                // A transfer ends; its slot is handed off at once.
+                let live = book.running.values.filter { !$0.ended }.sorted { $0.job.id < $1.job.id }
+                if !live.isEmpty {
+                    let slot = live[Int(random.next() % UInt64(live.count))]
+                    let freed = book.ended(slot.job.id, attempt: slot.attempt)
+                    if freed.free { start(group: freed.group) }
+                }
+            case 2:
+                // The next turn records the outcomes.
+                for slot in book.running.values where slot.ended { _ = book.settle(slot.job.id, attempt: slot.attempt) }
+            case 3:
+                // An answer tells a running transfer's size.
+                let light = book.running.values.filter { !$0.ended && !$0.bulk }.sorted { $0.job.id < $1.job.id }
+                if let slot = light.first {
+                    let remaining: Int64 = random.next() % 2 == 0 ? 64 << 20 : 1000
+                    if book.admit(slot.job.id, attempt: slot.attempt, remaining: remaining, received: 0) == .park {
+                        _ = book.settle(slot.job.id, attempt: slot.attempt)
+                    }
+                }
+            default:
+                start(group: nil)
+                start(group: group)
+            }
+            let lanes = book.limits.lanes
+            #expect(book.lightTaken(excludingEnded: true) <= lanes.maxLight)
+            #expect(book.bulkTaken(excludingEnded: true) <= lanes.maxActive)
+            #expect(book.busy(group: group, excludingEnded: true) <= book.limits.groupLanes.maxActive)
+        }
+        #expect(starts > 100)
+    }
+
+    /// Invariant 4: a turn that failed before its commit loses exactly its rows; the jobs it
+    /// had claimed start; the claims of early starts wait for their own commit.
+    @Test func aFailedTurnDropsExactlyItsUncommittedRows() throws {
+        let clock = TestClock()
+        var book = Book()
+        book.turnRead(ready: [queuedJob(7)], members: [:])
+        let r12 = book.handOff(at: clock)
+        let early = try #require(r12)
+        book.run(early)
+        book.pending.saves = [queuedJob(1), queuedJob(2)]
+        book.pending.owned = [1]
+        book.pending.launches = [queuedJob(3)]
+        book.pending.notices = ["job 2 failed"]
+        book.pending.claimFree = 2
+        let start = book.beginSection(turn: true)
+        #expect(start.droppedRows == 2)
+        #expect(start.launches.map(\.id) == [3])
+        #expect(start.claims.isEmpty && book.startedEarly.map(\.id) == [7])
+        #expect(book.pending.saves.isEmpty && book.pending.owned.isEmpty && book.pending.notices.isEmpty)
+        #expect(book.pending.launches.isEmpty && book.pending.claimFree == nil)
+        // Nothing left over: the next section drops nothing.
+        let next = book.beginSection(turn: false)
+        #expect(next.droppedRows == 0 && next.launches.isEmpty && next.claims.map(\.id) == [7])
+    }
+
+    /// A claim that found nothing while ready jobs could not start pauses the next claims for
+    /// `blockedClaimPause` on the clock; then a turn claims again, and the claim counts the
+    /// ready list's slots free (the list is gone).
+    @Test func aFruitlessClaimPausesTheNextOnesForAWhile() {
+        var clock = TestClock()
+        var book = Book(maxLight: 4, maxPerHost: 1)
+        book.run(queuedJob(1, host: "a.example"), long: true)
+        book.turnRead(ready: [queuedJob(2, host: "a.example")], members: [:])
+        let r13 = book.handOff(at: clock)
+        #expect(r13 == nil)
+        book.claimed(free: 3, found: false, now: clock.now)
+        clock.advance(0.05)
+        let r14 = book.claimFree(now: clock.now)
+        #expect(r14 == nil)
+        #expect(book.ready.map(\.id) == [2])
+        clock.advance(0.06)
+        // Three light slots beside job 1, and the three bulk slots for groups.
+        let r15 = book.claimFree(now: clock.now)
+        #expect(r15 == 3 + 3)
+        #expect(book.ready.isEmpty)
+        // A claim that found something: no pause.
+        book.claimed(free: 3, found: true, now: clock.now)
+        book.turnRead(ready: [queuedJob(2, host: "a.example")], members: [:])
+        let r16 = book.claimFree(now: clock.now)
+        #expect(r16 != nil)
+    }
+
+    /// Claims of early starts wait for one timer while the lists hold a job for every slot;
+    /// anything else to write commits them at once.
+    @Test func earlyClaimsWaitForOneTimer() throws {
+        let clock = TestClock()
+        var book = Book(maxActive: 1, maxLight: 0)
+        #expect(book.limits.readyRows == 4)
+        book.turnRead(ready: (1...6).map { queuedJob($0) }, members: [:])
+        let r17 = book.handOff(at: clock)
+        book.run(try #require(r17))
+        let r18 = book.deferClaims()
+        #expect(r18 == .arm)
+        let r19 = book.deferClaims()
+        #expect(r19 == .wait)
+        let r20 = book.claimTimerFired()
+        #expect(r20)
+        let r21 = book.deferClaims()
+        #expect(r21 == .arm)
+        book.pending.saves = [queuedJob(9)]
+        let r22 = book.deferClaims()
+        #expect(r22 == .commitNow)
+        book.pending = .init()
+        _ = book.takeStartedEarly()
+        let r23 = book.claimTimerFired()
+        #expect(!r23)
+        let r24 = book.deferClaims()
+        #expect(r24 == .commitNow)
+    }
+
+    /// Strictly one at a time: the one transfer takes the bulk slot whatever its size; with
+    /// the light lane, a big answer takes a free bulk slot and is parked when none is free.
+    @Test func answersTakeBulkSlotsOrPark() {
+        var strict = Book(maxActive: 1, maxLight: 0)
+        let only = strict.run(queuedJob(1))
+        let r25 = strict.admit(1, attempt: only, remaining: 10, received: 0)
+        #expect(r25 == .bulk)
+        let r26 = strict.admit(1, attempt: only, remaining: 10, received: 0)
+        #expect(r26 == nil)
+
+        var book = Book(maxActive: 2, maxLight: 4)
+        let a = book.run(queuedJob(1))
+        let b = book.run(queuedJob(2))
+        let c = book.run(queuedJob(3))
+        let small = book.admit(1, attempt: a, remaining: 1000, received: 0)
+        #expect(small == .light)
+        let big = book.admit(1, attempt: a, remaining: 64 << 20, received: 0)
+        #expect(big == .bulk)
+        let second = book.admit(2, attempt: b, remaining: 64 << 20, received: 0)
+        #expect(second == .bulk)
+        let third = book.admit(3, attempt: c, remaining: 64 << 20, received: 0)
+        #expect(third == .park)
+        #expect(book.running[3]?.parked == true && book.bulkTaken() == 2)
+        // A stale attempt is not this transfer.
+        let r30 = book.admit(3, attempt: c + 1, remaining: 1, received: 0)
+        #expect(r30 == nil)
+    }
+}
+
+/// A deterministic generator (SplitMix64), so that a failing seed fails again.
+struct SeededRandom {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
