@@ -113,7 +113,16 @@ extension Engine {
     /// jobs after it in the batch need: every claimed job gets at least its one.
     func startTransfers(_ claimed: [Job]) {
         guard !claimed.isEmpty else { return }
-        let jobs = claimed
+        // On a shared table a claim may return a job whose transfer still runs here, or whose
+        // file is being published here: another worker's command paused it and a `resume`
+        // queued it again before this worker saw the change. What runs here goes on (its
+        // outcome is written while the row is this worker's, which the claim made it again);
+        // a second transfer would write the same partial file, cut back to the committed offset.
+        let jobs = claimed.filter { job in
+            guard running[job.id] != nil || publishing.contains(job.id) || toPublish.contains(where: { $0.job.id == job.id }) else { return true }
+            logger.notice("claimed again while its transfer or its publishing runs here: not started twice", metadata: ["job": "\(job.id)"])
+            return false
+        }
         // The load is read once and kept up to date here, not recounted (every running job's
         // URL parsed again) for each job of the batch.
         var load = scheduling.hostLoad()
