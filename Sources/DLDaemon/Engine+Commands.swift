@@ -295,13 +295,13 @@ extension Engine {
             switch await Self.within(Self.statsTableWait, { () async throws -> TableStats in try await self.readTableStats() }) {
             case .success(let read)?:
                 table = read
-                lastTableStats = read
+                leases.lastTableStats = read
             case .failure(let error)?:
                 unreachable = (error as? DLError)?.message ?? Self.storageText(error)
-                table = lastTableStats ?? TableStats()
+                table = leases.lastTableStats ?? TableStats()
             case nil:
                 unreachable = "the job table did not answer within \(Self.statsTableWait.components.seconds) s"
-                table = lastTableStats ?? TableStats()
+                table = leases.lastTableStats ?? TableStats()
             }
         } else {
             table = try await readTableStats()

@@ -8,6 +8,27 @@ import Synchronization
 /// leases of what it runs, queues again the jobs of workers whose leases ran out, and stops
 /// the transfers of jobs that other daemons paused, canceled or took, within moments of the
 /// change (`JobTable.changes`). On SQLite there is one daemon and none of this runs.
+/// This worker's leases on a shared table: when they were last renewed, the fence, and the
+/// table's clock and counts as last read.
+struct LeaseBook {
+    /// When this worker last renewed its leases: the engine's clock for `stats`, and the
+    /// monotonic clock (taken before the renewal was sent) for the fence.
+    var renewedAt: Date?
+    var renewedInstant: ContinuousClock.Instant?
+    /// Since when this worker's transfers are fenced: its leases went unrenewed for most of a
+    /// lease; nil while they are renewed.
+    var fencedSince: Date?
+    /// How many times this worker was fenced since it started.
+    var fences = 0
+    /// The shared table's clock minus this engine's (seconds), as last measured: leases are
+    /// reckoned on the table's clock, so a worker whose clock is wrong neither takes jobs whose
+    /// leases still run nor gives out leases that others see as ended.
+    var clockSkew: TimeInterval = 0
+    /// The last `stats` read from the table, answered again (with the reason) when a shared
+    /// table does not answer in time.
+    var lastTableStats: Engine.TableStats?
+}
+
 extension Engine {
     /// Waits between two looks after a change signal: the changes of that moment, seen once.
     static let changesSettle: Duration = .milliseconds(100)
@@ -16,8 +37,8 @@ extension Engine {
     /// they end when the service group ends those.
     func runFleet() async {
         guard store.sharesQueue else { return }
-        renewedAt = now()
-        renewedInstant = .now
+        leases.renewedAt = now()
+        leases.renewedInstant = .now
         let period = Duration.milliseconds(Int64(configuration.lease * 1000 / 3))
         // The fence looks often, and never through the serial queue: a renewal that hangs on
         // a table that went away holds that queue, and the fence is what must not wait for it.
@@ -63,7 +84,7 @@ extension Engine {
 
     var leaseView: LeaseView? {
         guard store.sharesQueue else { return nil }
-        return LeaseView(seconds: configuration.lease, renewedAt: renewedAt, fencedSince: fencedSince, fences: fences, clockSkew: tableClockSkew)
+        return LeaseView(seconds: configuration.lease, renewedAt: leases.renewedAt, fencedSince: leases.fencedSince, fences: leases.fences, clockSkew: leases.clockSkew)
     }
 
     /// `body`'s outcome, or nil when it did not come within `limit`; it is then cancelled and
@@ -114,7 +135,7 @@ extension Engine {
 
     /// Now on the shared table's clock (as last measured), for leases.
     func leaseNow() -> Date {
-        now().addingTimeInterval(tableClockSkew)
+        now().addingTimeInterval(leases.clockSkew)
     }
 
     /// Reads the table's clock (PostgreSQL's `clock_timestamp()`), half-way through the trip.
@@ -124,12 +145,12 @@ extension Engine {
             guard let server = try await store.serverClock() else { return }
             let after = now()
             let skew = server.timeIntervalSince(before.addingTimeInterval(after.timeIntervalSince(before) / 2))
-            if abs(skew - tableClockSkew) > 1 {
+            if abs(skew - leases.clockSkew) > 1 {
                 logger.notice("this worker's clock differs from the job table's; leases are reckoned on the table's", metadata: [
                     "seconds": "\((skew * 1000).rounded() / 1000)",
                 ])
             }
-            tableClockSkew = skew
+            leases.clockSkew = skew
         } catch {
             logger.warning("could not read the job table's clock", metadata: ["error": "\(Self.storageText(error))"])
         }
@@ -153,10 +174,10 @@ extension Engine {
                     logger.warning("lease renewal failed", metadata: ["error": "\(Self.storageText(error))"])
                     throw DLError(.storageError, "could not renew this worker's leases in the shared job table: \(Self.storageText(error))")
                 }
-                renewedAt = now()
-                renewedInstant = sent
-                if let since = fencedSince {
-                    fencedSince = nil
+                leases.renewedAt = now()
+                leases.renewedInstant = sent
+                if let since = leases.fencedSince {
+                    leases.fencedSince = nil
                     logger.notice("the job table answers again and the leases are renewed: this worker takes jobs again", metadata: [
                         "fenced_for": "\(Int(now().timeIntervalSince(since).rounded())) s",
                     ])
@@ -183,12 +204,12 @@ extension Engine {
     /// table has what was committed), nothing is published twice, and nothing starts until a
     /// renewal succeeds. Runs on its own timer, outside the serial queue.
     func fenceIfLeasesRunOut() async {
-        guard accepting, let renewedInstant else { return }
+        guard accepting, let renewedInstant = leases.renewedInstant else { return }
         let unrenewed = ContinuousClock.now - renewedInstant
         guard unrenewed > .milliseconds(Int64(configuration.lease * Self.fenceAt * 1000)) else { return }
-        if fencedSince == nil {
-            fencedSince = now()
-            fences += 1
+        if leases.fencedSince == nil {
+            leases.fencedSince = now()
+            leases.fences += 1
             logger.error("the job table is unreachable and the leases are running out: this worker is fenced, its transfers stop and it starts none", metadata: [
                 "jobs": "\(running.count)", "unrenewed": "\(unrenewed)",
             ])
@@ -243,7 +264,7 @@ extension Engine {
     /// Jobs committed as running under this worker that nothing here runs, syncs or is about
     /// to start: queued again.
     private func requeueOrphans(_ owned: Set<JobID>) async throws(DLError) {
-        let busy = Set(running.keys).union(publishing).union(toPublish.map(\.job.id)).union(pending.launches.map(\.id))
+        let busy = Set(running.keys).union(publisher.batch).union(publisher.queue.map(\.job.id)).union(pending.launches.map(\.id))
         let orphans = owned.subtracting(busy)
         guard !orphans.isEmpty else { return }
         let rows = try await storage { try await store.fetch(orphans.sorted()) }

@@ -17,24 +17,39 @@ struct PublishItem: Sendable {
     var committedSegments: String? = nil
 }
 
+/// The publisher's state: files that wait for a batch, the batch being synced, and batches
+/// between their commit and their links.
+struct PublisherState {
+    /// Downloaded files waiting to be synced, recorded and published in a batch. Their rows are
+    /// still `running`; they hold no slot.
+    var queue: [PublishItem] = []
+    /// The publisher's task runs (it ends when the queue is empty).
+    var running = false
+    /// Jobs taken from `queue` whose files are being synced (their rows are still running).
+    var batch: Set<JobID> = []
+    /// Batches of finished files between their commit and their links, outside the queue.
+    var linksInFlight = 0
+    var linkWaiters: [CheckedContinuation<Void, Never>] = []
+}
+
 /// Finished files, in batches: a small file gives its slot back as soon as its last byte is
 /// written; syncing, recording and linking happen here for every file that is ready at once
 /// (see `Publisher` for why the order is safe).
 extension Engine {
     func enqueuePublish(_ item: PublishItem) {
-        toPublish.append(item)
-        guard !publisherRunning else { return }
-        publisherRunning = true
+        publisher.queue.append(item)
+        guard !publisher.running else { return }
+        publisher.running = true
         // Not a loop that waits: it publishes the batches that are ready and ends; shutdown
         // takes what is left in its own turn.
         Task { [weak self] in await self?.runPublisher() }
     }
 
     private func takePublishBatch() -> [PublishItem] {
-        let batch = toPublish
-        toPublish = []
-        publishing = Set(batch.map(\.job.id))
-        if batch.isEmpty { publisherRunning = false }
+        let batch = publisher.queue
+        publisher.queue = []
+        publisher.batch = Set(batch.map(\.job.id))
+        if batch.isEmpty { publisher.running = false }
         return batch
     }
 
@@ -53,7 +68,7 @@ extension Engine {
                     if !early.isEmpty, batch.contains(where: { item in early.contains { $0.id == item.job.id } }) {
                         await commitStarted(scheduling.takeStartedEarly())
                     }
-                    linksInFlight += 1
+                    publisher.linksInFlight += 1
                     return prepareCompletion(batch, syncFailures: failures)
                 }
                 let outcome = await commitAndLink(prepared)
@@ -66,21 +81,21 @@ extension Engine {
             } catch {
                 logger.error("could not record finished files", metadata: ["error": "\(error)"])
             }
-            publishing = []
+            publisher.batch = []
         }
     }
 
     private func linksDone() {
-        linksInFlight -= 1
-        guard linksInFlight == 0 else { return }
-        for waiter in linkWaiters { waiter.resume() }
-        linkWaiters = []
+        publisher.linksInFlight -= 1
+        guard publisher.linksInFlight == 0 else { return }
+        for waiter in publisher.linkWaiters { waiter.resume() }
+        publisher.linkWaiters = []
     }
 
     /// Returns once no finished file is between its commit and its link.
     func linksSettled() async {
-        guard linksInFlight > 0 else { return }
-        await withCheckedContinuation { linkWaiters.append($0) }
+        guard publisher.linksInFlight > 0 else { return }
+        await withCheckedContinuation { publisher.linkWaiters.append($0) }
     }
 
     /// Records synced files as completed in one transaction, then links them under their

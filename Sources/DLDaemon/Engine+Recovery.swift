@@ -232,8 +232,8 @@ extension Engine {
                 // ends them after this, before the table closes.
                 accepting = false
                 claimFlushTask?.cancel()
-                let ready = toPublish
-                toPublish = []
+                let ready = publisher.queue
+                publisher.queue = []
                 if !ready.isEmpty {
                     try await complete(ready, syncFailures: await Publisher.syncAll(ready.map(\.partialPath)))
                 }

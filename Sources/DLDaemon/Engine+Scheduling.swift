@@ -21,7 +21,7 @@ extension Engine {
         guard accepting else { return }
         for id in activeGroups.sorted() { try await settle(id) }
         // A fenced worker (its leases unrenewed, `Engine+Fleet`) starts nothing.
-        guard configuration.queuePausedReason == nil, fencedSince == nil else { return }
+        guard configuration.queuePausedReason == nil, leases.fencedSince == nil else { return }
         var free = configuration.lanes.free(bulk: scheduling.bulkTaken(), light: scheduling.lightTaken())
         // The ready jobs first: no trip to the table before they start.
         while free > 0, startFromReady() { free -= 1 }
@@ -119,7 +119,7 @@ extension Engine {
         // outcome is written while the row is this worker's, which the claim made it again);
         // a second transfer would write the same partial file, cut back to the committed offset.
         let jobs = claimed.filter { job in
-            guard running[job.id] != nil || publishing.contains(job.id) || toPublish.contains(where: { $0.job.id == job.id }) else { return true }
+            guard running[job.id] != nil || publisher.batch.contains(job.id) || publisher.queue.contains(where: { $0.job.id == job.id }) else { return true }
             logger.notice("claimed again while its transfer or its publishing runs here: not started twice", metadata: ["job": "\(job.id)"])
             return false
         }

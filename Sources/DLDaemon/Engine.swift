@@ -126,8 +126,10 @@ public struct EngineConfiguration: Sendable {
 /// `flush` commits them in one transaction. Bulk commands are one statement each. The engine
 /// holds what runs, never what waits: the next jobs come from indexed queries.
 ///
-/// The roles live in their own files: Engine+Commands (what clients ask), Engine+Scheduling
-/// (slots, transfers and their outcomes), Engine+Publishing (finished files in batches),
+/// The roles live in their own files, each with its state: `Scheduling` (DLCore: slots, ready
+/// lists, early claims, the turn's rows; a value with no I/O), Engine+Commands (what clients
+/// ask), Engine+Scheduling (transfers and their outcomes), Engine+Publishing
+/// (`PublisherState`: finished files in batches), Engine+Fleet (`LeaseBook`: leases, the fence),
 /// Engine+Groups, Engine+Recovery (start-up and shutdown), Engine+Loops (the timed work, run
 /// by the daemon's service group).
 public actor Engine {
@@ -180,11 +182,9 @@ public actor Engine {
     /// Transfers that ended and wait for the queue's next turn, which records them together.
     var ended: [(id: JobID, attempt: UInt64, result: TransferResult)] = []
     var drainScheduled = false
-    /// Downloaded files waiting to be synced, recorded and published in a batch. Their rows are
-    /// still `running`; they hold no slot.
-    var toPublish: [PublishItem] = []
-    var publisherRunning = false
-    /// Commits claims that `deferStartedClaims` left waiting, after `claimDelay`.
+    /// Finished files on their way to their names (`Engine+Publishing`).
+    var publisher = PublisherState()
+    /// Commits claims that `Scheduling.deferClaims` left waiting, after `claimDelay`.
     var claimFlushTask: Task<Void, Never>?
     /// Called after a job or group finishes (completed or failed), outside the serial queue.
     var onFinished: (@Sendable (FinishedNotice) -> Void)?
@@ -199,11 +199,6 @@ public actor Engine {
     var wakeMayHaveChanged = true
     let startedAt: Date
 
-    /// Jobs taken from `toPublish` whose files are being synced (their rows are still running).
-    var publishing: Set<JobID> = []
-    /// Batches of finished files between their commit and their links, outside the queue.
-    var linksInFlight = 0
-    var linkWaiters: [CheckedContinuation<Void, Never>] = []
     /// Whether this machine has a route to a network, as last seen (`Engine+Network`).
     var online = true
     /// Reads the route tables; a test may pass its own.
@@ -212,22 +207,8 @@ public actor Engine {
     var connectionMetered = false
     /// A compaction runs (one at a time).
     var compacting = false
-    /// When this worker last renewed its leases (shared table): the engine's clock for
-    /// `stats`, and the monotonic clock (taken before the renewal was sent) for the fence.
-    var renewedAt: Date?
-    var renewedInstant: ContinuousClock.Instant?
-    /// Since when this worker's transfers are fenced: its leases went unrenewed for most of a
-    /// lease (`Engine+Fleet`); nil while they are renewed.
-    var fencedSince: Date?
-    /// How many times this worker was fenced since it started.
-    var fences = 0
-    /// The shared table's clock minus this engine's (seconds), as last measured: leases are
-    /// reckoned on the table's clock, so a worker whose clock is wrong neither takes jobs whose
-    /// leases still run nor gives out leases that others see as ended.
-    var tableClockSkew: TimeInterval = 0
-    /// The last `stats` read from the table, answered again (with the reason) when a shared
-    /// table does not answer in time.
-    var lastTableStats: TableStats?
+    /// This worker's leases on a shared table (`Engine+Fleet`).
+    var leases = LeaseBook()
     /// The global rate set by `set_speed`, over the config file's; nil: the config's.
     var speedOverride: Int64?
     /// `~/.netrc` as last read, by what `stat` said of it then (`currentNetrc`).
