@@ -126,7 +126,7 @@ public struct EngineConfiguration: Sendable {
 /// `flush` commits them in one transaction. Bulk commands are one statement each. The engine
 /// holds what runs, never what waits: the next jobs come from indexed queries.
 ///
-/// The roles live in their own files, each with its state: `Scheduling` (DLCore: slots, ready
+/// The roles live in their own files, each with its state: `Scheduling` (Scheduling.swift: slots, ready
 /// lists, early claims, the turn's rows; a value with no I/O), Engine+Commands (what clients
 /// ask), Engine+Scheduling (transfers and their outcomes), Engine+Publishing
 /// (`PublisherState`: finished files in batches), Engine+Fleet (`LeaseBook`: leases, the fence),

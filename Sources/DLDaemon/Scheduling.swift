@@ -1,3 +1,4 @@
+import DLCore
 import Foundation
 
 /// What a running transfer tells the scheduler of the connections it holds. Live values: a
@@ -249,8 +250,8 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
         // A group's places are its own; standalone jobs start in the lanes' free slots, and a
         // job known to be big only while a bulk slot is free.
         let lanes = self.lanes(group)
-        let bulk = bulkTaken(group: group, excludingEnded: true)
-        let free = lanes.free(bulk: bulk, light: lightTaken(group: group, excludingEnded: true))
+        let (bulk, light) = taken(group: group, excludingEnded: true)
+        let free = lanes.free(bulk: bulk, light: light)
         let mayStart: (Int) -> Bool = { lanes.mayStart(size: list[$0].size, received: list[$0].received, bulk: bulk) }
         let long = hostLongLoad()
         guard let index = SchedulerPolicy.handOff(
@@ -273,8 +274,9 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
     /// `blockedClaimPause` ago (else every turn would make that claim). Any other answer drops
     /// the ready list: the claim counts its slots free.
     public mutating func claimFree(now: Date) -> Int? {
-        let forStandalone = limits.lanes.free(bulk: bulkTaken(), light: lightTaken())
-        let forGroups = limits.lanes.freeForGroups(bulk: bulkTaken(), light: lightTaken())
+        let (bulk, light) = taken(group: nil, excludingEnded: false)
+        let forStandalone = limits.lanes.free(bulk: bulk, light: light)
+        let forGroups = limits.lanes.freeForGroups(bulk: bulk, light: light)
         let total = limits.lanes.strict ? forStandalone : forStandalone + forGroups
         guard total > 0 else { return nil }
         if !ready.isEmpty, let last = fruitlessClaimAt, now.timeIntervalSince(last) < Self.blockedClaimPause { return nil }
@@ -328,25 +330,43 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
         group == nil ? limits.lanes : limits.groupLanes
     }
 
-    /// Transfers of `group`'s members (nil: standalone jobs), running or about to start; with
-    /// `excludingEnded`, not those that ended on their own and wait for the queue.
+    /// Transfers of `group`'s members (nil: standalone jobs), running or about to start, and
+    /// those of them in the bulk lane, in one pass; with `excludingEnded`, not those that
+    /// ended on their own and wait for the queue.
+    func tally(group: GroupID?, excludingEnded: Bool) -> (busy: Int, bulk: Int) {
+        var busy = 0
+        var bulk = 0
+        for slot in running.values where slot.job.groupID == group && !(excludingEnded && slot.ended) {
+            busy += 1
+            if slot.bulk { bulk += 1 }
+        }
+        for job in pending.launches where job.groupID == group { busy += 1 }
+        return (busy, bulk)
+    }
+
+    /// Transfers of `group`'s members (nil: standalone jobs), running or about to start.
     public func busy(group: GroupID?, excludingEnded: Bool = false) -> Int {
-        running.values.filter { $0.job.groupID == group && !(excludingEnded && $0.ended) }.count
-            + pending.launches.filter { $0.groupID == group }.count
+        tally(group: group, excludingEnded: excludingEnded).busy
     }
 
     /// Bulk slots taken: standalone transfers in the bulk lane and the groups that hold
     /// slots; with `group`, that group's members in its bulk lane.
     public func bulkTaken(group: GroupID? = nil, excludingEnded: Bool = false) -> Int {
-        running.values.filter { $0.job.groupID == group && $0.bulk && !(excludingEnded && $0.ended) }.count
-            + (group == nil ? activeGroups.count : 0)
+        tally(group: group, excludingEnded: excludingEnded).bulk + (group == nil ? activeGroups.count : 0)
     }
 
     /// Transfers in the light lane (standalone, or `group`'s members), running or about to
     /// start (every start is light until its answer tells its size).
     public func lightTaken(group: GroupID? = nil, excludingEnded: Bool = false) -> Int {
-        busy(group: group, excludingEnded: excludingEnded) - bulkTaken(group: group, excludingEnded: excludingEnded)
-            + (group == nil ? activeGroups.count : 0)
+        let counts = tally(group: group, excludingEnded: excludingEnded)
+        return counts.busy - counts.bulk
+    }
+
+    /// The lanes' taken slots of `group` (nil: standalone jobs) in one pass: bulk (with the
+    /// groups that hold slots, for standalone jobs) and light.
+    func taken(group: GroupID?, excludingEnded: Bool) -> (bulk: Int, light: Int) {
+        let counts = tally(group: group, excludingEnded: excludingEnded)
+        return (counts.bulk + (group == nil ? activeGroups.count : 0), counts.busy - counts.bulk)
     }
 
     /// The limit of `host`: a host that answered over HTTP/2 takes more streams than an

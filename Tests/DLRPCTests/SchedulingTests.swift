@@ -1,4 +1,5 @@
 import DLCore
+import DLDaemon
 import Foundation
 import Testing
 
@@ -11,9 +12,16 @@ struct FakeTransfer: TransferLoad {
 
 typealias Book = Scheduling<FakeTransfer, String>
 
-func queuedJob(_ id: JobID, host: String = "a.example", group: GroupID? = nil, size: Int64? = nil, clock: TestClock = TestClock()) -> Job {
-    Job(id: id, url: "http://\(host)/f\(id)", path: "/tmp/f\(id)", state: .queued, size: size,
-        createdAt: clock.now, updatedAt: clock.now, groupID: group)
+/// A test clock: fixed instants, advanced by hand.
+struct SchedulingClock {
+    var now = Date(timeIntervalSince1970: 1_800_000_000)
+    mutating func advance(_ seconds: TimeInterval) { now = now.addingTimeInterval(seconds) }
+}
+
+func queuedJob(_ id: JobID, host: String = "a.example", group: GroupID? = nil, size: Int64? = nil) -> Job {
+    let created = SchedulingClock().now
+    return Job(id: id, url: "http://\(host)/f\(id)", path: "/tmp/f\(id)", state: .queued, size: size,
+               createdAt: created, updatedAt: created, groupID: group)
 }
 
 extension Book {
@@ -33,7 +41,7 @@ extension Book {
         return attempt
     }
 
-    mutating func handOff(group: GroupID? = nil, at clock: TestClock) -> Job? {
+    mutating func handOff(group: GroupID? = nil, at clock: SchedulingClock) -> Job? {
         handOff(group: group, open: true, worker: "local/dld", lease: 30, now: clock.now)
     }
 }
@@ -45,7 +53,7 @@ extension Book {
     /// started early before it may change the queue, and the ready lists are gone: no slot
     /// that frees up afterwards starts a job from a list read before that section.
     @Test func claimsAreCommittedBeforeTheQueueChanges() throws {
-        let clock = TestClock()
+        let clock = SchedulingClock()
         var book = Book()
         let first = book.run(queuedJob(1))
         book.run(queuedJob(2))
@@ -78,7 +86,7 @@ extension Book {
     /// Invariant 2: the slot of a transfer that ended goes to the first ready job that may
     /// start in it; a job whose host is at its limit is passed over, not waited for.
     @Test func aFreedSlotGoesToTheNextReadyJob() throws {
-        let clock = TestClock()
+        let clock = SchedulingClock()
         var book = Book(maxLight: 3, maxPerHost: 2)
         let one = book.run(queuedJob(1, host: "a.example"), long: true)
         book.run(queuedJob(2, host: "a.example"), long: true)
@@ -112,7 +120,7 @@ extension Book {
     /// not free, more than a group's places, or more than a host's limit.
     @Test(arguments: [1, 2, 3, 4, 5]) func limitsHoldForEveryStart(seed: UInt64) {
         var random = SeededRandom(seed: seed)
-        let clock = TestClock()
+        let clock = SchedulingClock()
         var book = Book(maxActive: 2, maxLight: 5, groupParallel: 2, maxPerHost: 2)
         let group: GroupID = 9
         book.activeGroups = [group]
@@ -173,7 +181,7 @@ extension Book {
     /// Invariant 4: a turn that failed before its commit loses exactly its rows; the jobs it
     /// had claimed start; the claims of early starts wait for their own commit.
     @Test func aFailedTurnDropsExactlyItsUncommittedRows() throws {
-        let clock = TestClock()
+        let clock = SchedulingClock()
         var book = Book()
         book.turnRead(ready: [queuedJob(7)], members: [:])
         let r12 = book.handOff(at: clock)
@@ -199,7 +207,7 @@ extension Book {
     /// `blockedClaimPause` on the clock; then a turn claims again, and the claim counts the
     /// ready list's slots free (the list is gone).
     @Test func aFruitlessClaimPausesTheNextOnesForAWhile() {
-        var clock = TestClock()
+        var clock = SchedulingClock()
         var book = Book(maxLight: 4, maxPerHost: 1)
         book.run(queuedJob(1, host: "a.example"), long: true)
         book.turnRead(ready: [queuedJob(2, host: "a.example")], members: [:])
@@ -225,7 +233,7 @@ extension Book {
     /// Claims of early starts wait for one timer while the lists hold a job for every slot;
     /// anything else to write commits them at once.
     @Test func earlyClaimsWaitForOneTimer() throws {
-        let clock = TestClock()
+        let clock = SchedulingClock()
         var book = Book(maxActive: 1, maxLight: 0)
         #expect(book.limits.readyRows == 4)
         book.turnRead(ready: (1...6).map { queuedJob($0) }, members: [:])
