@@ -47,6 +47,9 @@ BENCH_STEP_TIMEOUT (default 400 s) bounds every step of the last two.
 wan         Over a link with round trips (a relay that delays every byte 20 ms each way):
             many small files over https (HTTP/2) and plain http, and one 200 MiB file; dld
             with its defaults beside curl --parallel and aria2c; see bench_wan.py.
+cpu         Wall time beside CPU time: 1 GiB from nginx by curl -o and dld (one stream and
+            defaults), with each tool's CPU and the machine's, and SHA-256's cost per GiB;
+            2000 x 16 KiB into a fresh ext4, dld's CPU per file; see bench_cpu.py.
 """
 import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
 
@@ -54,6 +57,7 @@ import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import BIN, Client, peak_rss_kib, start_nginx  # noqa: E402
+import bench_cpu  # noqa: E402
 import bench_fleet  # noqa: E402
 import bench_idle  # noqa: E402
 import bench_many  # noqa: E402
@@ -71,7 +75,7 @@ KILL_RATE = int(os.environ.get("BENCH_KILL_RATE", "8000000"))
 KILL_AFTER = float(os.environ.get("BENCH_KILL_AFTER", "0.9"))
 KILL_CYCLES = int(os.environ.get("BENCH_KILL_CYCLES", "10"))
 WIRE_SIZES = [int(m) << 20 for m in os.environ.get("BENCH_WIRE_MIB", "5,64,1024").split(",") if m.strip()]
-PARTS = ("idle", "throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments", "kill", "wire", "wan")
+PARTS = ("idle", "throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments", "kill", "wire", "wan", "cpu")
 
 
 def wait_for_socket(path, proc, timeout=20):
@@ -533,6 +537,8 @@ def main():
             bench_wan.part_wan()
         elif part == "idle":
             bench_idle.part_idle()
+        elif part == "cpu":
+            bench_cpu.part_cpu(BIN)
         else:
             bench_fleet.part_fleet()
         print(f"  ({part}: {time.monotonic() - started:.0f} s in all)")
