@@ -56,7 +56,7 @@ import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
 # The helpers live beside this script; no __pycache__ is left in the source tree.
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import BIN, Client, peak_rss_kib, start_nginx  # noqa: E402
+from benchlib import BIN, Client, peak_rss_kib, start_nginx, write_file  # noqa: E402
 import bench_cpu  # noqa: E402
 import bench_fleet  # noqa: E402
 import bench_idle  # noqa: E402
@@ -96,12 +96,7 @@ def start_origin(work, size=None):
     if shutil.which("nginx"):
         docroot = os.path.join(work, "www")
         os.makedirs(docroot)
-        with open(os.path.join(docroot, "file.bin"), "wb") as f:
-            chunk = os.urandom(1 << 20)
-            for _ in range(size >> 20):
-                f.write(chunk)
-        # nginx's workers drop to an unprivileged user: they must be able to read the file.
-        os.chmod(os.path.join(docroot, "file.bin"), 0o644)
+        write_file(os.path.join(docroot, "file.bin"), size)
         proc, base = start_nginx(work, docroot)
         return proc, f"{base}/file.bin", "nginx"
     proc = subprocess.Popen([os.path.join(BIN, "dld-origin")], stdout=subprocess.PIPE, text=True)
@@ -367,14 +362,6 @@ def speed(work):
     finally:
         origin.send_signal(signal.SIGTERM)
         origin.wait(timeout=10)
-
-
-def write_file(path, size):
-    with open(path, "wb") as f:
-        chunk = os.urandom(1 << 20)
-        for _ in range(size >> 20):
-            f.write(chunk)
-    os.chmod(path, 0o644)
 
 
 def timed(argv):

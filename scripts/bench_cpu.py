@@ -17,7 +17,7 @@ Figures only; nothing is asserted. Imported by scripts/bench.py.
 import os, shutil, signal, subprocess, tempfile, time
 
 import bench_many
-from benchlib import Daemon, start_nginx
+from benchlib import Daemon, start_nginx, write_file
 
 RUNS = int(os.environ.get("BENCH_CPU_RUNS", "3"))
 SIZE = int(os.environ.get("BENCH_SIZE_MIB", "1024")) << 20
@@ -85,11 +85,7 @@ def sha256_rate():
 def one_big_file(bin_dir, work):
     docroot = os.path.join(work, "www")
     os.makedirs(docroot)
-    with open(os.path.join(docroot, "big.bin"), "wb") as f:
-        block = os.urandom(1 << 20)
-        for _ in range(SIZE >> 20):
-            f.write(block)
-    os.chmod(os.path.join(docroot, "big.bin"), 0o644)
+    write_file(os.path.join(docroot, "big.bin"), SIZE)
     started = start_nginx(work, docroot)
     if not started:
         print("  nginx is not installed: the 1 GiB figures are skipped")

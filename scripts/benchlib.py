@@ -233,6 +233,16 @@ def start_dld_origin(host="127.0.0.1"):
     return proc, base
 
 
+def write_file(path, size):
+    """`size` bytes (whole MiB) of random data at `path`, readable by others (nginx's workers
+    drop to an unprivileged user)."""
+    with open(path, "wb") as f:
+        chunk = os.urandom(1 << 20)
+        for _ in range(size >> 20):
+            f.write(chunk)
+    os.chmod(path, 0o644)
+
+
 def start_nginx(work, docroot, server_extra=""):
     """nginx serving `docroot` on a free loopback port, or None when nginx is not installed.
     `server_extra` goes into the server block (`limit_rate 40m;`: each connection throttled).
