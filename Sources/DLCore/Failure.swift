@@ -19,7 +19,7 @@ public struct TransferFailure: Error, Sendable, Equatable {
     /// error once, and may drop the pages it could not write), so they are never counted.
     public var failedSync = false
 
-    public init(_ kind: FailureKind, _ code: String, _ message: String, retryAfter: TimeInterval? = nil) {
+    public init(_ kind: FailureKind, _ code: JobErrorCode, _ message: String, retryAfter: TimeInterval? = nil) {
         self.kind = kind
         self.error = JobError(code: code, message: message)
         self.retryAfter = retryAfter
@@ -82,12 +82,12 @@ public enum RetryDecision: Sendable, Equatable {
         case .transient(let reason):
             if policy.shouldGiveUp(attempts: attempts) {
                 return .fail(JobError(
-                    code: "retries_exhausted",
+                    code: .retriesExhausted,
                     message: "gave up after \(attempts) attempts without progress; last error: \(failure.error.message) (\(failure.error.code))"))
             }
             if sinceProgress >= policy.giveUpAfter {
                 return .fail(JobError(
-                    code: "retries_exhausted",
+                    code: .retriesExhausted,
                     message: "gave up after \(Int(sinceProgress)) s without progress; last error: \(failure.error.message) (\(failure.error.code))"))
             }
             let delay = policy.delay(afterAttempt: attempts, retryAfter: failure.retryAfter, unit: unit)
@@ -102,14 +102,14 @@ public enum RedirectPolicy {
         guard let next = URL(string: location, relativeTo: current)?.absoluteURL, let scheme = next.scheme?.lowercased(),
             next.host?.isEmpty == false
         else {
-            return .failure(TransferFailure(.permanent, "redirect_refused", "redirect to an invalid location: \(URLRules.redacted(location).prefix(200))"))
+            return .failure(TransferFailure(.permanent, .redirectRefused, "redirect to an invalid location: \(URLRules.redacted(location).prefix(200))"))
         }
         guard scheme == "http" || scheme == "https" else {
-            return .failure(TransferFailure(.permanent, "redirect_refused", "redirect to a \(scheme): URL refused"))
+            return .failure(TransferFailure(.permanent, .redirectRefused, "redirect to a \(scheme): URL refused"))
         }
         if scheme == "http" && current.scheme?.lowercased() == "https" {
             // The message is shown and logged: a password in the location is not.
-            return .failure(TransferFailure(.permanent, "redirect_refused", "redirect from https to http refused: \(URLRules.redacted(next.absoluteString).prefix(200))"))
+            return .failure(TransferFailure(.permanent, .redirectRefused, "redirect from https to http refused: \(URLRules.redacted(next.absoluteString).prefix(200))"))
         }
         return .success(next)
     }

@@ -69,7 +69,7 @@ extension Engine {
         if !alreadyMoved, fm.fileExists(atPath: group.dir),
             let clash = members.first(where: { !$0.overwrite && fm.fileExists(atPath: $0.path) })
         {
-            group.error = JobError(code: DLError.Code.destinationExists.rawValue,
+            group.error = JobError(code: .destinationExists,
                                    message: "\(clash.path) exists already; the group stays staged in \(group.staging)")
             group.updatedAt = now()
             try await storage { try await store.saveGroup(group) }

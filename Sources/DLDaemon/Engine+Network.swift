@@ -138,7 +138,7 @@ extension Engine {
     /// A `running` row of this worker as `waiting(metered)`.
     private func heldRow(_ job: Job) -> Job? {
         let error = JobError(
-            code: WaitReason.metered.rawValue,
+            code: .metered,
             message: "the connection is metered and this job downloads only on a connection that is not metered")
         do {
             return try StateMachine.apply(.wait(.metered, error, until: now().addingTimeInterval(Self.meteredRecheck)), to: job, now: now())

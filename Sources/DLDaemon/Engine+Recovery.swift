@@ -159,8 +159,8 @@ extension Engine {
             if access(job.downloadPath, F_OK) != 0, finishPublish(job) {
                 break
             }
-            if access(job.downloadPath, F_OK) != 0, job.error?.code != "file_missing" {
-                fixed.error = JobError(code: "file_missing", message: "\(job.downloadPath) was deleted or moved after it completed; remove the record with dlctl rm \(job.id)")
+            if access(job.downloadPath, F_OK) != 0, job.error?.code != JobErrorCode.fileMissing.rawValue {
+                fixed.error = JobError(code: .fileMissing, message: "\(job.downloadPath) was deleted or moved after it completed; remove the record with dlctl rm \(job.id)")
                 logger.notice("completed file is missing", metadata: ["job": "\(job.id)", "path": "\(job.downloadPath)"])
             }
             removeLeftover(of: job)

@@ -222,7 +222,7 @@ extension Engine {
                     return
                 }
                 // Written only while the job is still this worker's: else the transfer ends.
-                guard written else { throw TransferFailure(.transient(.retry), "lease_lost", "job \(id) is no longer this worker's") }
+                guard written else { throw TransferFailure(.transient(.retry), .leaseLost, "job \(id) is no longer this worker's") }
             }
             downloader.limiter.setJob(id, nil)
             await self?.transferEnded(id, attempt: attempt, result: result)

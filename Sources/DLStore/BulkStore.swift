@@ -61,7 +61,7 @@ public enum BulkCommand: Sendable, CaseIterable {
     public var sources: [JobState] { JobState.allCases.filter { StateMachine.allows(event, from: $0) } }
 
     /// Failures after which the partial file cannot be trusted: a resume starts over from zero.
-    public static let startOverCodes = ["checksum_mismatch", "size_mismatch"]
+    public static let startOverCodes = [JobErrorCode.checksumMismatch, .sizeMismatch].map(\.rawValue)
 
     /// The columns the command sets: the same result as `StateMachine.apply` on each row (a
     /// store test checks that they agree). SQLite evaluates every expression on the old row.

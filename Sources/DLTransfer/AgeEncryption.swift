@@ -8,7 +8,7 @@ import Synchronization
 /// our own; this file only strings them together as https://age-encryption.org/v1 says.
 enum AgeCrypto {
     static func failure(_ step: String) -> TransferFailure {
-        TransferFailure(.permanent, "encryption_error", "OpenSSL's libcrypto could not \(step); check dld's OpenSSL installation (libssl)")
+        TransferFailure(.permanent, .encryptionError, "OpenSSL's libcrypto could not \(step); check dld's OpenSSL installation (libssl)")
     }
 
     static func random(_ count: Int) throws(TransferFailure) -> [UInt8] {
@@ -45,7 +45,7 @@ enum AgeCrypto {
         guard EVP_PKEY_derive_init(context) == 1, EVP_PKEY_derive_set_peer(context, peerKey) == 1,
               EVP_PKEY_derive(context, &out, &length) == 1, length == 32, out.contains(where: { $0 != 0 })
         else {
-            throw TransferFailure(.permanent, "encryption_error", "the age recipient's key is not usable (X25519 with it gives no shared secret: a low-order point)")
+            throw TransferFailure(.permanent, .encryptionError, "the age recipient's key is not usable (X25519 with it gives no shared secret: a low-order point)")
         }
         return out
     }

@@ -208,7 +208,7 @@ public final class Downloader: Sendable {
             // own, say) is named here, before the TLS library fails with no name.
             for file in tls.files {
                 if let problem = TLSFileCheck.problem(file.path, what: file.what, folder: file.what == "CA folder") {
-                    throw TransferFailure(.permanent, "tls_config", problem)
+                    throw TransferFailure(.permanent, .tlsConfig, problem)
                 }
             }
             var config = HTTPClient.Configuration(tlsConfiguration: try tls.configuration(system: configuration.systemTrust))
@@ -284,7 +284,7 @@ public final class Downloader: Sendable {
             switch AgeRecipient.parseList(texts) {
             case .success(let recipients): request.recipients = recipients
             case .failure(let error):
-                return .failed(TransferFailure(.permanent, "encryption_error", error.message), state.checkpoint)
+                return .failed(TransferFailure(.permanent, .encryptionError, error.message), state.checkpoint)
             }
             // One stream: the age payload is a sequence of chunks sealed in order, and the
             // file key exists only in this attempt's memory (docs/architecture.md).
@@ -320,10 +320,10 @@ public final class Downloader: Sendable {
             // For an encrypted file, the checksum and the size are the plaintext's, the bytes
             // the server sent; what is kept in the partial file is ciphertext either way.
             if let expected = request.checksum, let actual = done.digest, actual != expected.hex {
-                mismatch = TransferFailure(.permanent, "checksum_mismatch",
+                mismatch = TransferFailure(.permanent, .checksumMismatch,
                     "the file from \(hostName(state)) does not match the checksum: its \(expected.algorithm.rawValue) is \(actual), expected \(expected.hex); it is kept at \(request.partialPath) (resume downloads it again)")
             } else if let size = request.expectedSize, size != state.received {
-                mismatch = TransferFailure(.permanent, "size_mismatch",
+                mismatch = TransferFailure(.permanent, .sizeMismatch,
                     "the file from \(hostName(state)) is \(state.received) bytes, expected \(size) (size); it is kept at \(request.partialPath) (resume downloads it again)")
             }
             if let mismatch {
@@ -476,7 +476,7 @@ public final class Downloader: Sendable {
     func startingOver(_ reason: String, state: inout AttemptState, progress: TransferProgress, job: JobID) {
         guard state.received > 0 else { return }
         let error = JobError(
-            code: "started_over", message: "downloading again from byte 0 from \(hostName(state)) (\(state.received) bytes dropped): \(reason)")
+            code: .startedOver, message: "downloading again from byte 0 from \(hostName(state)) (\(state.received) bytes dropped): \(reason)")
         logger.notice("starting over", metadata: ["job": "\(job)", "reason": "\(reason)"])
         state.startedOver = error
         progress.note(error)
@@ -642,7 +642,7 @@ public final class Downloader: Sendable {
             }
         }
         if let expected = request.expectedSize, let announced = state.size, expected != announced {
-            throw TransferFailure(.permanent, "size_mismatch", "\(hostName(state)) announces \(announced) bytes, expected \(expected) (size)")
+            throw TransferFailure(.permanent, .sizeMismatch, "\(hostName(state)) announces \(announced) bytes, expected \(expected) (size)")
         }
         progress.update(received: state.received, size: state.size)
         // The answer told the size: the transfer stays in its lane, moves to the bulk lane or
@@ -742,15 +742,15 @@ public final class Downloader: Sendable {
         } catch {
             if error is TransferFailure || error is CancellationError || Task.isCancelled { throw error }
             let classified = await explain(error, request: request, target: state.target, proxy: state.proxy)
-            if let size = state.size, state.received < size, classified.error.code != "timeout", classified.kind != .permanent {
-                throw TransferFailure(.transient(.network), "truncated", "the connection to \(hostName(state)) ended after \(state.received) of \(size) bytes (\(classified.error.message))")
+            if let size = state.size, state.received < size, classified.error.code != JobErrorCode.timeout.rawValue, classified.kind != .permanent {
+                throw TransferFailure(.transient(.network), .truncated, "the connection to \(hostName(state)) ended after \(state.received) of \(size) bytes (\(classified.error.message))")
             }
             throw classified
         }
     }
 
     static func digestFailure(_ path: String) -> TransferFailure {
-        TransferFailure(.permanent, "digest_error", "OpenSSL's libcrypto could not start a digest for \(path); check dld's OpenSSL installation (libssl)")
+        TransferFailure(.permanent, .digestError, "OpenSSL's libcrypto could not start a digest for \(path); check dld's OpenSSL installation (libssl)")
     }
 
     func hostName(_ state: AttemptState) -> String { state.target?.host ?? "the server" }
@@ -829,10 +829,10 @@ public final class Downloader: Sendable {
             _ = try? await response.body.collect(upTo: 64 << 10)
             hops += 1
             guard hops <= configuration.maxRedirects else {
-                throw TransferFailure(.permanent, "too_many_redirects", "more than \(configuration.maxRedirects) redirects from \(URLRules.redacted(start)); the server sends dld in circles")
+                throw TransferFailure(.permanent, .tooManyRedirects, "more than \(configuration.maxRedirects) redirects from \(URLRules.redacted(start)); the server sends dld in circles")
             }
             guard let base = URL(string: current) else {
-                throw TransferFailure(.permanent, "invalid_url", "the URL \(URLRules.redacted(current).prefix(200)) cannot be requested; check it")
+                throw TransferFailure(.permanent, .invalidURL, "the URL \(URLRules.redacted(current).prefix(200)) cannot be requested; check it")
             }
             current = try RedirectPolicy.target(from: base, location: location).get().absoluteString
         }
@@ -853,7 +853,7 @@ public final class Downloader: Sendable {
         let remaining = state.size.map { $0 - state.received }
         let folder = (request.path as NSString).deletingLastPathComponent
         if let free = FileSystem.freeBytes(folder), !request.diskSpace.allows(free: free, remaining: remaining) {
-            throw TransferFailure(.transient(.diskSpace), "disk_space",
+            throw TransferFailure(.transient(.diskSpace), .diskSpace,
                 "\(folder) has \(free) bytes free; this job needs \(remaining.map(String.init) ?? "an unknown number of") more and \(request.diskSpace.minFree) must stay free")
         }
         let from = start ?? state.received
@@ -866,7 +866,7 @@ public final class Downloader: Sendable {
     func checkFloor(_ request: TransferRequest) throws {
         let folder = (request.path as NSString).deletingLastPathComponent
         if let free = FileSystem.freeBytes(folder), free < request.diskSpace.minFree {
-            throw TransferFailure(.transient(.diskSpace), "disk_space",
+            throw TransferFailure(.transient(.diskSpace), .diskSpace,
                 "\(folder) has \(free) bytes free, below the floor of \(request.diskSpace.minFree)")
         }
     }
@@ -891,7 +891,7 @@ public final class Downloader: Sendable {
 
     func statusFailure(_ status: Int, _ reason: String, _ headers: HTTPHeaders, host: String) -> TransferFailure {
         TransferFailure(
-            HTTPFailurePolicy.kind(forStatus: status), "http_status",
+            HTTPFailurePolicy.kind(forStatus: status), .httpStatus,
             HTTPFailurePolicy.message(host: host, status: status, reason: reason),
             retryAfter: HTTPFailurePolicy.retryAfter(headers.first(name: "retry-after"), now: Date()))
     }

@@ -85,7 +85,7 @@ extension Downloader {
     func noSourceLeft(_ book: SourceBook, last: TransferFailure?) -> TransferFailure {
         let (permanent, reasons) = book.state.withLock { set in (set.sources.allSatisfy { $0.dropped != nil }, set.reasons) }
         let kind: FailureKind = permanent ? .permanent : (last?.kind ?? .transient(.retry))
-        return TransferFailure(kind, "no_mirror_left", "no URL of the file is left: \(reasons)", retryAfter: last?.retryAfter)
+        return TransferFailure(kind, .noMirrorLeft, "no URL of the file is left: \(reasons)", retryAfter: last?.retryAfter)
     }
 
     /// A failure of a range request or body as the job's error: the source's failure when it

@@ -56,7 +56,7 @@ public final class PartialFile {
                 if errno == EINTR { continue }
                 throw Self.failure("read", path, errno)
             }
-            if n == 0 { throw TransferFailure(.permanent, "file_error", "\(path) is shorter than its recorded \(length) bytes") }
+            if n == 0 { throw TransferFailure(.permanent, .fileError, "\(path) is shorter than its recorded \(length) bytes") }
             buffer.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
             offset += Int64(n)
         }
@@ -94,7 +94,7 @@ public final class PartialFile {
                     if errno == EINTR { continue }
                     throw PartialFile.failure("read", path, errno)
                 }
-                if n == 0 { throw TransferFailure(.permanent, "file_error", "\(path) is shorter than the \(range.upperBound) bytes written to it") }
+                if n == 0 { throw TransferFailure(.permanent, .fileError, "\(path) is shorter than the \(range.upperBound) bytes written to it") }
                 buffer.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
                 offset += Int64(n)
             }
@@ -165,14 +165,14 @@ public final class PartialFile {
         } else if calls.renameNoReplace(partial, final) == 0 {
             // One atomic call that never replaces (renameat2 RENAME_NOREPLACE).
         } else if errno == EEXIST {
-            throw TransferFailure(.permanent, "destination_exists", "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
+            throw TransferFailure(.permanent, .destinationExists, "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
         } else if calls.hardLink(partial, final) == 0 {
             // Filesystems without RENAME_NOREPLACE: link, which fails on an existing name.
             unlink(partial)
         } else {
             let linkErrno = errno
             if linkErrno == EEXIST {
-                throw TransferFailure(.permanent, "destination_exists", "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
+                throw TransferFailure(.permanent, .destinationExists, "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
             }
             // Filesystems without hard links: check, then rename. The window is small and only
             // our own user can write there.
@@ -180,7 +180,7 @@ public final class PartialFile {
                 throw failure("link", final, linkErrno)
             }
             if access(final, F_OK) == 0 {
-                throw TransferFailure(.permanent, "destination_exists", "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
+                throw TransferFailure(.permanent, .destinationExists, "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
             }
             guard rename(partial, final) == 0 else { throw failure("rename", final, errno) }
         }
@@ -245,9 +245,9 @@ public final class PartialFile {
     static func failure(_ operation: String, _ path: String, _ code: Int32) -> TransferFailure {
         let reason = String(cString: strerror(code))
         if code == ENOSPC || code == EDQUOT {
-            return TransferFailure(.transient(.diskSpace), "disk_full", "cannot \(operation) \(path): \(reason); free some space, dld looks again by itself")
+            return TransferFailure(.transient(.diskSpace), .diskFull, "cannot \(operation) \(path): \(reason); free some space, dld looks again by itself")
         }
-        return TransferFailure(.permanent, "file_error", "cannot \(operation) \(path): \(reason)")
+        return TransferFailure(.permanent, .fileError, "cannot \(operation) \(path): \(reason)")
     }
 }
 

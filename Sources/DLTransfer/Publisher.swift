@@ -225,10 +225,10 @@ public enum Publisher {
         }
         if overwrite || !taken(path) { return .success(path) }
         guard renameIfTaken else {
-            return .failure(TransferFailure(.permanent, "destination_exists", "\(path) appeared while downloading; it was not replaced (the download is kept at \(path).part)"))
+            return .failure(TransferFailure(.permanent, .destinationExists, "\(path) appeared while downloading; it was not replaced (the download is kept at \(path).part)"))
         }
         guard let numbered = firstFree(like: path, taken: taken) else {
-            return .failure(TransferFailure(.permanent, "destination_exists", "no free name like \(path) (the download is kept at \(path).part)"))
+            return .failure(TransferFailure(.permanent, .destinationExists, "no free name like \(path) (the download is kept at \(path).part)"))
         }
         return .success(numbered)
     }

@@ -185,7 +185,7 @@ extension Downloader {
             try expect200(response, host: hostName(state))
             take(response.headers, into: &state)
             if let expected = request.expectedSize, let announced = state.size, expected != announced {
-                throw TransferFailure(.permanent, "size_mismatch", "\(hostName(state)) announces \(announced) bytes, expected \(expected) (size)")
+                throw TransferFailure(.permanent, .sizeMismatch, "\(hostName(state)) announces \(announced) bytes, expected \(expected) (size)")
             }
             progress.update(received: 0, size: state.size)
             progress.connections = 1
@@ -226,7 +226,7 @@ extension Downloader {
         record(run, into: &state)
         let planner = run.planner
         if let size = state.size, !planner.isComplete || planner.hashed != size {
-            throw TransferFailure(.transient(.network), "truncated", "the connections to \(hostName(state)) ended after \(planner.written) of \(size) bytes")
+            throw TransferFailure(.transient(.network), .truncated, "the connections to \(hostName(state)) ended after \(planner.written) of \(size) bytes")
         }
         if state.size == nil { state.size = planner.written }
         // The last chunk is sealed only now that the body has ended: the file is a whole age
@@ -373,7 +373,7 @@ extension Downloader {
             if let reason = mirrorDisagreement(response, status: status, source: source, book: book, run: run, template: template) {
                 // Its body is another file's: not read (the connection is closed).
                 run.state.withLock { $0.planner.release(slot) }
-                throw SourceFailure(underlying: TransferFailure(.permanent, "mirror_disagrees", reason))
+                throw SourceFailure(underlying: TransferFailure(.permanent, .mirrorDisagrees, reason))
             }
         }
         switch status {
@@ -519,7 +519,7 @@ extension Downloader {
             if granted < count {
                 let end = run.state.withLock { $0.planner.segment(slot).end }
                 if let size = run.size, end == size {
-                    throw SourceFailure(underlying: TransferFailure(.transient(.retry), "length_mismatch", "\(host) sent more than the \(size) bytes it announced"))
+                    throw SourceFailure(underlying: TransferFailure(.transient(.retry), .lengthMismatch, "\(host) sent more than the \(size) bytes it announced"))
                 }
                 // The rest of this answer is another range's: the server sent more than it was
                 // asked (the connection is closed, the other range asks for its own bytes).
@@ -527,13 +527,13 @@ extension Downloader {
             }
         }
         if checking > 0 {
-            throw SourceFailure(underlying: TransferFailure(.transient(.network), "truncated", "the connection to \(host) ended before the bytes to compare with the file had come"))
+            throw SourceFailure(underlying: TransferFailure(.transient(.network), .truncated, "the connection to \(host) ended before the bytes to compare with the file had come"))
         }
         let segment = run.state.withLock { $0.planner.segment(slot) }
         if let announcedEnd, segment.done >= announcedEnd { return }
         if let size = run.size, !segment.isFinished {
             let written = run.state.withLock { $0.planner.written }
-            throw SourceFailure(underlying: TransferFailure(.transient(.network), "truncated", "the connection to \(host) ended after \(written) of \(size) bytes"))
+            throw SourceFailure(underlying: TransferFailure(.transient(.network), .truncated, "the connection to \(host) ended after \(written) of \(size) bytes"))
         }
     }
 

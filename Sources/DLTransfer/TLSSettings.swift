@@ -109,11 +109,11 @@ public struct TLSSettings: Sendable, Hashable {
         tls.additionalTrustRoots = additional
         if let clientCert, let clientKey {
             guard let chain = try? NIOSSLCertificate.fromPEMFile(clientCert), !chain.isEmpty else {
-                throw TransferFailure(.permanent, "tls_config", TLSFileCheck.certificates(clientCert, what: "client certificate")
+                throw TransferFailure(.permanent, .tlsConfig, TLSFileCheck.certificates(clientCert, what: "client certificate")
                     ?? "the client certificate \(clientCert) cannot be loaded")
             }
             guard let key = try? NIOSSLPrivateKey(file: clientKey, format: .pem) else {
-                throw TransferFailure(.permanent, "tls_config", TLSFileCheck.privateKey(clientKey, what: "client key")
+                throw TransferFailure(.permanent, .tlsConfig, TLSFileCheck.privateKey(clientKey, what: "client key")
                     ?? "the client key \(clientKey) cannot be loaded")
             }
             tls.certificateChain = chain.map { .certificate($0) }

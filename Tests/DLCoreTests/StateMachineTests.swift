@@ -263,7 +263,7 @@ extension SchedulerPolicyTests {
     @Test func retryDecision() {
         let clock = TestClock()
         let policy = BackoffPolicy(base: 2, cap: 600, maxAttempts: 3)
-        let transient = TransferFailure(.transient(.network), "timeout", "timed out", retryAfter: 5)
+        let transient = TransferFailure(.transient(.network), .timeout, "timed out", retryAfter: 5)
         #expect(RetryDecision.decide(transient, attempts: 1, policy: policy, now: clock.now, unit: 0.3)
             == .wait(.network, until: clock.now.addingTimeInterval(5)))
         guard case .fail(let error) = RetryDecision.decide(transient, attempts: 3, policy: policy, now: clock.now, unit: 0.3) else {
@@ -272,7 +272,7 @@ extension SchedulerPolicyTests {
         }
         #expect(error.code == "retries_exhausted")
         #expect(error.message.contains("timed out"))
-        let permanent = TransferFailure(.permanent, "http_status", "the server answered 404 Not Found")
+        let permanent = TransferFailure(.permanent, .httpStatus, "the server answered 404 Not Found")
         #expect(RetryDecision.decide(permanent, attempts: 1, policy: policy, now: clock.now, unit: 0)
             == .fail(JobError(code: "http_status", message: "the server answered 404 Not Found")))
     }

@@ -70,10 +70,10 @@ import Testing
     @Test func retryDecisions() {
         let now = Date(timeIntervalSince1970: 1_800_000_000)
         let policy = BackoffPolicy(base: 2, cap: 600, maxAttempts: 3, giveUpAfter: 3600, diskRecheck: 30)
-        let disk = TransferFailure(.transient(.diskSpace), "disk_space", "full")
+        let disk = TransferFailure(.transient(.diskSpace), .diskSpace, "full")
         #expect(RetryDecision.decide(disk, attempts: 99, sinceProgress: 99_999, policy: policy, now: now, unit: 0.5)
             == .wait(.diskSpace, until: now.addingTimeInterval(30)))
-        let flaky = TransferFailure(.transient(.network), "network_error", "reset")
+        let flaky = TransferFailure(.transient(.network), .networkError, "reset")
         guard case .fail(let error) = RetryDecision.decide(flaky, attempts: 1, sinceProgress: 3600, policy: policy, now: now, unit: 0.5) else {
             Issue.record("expected give-up after give_up_after")
             return

@@ -18,6 +18,48 @@ func documentedJobErrorCodes() throws -> Set<String> {
     return codes
 }
 
+/// Job error codes are a type (`JobErrorCode`): docs/protocol.md's table lists exactly the
+/// documented ones, each static member is either documented or never recorded on a job, and
+/// no source file outside the type writes a code as a string literal.
+@Suite struct JobErrorCodeTests {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    @Test func theTableListsExactlyTheDocumentedCodes() throws {
+        let documented = Set(JobErrorCode.documented.map(\.rawValue))
+        #expect(documented.count == JobErrorCode.documented.count, "a code listed twice")
+        #expect(try documentedJobErrorCodes() == documented)
+        #expect(Set(JobErrorCode.documented).isDisjoint(with: JobErrorCode.neverRecorded))
+        // Every member of the type is in one of the two lists.
+        let source = try String(contentsOf: Self.root.appendingPathComponent("Sources/DLCore/JobErrorCode.swift"), encoding: .utf8)
+        let members = source.split(separator: "\n").compactMap { line -> String? in
+            guard line.contains("public static let"), let open = line.range(of: "rawValue: \""),
+                  let close = line[open.upperBound...].firstIndex(of: "\"") else { return nil }
+            return String(line[open.upperBound..<close])
+        }
+        #expect(members.count > 30)
+        #expect(Set(members) == documented.union(JobErrorCode.neverRecorded.map(\.rawValue)))
+    }
+
+    @Test func noSourceWritesACodeAsAString() throws {
+        let sources = Self.root.appendingPathComponent("Sources")
+        let walker = try #require(FileManager.default.enumerator(atPath: sources.path))
+        var offenders: [String] = []
+        while let path = walker.nextObject() as? String {
+            guard path.hasSuffix(".swift"), !path.hasSuffix("JobErrorCode.swift") else { continue }
+            let text = try String(contentsOf: sources.appendingPathComponent(path), encoding: .utf8)
+            for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+                let code = line.trimmingCharacters(in: .whitespaces)
+                if code.hasPrefix("//") { continue }
+                if code.contains("JobError(code: \"") || code.range(of: #"TransferFailure\([^,\"]*,\s*\""#, options: .regularExpression) != nil
+                    || code.range(of: #"code != \"|code == \""#, options: .regularExpression) != nil {
+                    offenders.append("\(path):\(number + 1)")
+                }
+            }
+        }
+        #expect(offenders.isEmpty, "job error codes written as strings: \(offenders)")
+    }
+}
+
 /// A port on 127.0.0.1 where nothing listens.
 func closedPort() throws -> Int {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
