@@ -123,6 +123,10 @@ public struct JobErrorCode: RawRepresentable, Hashable, Sendable, CustomStringCo
         .startedOver,
     ]
 
+    /// Failures after which the partial file cannot be trusted: a `resume` starts over from
+    /// byte 0 (`StateMachine`, and the bulk statements of both job tables).
+    public static let startOver: Set<JobErrorCode> = [.checksumMismatch, .sizeMismatch]
+
     /// Codes of failures that end inside dld and are never recorded on a job.
     public static let neverRecorded: [JobErrorCode] = [.leaseLost, .mirrorDisagrees]
 }

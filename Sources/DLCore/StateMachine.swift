@@ -81,6 +81,16 @@ public enum StateMachine {
             next.finishedAt = nil
             next.attempts = 0
             if job.state == .failed { next.error = nil }
+            // After a failure that makes the partial file untrustworthy, the bytes go: the
+            // download starts over from zero (the bulk statements write the same).
+            if let code = job.error?.code, JobErrorCode.startOver.contains(JobErrorCode(rawValue: code)) {
+                next.received = 0
+                next.segments = nil
+                next.unsynced = nil
+                next.validators = Validators()
+                next.sha256 = nil
+                next.digest = nil
+            }
         case (.queued, .cancel), (.running, .cancel), (.waiting, .cancel), (.paused, .cancel),
             (.failed, .cancel):
             next.state = .canceled

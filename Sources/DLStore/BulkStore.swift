@@ -60,8 +60,9 @@ public enum BulkCommand: Sendable, CaseIterable {
     /// a single transition can never disagree on where they apply.
     public var sources: [JobState] { JobState.allCases.filter { StateMachine.allows(event, from: $0) } }
 
-    /// Failures after which the partial file cannot be trusted: a resume starts over from zero.
-    public static let startOverCodes = [JobErrorCode.checksumMismatch, .sizeMismatch].map(\.rawValue)
+    /// Failures after which the partial file cannot be trusted: a resume starts over from zero
+    /// (`JobErrorCode.startOver`, which `StateMachine` applies too), in a stable order for SQL.
+    public static let startOverCodes = JobErrorCode.startOver.map(\.rawValue).sorted()
 
     /// The columns the command sets: the same result as `StateMachine.apply` on each row (a
     /// store test checks that they agree). SQLite evaluates every expression on the old row.

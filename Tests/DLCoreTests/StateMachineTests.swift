@@ -72,6 +72,24 @@ func makeJob(_ state: JobState, attempts: Int = 0, clock: TestClock = TestClock(
         #expect(job.finishedAt == nil)
     }
 
+    /// Resuming after a checksum or size mismatch starts over from byte 0 (the partial file
+    /// cannot be trusted); after any other failure the bytes on disk are kept.
+    @Test func resumeAfterAMismatchStartsOver() throws {
+        for (code, keeps) in [(JobErrorCode.checksumMismatch, false), (.sizeMismatch, false), (.httpStatus, true), (.timeout, true)] {
+            var job = makeJob(.running)
+            job.received = 4096
+            job.segments = "0-4096"
+            job.validators = Validators(etag: "\"v1\"", lastModified: nil, acceptsRanges: true)
+            job.sha256 = "ab"
+            job = try StateMachine.apply(.fail(JobError(code: code, message: "no")), to: job, now: TestClock().now)
+            let resumed = try StateMachine.apply(.resume, to: job, now: TestClock().now)
+            #expect(resumed.state == .queued)
+            #expect(resumed.received == (keeps ? 4096 : 0), "\(code)")
+            #expect((resumed.segments != nil) == keeps, "\(code)")
+            #expect((resumed.validators.etag != nil) == keeps && (resumed.sha256 != nil) == keeps, "\(code)")
+        }
+    }
+
     /// Cancel works from every state but completed and canceled.
     @Test func cancelRules() throws {
         for state in JobState.allCases {
