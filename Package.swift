@@ -33,9 +33,15 @@ let package = Package(
         .target(name: "DLCore"),
         // The job table: GRDB DatabasePool, migrations, the one serialized writer.
         .target(
+            // The job table's interface: the protocol both backends implement, the rows and
+            // commands they exchange with the engine, and how JSON columns are coded. No database.
+            name: "DLJobTable",
+            dependencies: ["DLCore"]
+        ),
+        .target(
             name: "DLStore",
             dependencies: [
-                "DLCore", .product(name: "GRDB", package: "GRDB.swift"),
+                "DLCore", "DLJobTable", .product(name: "GRDB", package: "GRDB.swift"),
                 // SQLite's C API, which GRDB is built on: bulk inserts bind values in place.
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
             ]
@@ -44,7 +50,7 @@ let package = Package(
         .target(
             name: "DLStorePostgres",
             dependencies: [
-                "DLCore", "DLStore",
+                "DLCore", "DLJobTable",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -78,7 +84,7 @@ let package = Package(
         .target(
             name: "DLDaemon",
             dependencies: [
-                "DLCore", "DLStore", "DLStorePostgres", "DLTransfer", "DLRPC", "CDLSystem",
+                "DLCore", "DLJobTable", "DLStore", "DLStorePostgres", "DLTransfer", "DLRPC", "CDLSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -117,7 +123,7 @@ let package = Package(
         .testTarget(
             name: "DLStoreTests",
             dependencies: [
-                "DLStore", "DLStorePostgres", "DLCore", "DLTestSupport", .product(name: "Logging", package: "swift-log"),
+                "DLJobTable", "DLStore", "DLStorePostgres", "DLCore", "DLTestSupport", .product(name: "Logging", package: "swift-log"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
             ]
         ),
@@ -131,13 +137,13 @@ let package = Package(
         ),
         .testTarget(
             name: "DLRPCTests",
-            dependencies: ["DLRPC", "DLDaemon", "DLCore", "DLStore", "DLTransfer", "DLTestSupport", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOCore", package: "swift-nio"),
+            dependencies: ["DLRPC", "DLDaemon", "DLCore", "DLJobTable", "DLStore", "DLTransfer", "DLTestSupport", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .testTarget(
             name: "EndToEndTests",
-            dependencies: ["DLTestSupport", "DLRPC", "DLCore", "DLTransfer", "DLStore"]
+            dependencies: ["DLTestSupport", "DLRPC", "DLCore", "DLTransfer", "DLJobTable", "DLStore"]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -1,6 +1,7 @@
 import CDLSystem
 import DLCore
 import DLRPC
+import DLJobTable
 import DLStore
 import DLStorePostgres
 import DLTransfer

@@ -1,4 +1,5 @@
 import DLCore
+import DLJobTable
 import DLStore
 import DLStorePostgres
 import Foundation

@@ -1,17 +1,9 @@
 import DLCore
+import DLJobTable
 import Foundation
 import GRDB
 
-/// The jobs a command names: every job, a list of ids, or a group's members.
-public enum RowSelection: Sendable, Equatable {
-    case all
-    case ids([JobID])
-    case group(GroupID)
-    /// Standalone jobs (not group members: a group goes whole) in one of `states`, and with
-    /// `before`, finished (else last changed) at or before it. Retention and `remove` with
-    /// `finished`/`failed`.
-    case finished([JobState], before: Date?)
-
+extension RowSelection {
     /// The SQL condition and its arguments. Ids travel as one JSON array (`json_each`), so a
     /// list of 100 000 ids is one argument, not 100 000 host parameters.
     /// The condition names its argument `:selection`; `now` is passed as `:now` when given.
@@ -44,26 +36,7 @@ public enum RowSelection: Sendable, Equatable {
     }
 }
 
-/// A user command applied to many rows at once.
-public enum BulkCommand: Sendable, CaseIterable {
-    case pause, resume, cancel
-
-    public var event: JobEvent {
-        switch self {
-        case .pause: return .pause
-        case .resume: return .resume
-        case .cancel: return .cancel
-        }
-    }
-
-    /// States the command changes. Derived from the state machine, so that a bulk command and
-    /// a single transition can never disagree on where they apply.
-    public var sources: [JobState] { JobState.allCases.filter { StateMachine.allows(event, from: $0) } }
-
-    /// Failures after which the partial file cannot be trusted: a resume starts over from zero
-    /// (`JobErrorCode.startOver`, which `StateMachine` applies too), in a stable order for SQL.
-    public static let startOverCodes = JobErrorCode.startOver.map(\.rawValue).sorted()
-
+extension BulkCommand {
     /// The columns the command sets: the same result as `StateMachine.apply` on each row (a
     /// store test checks that they agree). SQLite evaluates every expression on the old row.
     var assignments: String {
@@ -89,25 +62,6 @@ public enum BulkCommand: Sendable, CaseIterable {
                 digest = CASE WHEN \(startOver) THEN NULL ELSE digest END
                 """
         }
-    }
-}
-
-/// What a bulk change did: how many rows, and the first of their ids (a reply stays small
-/// whatever the count).
-public struct BulkOutcome: Sendable, Equatable {
-    public var count: Int
-    /// The smallest changed ids, at most `BulkOutcome.idsShown`.
-    public var ids: [JobID]
-    /// Files to delete after the commit (partial files of removed or canceled jobs, and
-    /// finished files that `delete_file` asked for). Only jobs that ever started have any.
-    public var files: [String] = []
-
-    public static let idsShown = 1000
-
-    public init(count: Int, ids: [JobID], files: [String] = []) {
-        self.count = count
-        self.ids = ids
-        self.files = files
     }
 }
 

@@ -1,4 +1,5 @@
 import DLCore
+import DLJobTable
 import Foundation
 import GRDB
 
@@ -114,7 +115,7 @@ private struct InsertBatch {
             insert.bind(at)
             insert.bind(new.key)
             insert.bind(new.meta)
-            insert.bind(JobStore.encodeHeaders(new.headers))
+            insert.bind(ColumnCoding.encodeHeaders(new.headers))
             insert.bind(new.overwrite)
             insert.bind(new.checksum?.description)
             insert.bind(new.expectedSize)
@@ -122,7 +123,7 @@ private struct InsertBatch {
             insert.bind(at)
             insert.bind(groupID)
             insert.bind(new.stagingPath)
-            insert.bind(JobStore.encodeOptions(new.options))
+            insert.bind(ColumnCoding.encodeOptions(new.options))
             insert.bind(new.host ?? URLRules.hostKey(new.url))
             insert.bind(ColumnCoding.mirrors(new.mirrors, urlDropped: nil))
         }

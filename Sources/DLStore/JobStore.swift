@@ -1,88 +1,8 @@
 import DLCore
+import DLJobTable
 import Foundation
 import GRDB
 import GRDBSQLite
-
-/// A job to create; the store gives it an id and timestamps.
-public struct NewJob: Sendable, Equatable {
-    public var url: String
-    public var path: String
-    public var priority: Int
-    public var key: String?
-    public var meta: String?
-    public var headers: [HeaderField]
-    public var overwrite: Bool
-    public var state: JobState
-    public var checksum: Checksum?
-    public var expectedSize: Int64?
-    public var stagingPath: String?
-    public var options = JobOptions()
-    /// `URLRules.hostKey(url)`, when the caller knows it already; else the store works it out.
-    public var host: String?
-    /// More URLs of the same file.
-    public var mirrors: [JobMirror] = []
-
-    public init(
-        url: String, path: String, priority: Int = 0, key: String? = nil, meta: String? = nil,
-        headers: [HeaderField] = [], overwrite: Bool = false, state: JobState = .queued,
-        checksum: Checksum? = nil, expectedSize: Int64? = nil
-    ) {
-        self.checksum = checksum
-        self.expectedSize = expectedSize
-        self.url = url
-        self.path = path
-        self.priority = priority
-        self.key = key
-        self.meta = meta
-        self.headers = headers
-        self.overwrite = overwrite
-        self.state = state
-    }
-}
-
-extension NewJob {
-    /// The row as created: both backends' inserts return it.
-    public func created(id: JobID, groupID: GroupID?, now: Date) -> Job {
-        var job = Job(
-            url: url, path: path, state: state, priority: priority,
-            createdAt: now, updatedAt: now, key: key, meta: meta,
-            headers: headers, overwrite: overwrite, checksum: checksum,
-            expectedSize: expectedSize, progressAt: now, groupID: groupID, stagingPath: stagingPath)
-        job.options = options
-        job.mirrors = mirrors
-        job.size = expectedSize
-        job.id = id
-        return job
-    }
-
-    /// Group members as staged: under the group's staging folder, at their path relative to
-    /// the group's `dir`.
-    public static func staged(_ members: [NewJob], dir: String, staging: String) -> [NewJob] {
-        members.map { member in
-            var member = member
-            member.stagingPath = staging + "/" + String(member.path.dropFirst(dir.count + 1))
-            return member
-        }
-    }
-}
-
-/// What `insert` did for one requested job.
-public struct InsertOutcome: Sendable, Equatable {
-    public var job: Job
-    /// False when a job with the same `key` already existed and was returned instead.
-    public var created: Bool
-
-    public init(job: Job, created: Bool) {
-        self.job = job
-        self.created = created
-    }
-}
-
-/// Why a write was refused for a reason of the data (not of SQLite).
-public enum StoreError: Error, Sendable, Equatable {
-    /// Another unfinished job already writes to this path.
-    case pathInUse(path: String, by: JobID)
-}
 
 /// The job table in SQLite, the embedded default backend of `JobTable`. One `DatabasePool` per
 /// file (WAL); every write goes through GRDB's single serialized writer, and every state change
@@ -493,9 +413,9 @@ public final class JobStore: JobTable {
                 job.url, job.path, job.state.rawValue, job.waitReason?.rawValue, job.priority, job.size,
                 job.received, job.error?.code, job.error?.message, job.attempts, job.updatedAt.timeIntervalSince1970,
                 job.finishedAt?.timeIntervalSince1970, job.nextAttemptAt?.timeIntervalSince1970, job.key, job.meta,
-                encodeHeaders(job.headers), job.overwrite, job.finalURL, job.validators.etag,
+                ColumnCoding.encodeHeaders(job.headers), job.overwrite, job.finalURL, job.validators.etag,
                 job.validators.lastModified, job.validators.acceptsRanges, job.checksum?.description, job.expectedSize,
-                job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.stagingPath, encodeOptions(job.options),
+                job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.stagingPath, ColumnCoding.encodeOptions(job.options),
                 // A worker holds a job only while it runs it.
                 job.state == .running ? job.worker : nil,
                 job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil, job.segments,
@@ -561,58 +481,18 @@ public final class JobStore: JobTable {
             updatedAt: date(12) ?? Date(timeIntervalSince1970: 0),
             finishedAt: date(13),
             nextAttemptAt: date(14),
-            key: row.text(15), meta: row.text(16), headers: decodeHeaders(row.text(17) ?? "[]"),
+            key: row.text(15), meta: row.text(16), headers: ColumnCoding.decodeHeaders(row.text(17) ?? "[]"),
             overwrite: row.int(18) ?? 0 != 0, finalURL: row.text(19),
             validators: Validators(etag: row.text(20), lastModified: row.text(21), acceptsRanges: row.int(22) ?? 0 != 0),
             checksum: row.text(23).flatMap { try? Checksum.parse($0).get() }, expectedSize: row.int(24),
             sha256: row.text(25), digest: row.text(26), progressAt: date(27),
-            groupID: row.int(28), stagingPath: row.text(29), options: decodeOptions(row.text(30)),
+            groupID: row.int(28), stagingPath: row.text(29), options: ColumnCoding.decodeOptions(row.text(30)),
             worker: row.text(31), leaseUntil: date(32), segments: row.text(33),
             unsynced: row.text(34).flatMap(UnsyncedProgress.init(encoded:)))
         if !row.isNull(35) { ColumnCoding.mirrors(from: row.text(35), into: &job) }
         return job
     }
 
-    // The JSON columns hold their empty values for almost every job: those skip the coder,
-    // which costs more than the rest of the row.
-
-    static func encodeOptions(_ options: JobOptions) -> String {
-        if options == JobOptions() { return "{}" }
-        if options.tls != nil || options.maxSpeed != nil || options.segments != nil || options.metered != nil || options.encryptTo != nil {
-            // Rare (a job with its own TLS files, speed limit, `segments`, `metered` or
-            // `encrypt_to`): the coder
-            // writes it, and an older dld that reads the row ignores the key it does not know.
-            return (try? JSONEncoder().encode(options)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
-        }
-        return "{\"automaticName\":\(options.automaticName),\"renameIfTaken\":\(options.renameIfTaken),\"insecure\":\(options.insecure)}"
-    }
-
-    /// The texts `encodeOptions` writes, read without the coder; anything else (an older or
-    /// newer dld's) goes through it.
-    private static let knownOptions: [String: JobOptions] = {
-        var known: [String: JobOptions] = ["{}": JobOptions()]
-        for bits in 0..<8 {
-            let options = JobOptions(automaticName: bits & 1 != 0, renameIfTaken: bits & 2 != 0, insecure: bits & 4 != 0)
-            known[encodeOptions(options)] = options
-        }
-        return known
-    }()
-
-    static func decodeOptions(_ text: String?) -> JobOptions {
-        guard let text else { return JobOptions() }
-        if let known = knownOptions[text] { return known }
-        return (try? JSONDecoder().decode(JobOptions.self, from: Data(text.utf8))) ?? JobOptions()
-    }
-
-    static func encodeHeaders(_ headers: [HeaderField]) -> String {
-        if headers.isEmpty { return "[]" }
-        return (try? JSONEncoder().encode(headers)).map { String(decoding: $0, as: UTF8.self) } ?? "[]"
-    }
-
-    static func decodeHeaders(_ text: String) -> [HeaderField] {
-        if text == "[]" { return [] }
-        return (try? JSONDecoder().decode([HeaderField].self, from: Data(text.utf8))) ?? []
-    }
 }
 
 extension JobStore {

@@ -1,5 +1,5 @@
 import DLCore
-import DLStore
+import DLJobTable
 import Foundation
 import Logging
 import PostgresNIO

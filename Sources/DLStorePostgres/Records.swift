@@ -1,5 +1,5 @@
 import DLCore
-import DLStore
+import DLJobTable
 import Foundation
 
 // Rows written many a statement, as `RecordSet` JSON. Texts are cut at a NUL here, as every

@@ -1,5 +1,6 @@
 import DLCore
 @testable import DLDaemon
+import DLJobTable
 import DLStore
 import DLTestSupport
 import DLTransfer

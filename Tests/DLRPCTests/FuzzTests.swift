@@ -1,6 +1,7 @@
 import DLCore
 @testable import DLDaemon
 import DLRPC
+import DLJobTable
 import DLStore
 import DLTestSupport
 import DLTransfer

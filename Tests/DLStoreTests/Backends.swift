@@ -1,3 +1,4 @@
+import DLJobTable
 import DLStore
 import DLStorePostgres
 import DLTestSupport

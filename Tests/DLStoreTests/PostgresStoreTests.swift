@@ -1,4 +1,5 @@
 import DLCore
+import DLJobTable
 import DLStore
 @testable import DLStorePostgres
 import DLTestSupport

@@ -1,0 +1,53 @@
+import DLCore
+import Foundation
+
+/// The jobs a command names: every job, a list of ids, or a group's members.
+public enum RowSelection: Sendable, Equatable {
+    case all
+    case ids([JobID])
+    case group(GroupID)
+    /// Standalone jobs (not group members: a group goes whole) in one of `states`, and with
+    /// `before`, finished (else last changed) at or before it. Retention and `remove` with
+    /// `finished`/`failed`.
+    case finished([JobState], before: Date?)
+}
+
+/// A user command applied to many rows at once.
+public enum BulkCommand: Sendable, CaseIterable {
+    case pause, resume, cancel
+
+    public var event: JobEvent {
+        switch self {
+        case .pause: return .pause
+        case .resume: return .resume
+        case .cancel: return .cancel
+        }
+    }
+
+    /// States the command changes. Derived from the state machine, so that a bulk command and
+    /// a single transition can never disagree on where they apply.
+    public var sources: [JobState] { JobState.allCases.filter { StateMachine.allows(event, from: $0) } }
+
+    /// Failures after which the partial file cannot be trusted: a resume starts over from zero
+    /// (`JobErrorCode.startOver`, which `StateMachine` applies too), in a stable order for SQL.
+    public static let startOverCodes = JobErrorCode.startOver.map(\.rawValue).sorted()
+}
+
+/// What a bulk change did: how many rows, and the first of their ids (a reply stays small
+/// whatever the count).
+public struct BulkOutcome: Sendable, Equatable {
+    public var count: Int
+    /// The smallest changed ids, at most `BulkOutcome.idsShown`.
+    public var ids: [JobID]
+    /// Files to delete after the commit (partial files of removed or canceled jobs, and
+    /// finished files that `delete_file` asked for). Only jobs that ever started have any.
+    public var files: [String] = []
+
+    public static let idsShown = 1000
+
+    public init(count: Int, ids: [JobID], files: [String] = []) {
+        self.count = count
+        self.ids = ids
+        self.files = files
+    }
+}
