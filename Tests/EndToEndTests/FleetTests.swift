@@ -45,7 +45,9 @@ import Testing
     /// killed worker was running (their bytes were not committed, so they start from 0).
     @Test func threeWorkersShareOneQueue() async throws {
         try await withFleet { server, name, url, shared, origin in
-            let fleet = try workers(["w1", "w2", "w3"], database: url, shared: shared)
+            // A lease of 6 s: a worker fences itself after 4.8 s without a renewal, which a
+            // loaded machine (the whole suite on two cores) reached with 3 s.
+            let fleet = try workers(["w1", "w2", "w3"], database: url, shared: shared, lease: 6)
             for worker in fleet { try worker.start() }
             defer { for worker in fleet { worker.stop() } }
             let count = 2000
@@ -70,10 +72,12 @@ import Testing
             let victimID = try #require(try victim.call("stats")["worker"]?.stringValue)
             let runningOnVictim = "SELECT url FROM jobs WHERE state = 'running' AND worker = '\(victimID)'"
             let deadline = Date().addingTimeInterval(120)
+            var victimFences: Int64? = nil
             while Date() < deadline {
                 let rows = try server.psql(database: name, runningOnVictim)
                 let done = try server.psql(database: name, "SELECT count(*) FROM jobs WHERE state = 'completed'")
                 if !rows.isEmpty, Int(done.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0 >= 100 {
+                    victimFences = (try? victim.call("stats")["lease"]?["fences"]?.int64Value) ?? nil
                     victim.crash()
                     break
                 }
@@ -125,7 +129,14 @@ import Testing
             #expect(whole.count == count)
             let twice = whole.filter { $0.value > 1 }
             #expect(twice.values.allSatisfy { $0 == 2 }, "\(twice)")
-            #expect(Set(twice.keys).isSubset(of: orphaned), "fetched whole twice: \(twice.keys.sorted()); the victim ran \(orphaned.sorted())")
+            // A worker that fenced itself (its renewals late for most of a lease) stopped its
+            // transfers, and their jobs were fetched again from 0 (docs/architecture.md, "The
+            // fence"): then only the bound above holds. Without a fence, only the jobs the
+            // killed worker ran are fetched twice.
+            let fences = try fleet[0...1].map { try $0.call("stats")["lease"]?["fences"]?.int64Value } + [victimFences]
+            if fences.allSatisfy({ $0 == 0 }) {
+                #expect(Set(twice.keys).isSubset(of: orphaned), "fetched whole twice: \(twice.keys.sorted()); the victim ran \(orphaned.sorted())")
+            }
             // The survivors took the victim's jobs once its lease ran out.
             #expect(fleet[0].log.contains("leases ran out") || fleet[1].log.contains("leases ran out"))
         }
