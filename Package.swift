@@ -124,6 +124,7 @@ let package = Package(
             name: "DLStoreTests",
             dependencies: [
                 "DLJobTable", "DLStore", "DLStorePostgres", "DLCore", "DLTestSupport", .product(name: "Logging", package: "swift-log"),
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
             ]
         ),

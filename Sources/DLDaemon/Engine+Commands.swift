@@ -2,7 +2,6 @@ import CDLSystem
 import DLCore
 import DLRPC
 import DLJobTable
-import DLStore
 import DLTransfer
 import Foundation
 import Logging

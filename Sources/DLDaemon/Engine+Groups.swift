@@ -1,7 +1,6 @@
 import DLCore
 import DLRPC
 import DLJobTable
-import DLStore
 import DLTransfer
 import Foundation
 import Logging

@@ -1,7 +1,6 @@
 import DLCore
 import DLRPC
 import DLJobTable
-import DLStore
 import Foundation
 
 /// Records that do not grow forever: finished records go after `keep_finished` and

@@ -1,6 +1,5 @@
 import DLCore
 import DLJobTable
-import DLStore
 import DLTransfer
 import Foundation
 import Logging

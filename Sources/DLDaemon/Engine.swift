@@ -1,8 +1,6 @@
 import DLCore
 import DLRPC
 import DLJobTable
-import DLStore
-import DLStorePostgres
 import DLTransfer
 import Foundation
 import Logging
@@ -283,7 +281,7 @@ public actor Engine {
     /// A store's error in words for a person: SQLite's message with a hint, or the PostgreSQL
     /// store's own wording.
     static func storageText(_ error: any Error) -> String {
-        (error as? PostgresStoreError)?.description ?? StorageErrorText.plain(error)
+        StorageText.of(error)
     }
 
     @discardableResult

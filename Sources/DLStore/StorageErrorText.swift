@@ -1,3 +1,4 @@
+import DLJobTable
 import Foundation
 import GRDB
 
@@ -19,4 +20,8 @@ public enum StorageErrorText {
         }
         return "an unexpected error (see dld's log)"
     }
+}
+
+extension DatabaseError: WordedStorageError {
+    public var plainText: String { StorageErrorText.plain(self) }
 }

@@ -110,8 +110,10 @@ struct RecordSet<Record: Encodable>: Sendable {
 /// Why a PostgreSQL operation failed, in words that are safe to log: the server's SQLSTATE
 /// and message, or the kind of connection failure. postgres-nio's own errors print a generic
 /// text on purpose; this keeps the useful part and never the query's values or the password.
-public struct PostgresStoreError: Error, Sendable, CustomStringConvertible {
+public struct PostgresStoreError: Error, Sendable, CustomStringConvertible, WordedStorageError {
     public let description: String
+    /// What `storage_error` messages say: the same words.
+    public var plainText: String { description }
     /// The SQLSTATE, when the server answered with an error.
     public let sqlState: String?
 
