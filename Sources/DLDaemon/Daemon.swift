@@ -143,9 +143,9 @@ public enum Daemon {
     static func openStore(_ config: DaemonConfig, logger: Logger) async throws -> (any JobTable, PostgresDaemonLock?) {
         guard let database = config.database else {
             let databasePath = config.stateDir + "/jobs.sqlite"
-            let store: JobStore
+            let store: SQLiteJobStore
             do {
-                store = try JobStore(path: databasePath)
+                store = try SQLiteJobStore(path: databasePath)
             } catch {
                 throw DaemonError("cannot open the job table \(databasePath): \(StorageErrorText.plain(error))")
             }

@@ -35,9 +35,9 @@ public enum TableMigration {
         guard FileManager.default.fileExists(atPath: path) else {
             throw DaemonError("there is no job table at \(path) to migrate")
         }
-        let source: JobStore
+        let source: SQLiteJobStore
         do {
-            source = try JobStore(path: path)
+            source = try SQLiteJobStore(path: path)
         } catch {
             throw DaemonError("cannot open the job table \(path): \(StorageErrorText.plain(error))")
         }
@@ -75,7 +75,7 @@ public enum TableMigration {
         }
     }
 
-    static func copy(from source: JobStore, to target: PostgresJobStore, shown: String) async throws -> Summary {
+    static func copy(from source: SQLiteJobStore, to target: PostgresJobStore, shown: String) async throws -> Summary {
         guard try await target.isEmpty() else {
             throw DaemonError("the job table in \(shown) is not empty; dld migrate copies only into an empty one")
         }

@@ -4,7 +4,7 @@ import Synchronization
 
 /// The job table as the daemon sees it: every read and write the engine makes, and nothing of
 /// how rows are kept. Two backends implement it with the same semantics (the store tests run
-/// on both): `JobStore` (SQLite through GRDB, the embedded default) and `PostgresJobStore`
+/// on both): `SQLiteJobStore` (SQLite through GRDB, the embedded default) and `PostgresJobStore`
 /// (PostgreSQL through postgres-nio, for a fleet of daemons that share one queue).
 ///
 /// What every backend keeps:
@@ -20,7 +20,7 @@ import Synchronization
 ///   bulk commands).
 ///
 /// How events reach the sink differs:
-/// - SQLite (`JobStore`): one daemon writes the table; each write hands its own events to the
+/// - SQLite (`SQLiteJobStore`): one daemon writes the table; each write hands its own events to the
 ///   sink right after its commit (publish: false ones when the caller says, after a
 ///   `holdEvents()` that keeps later writes' events back until then), in commit order.
 /// - PostgreSQL (`PostgresJobStore`): the sink gets EVERY committed event of the table, this

@@ -21,7 +21,7 @@ final class DispatcherFixture: Sendable {
         folder = NSTemporaryDirectory() + "dld-rpc-\(UUID().uuidString)"
         downloads = folder + "/dl"
         try FileManager.default.createDirectory(atPath: downloads, withIntermediateDirectories: true)
-        let store = try JobStore(path: folder + "/jobs.sqlite")
+        let store = try SQLiteJobStore(path: folder + "/jobs.sqlite")
         let logger = Logger(label: "test")
         downloader = Downloader(logger: logger)
         engine = Engine(store: store, downloader: downloader, configuration: EngineConfiguration(downloadDir: downloads), logger: logger)
@@ -395,7 +395,7 @@ extension JSONValue {
 @Suite struct GroupRecoveryTests {
     /// A two-member group `book` whose members completed into its staging folder (each file
     /// holds its own name), as a crash would leave it; not yet saved.
-    private func stagedGroup(_ store: JobStore, dir: String, now: Date) async throws -> (JobGroup, [Job]) {
+    private func stagedGroup(_ store: SQLiteJobStore, dir: String, now: Date) async throws -> (JobGroup, [Job]) {
         let (group, members) = try await store.insertGroup(
             name: "book", dir: dir, priority: 0,
             members: [NewJob(url: "http://127.0.0.1:9/a", path: dir + "/a.txt", state: .paused),
@@ -419,7 +419,7 @@ extension JSONValue {
         let folder = NSTemporaryDirectory() + "dld-grp-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: folder + "/dl", withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        let store = try JobStore(path: folder + "/jobs.sqlite")
+        let store = try SQLiteJobStore(path: folder + "/jobs.sqlite")
         let dir = folder + "/dl/book"
         // As if both transfers had completed into the staging folder, and then dld died.
         let (group, done) = try await stagedGroup(store, dir: dir, now: Date())
@@ -444,7 +444,7 @@ extension JSONValue {
         let folder = NSTemporaryDirectory() + "dld-grp-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: folder + "/dl", withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        let store = try JobStore(path: folder + "/jobs.sqlite")
+        let store = try SQLiteJobStore(path: folder + "/jobs.sqlite")
         let dir = folder + "/dl/book"
         let now = Date()
         var (group, members) = try await stagedGroup(store, dir: dir, now: now)

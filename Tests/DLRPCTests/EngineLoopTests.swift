@@ -40,7 +40,7 @@ struct WakeLogHandler: LogHandler {
 @Suite struct EngineLoopTests {
     final class Fixture: Sendable {
         let folder = NSTemporaryDirectory() + "dld-loops-\(UUID().uuidString)"
-        let store: JobStore
+        let store: SQLiteJobStore
         let engine: Engine
         let wakes = WakeLog()
         /// Jobs seen by the progress reports.
@@ -50,7 +50,7 @@ struct WakeLogHandler: LogHandler {
 
         init() throws {
             try FileManager.default.createDirectory(atPath: folder + "/dl", withIntermediateDirectories: true)
-            store = try JobStore(path: folder + "/jobs.sqlite")
+            store = try SQLiteJobStore(path: folder + "/jobs.sqlite")
             let wakes = self.wakes
             let logger = Logger(label: "test") { _ in WakeLogHandler(log: wakes) }
             var configuration = EngineConfiguration(downloadDir: folder + "/dl")

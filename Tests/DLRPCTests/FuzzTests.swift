@@ -61,7 +61,7 @@ import Testing
         let folder = (FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm/" : NSTemporaryDirectory()) + "dld-fuzz-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        let store = try JobStore(path: folder + "/jobs.sqlite")
+        let store = try SQLiteJobStore(path: folder + "/jobs.sqlite")
         let downloader = Downloader(logger: Logger(label: "fuzz"))
         var configuration = EngineConfiguration(downloadDir: folder, maxActive: 1)
         configuration.queuePausedReason = "fuzzing"

@@ -56,7 +56,7 @@ final class StoreFixture: @unchecked Sendable {
         let store: any JobTable
         switch backend {
         case .sqlite:
-            store = try JobStore(path: folder.path + "/jobs.sqlite")
+            store = try SQLiteJobStore(path: folder.path + "/jobs.sqlite")
         case .postgres:
             guard let url = postgresURL else { throw PostgresServerError("no database for this test") }
             store = try await PostgresJobStore.open(url, maxConnections: 4, logger: Self.logger)

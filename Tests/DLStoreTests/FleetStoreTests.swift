@@ -138,7 +138,7 @@ import Testing
     @Test(arguments: Backend.allCases)
     func claimWithExcludedHostsLooksAtABoundedWindow(_ backend: Backend) async throws {
         try await withStore(backend) { store, _ in
-            let window = JobStore.claimWindow
+            let window = SQLiteJobStore.claimWindow
             _ = try await store.insert((1...window).map { new($0, host: "busy.org") } + [new(window + 1)], now: t0)
             let lease = t0.addingTimeInterval(30)
             #expect(try await store.claim(limit: 5, worker: "w", leaseUntil: lease, excludingHosts: ["busy.org"], now: t0).isEmpty)

@@ -34,7 +34,7 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
     /// The SQLite writer commits with synchronous=FULL (GRDB opens it with NORMAL).
     @Test func sqliteWriterIsFullSync() async throws {
         let folder = try TempFolder()
-        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        let store = try SQLiteJobStore(path: folder.path + "/jobs.sqlite")
         #expect(try store.writerSynchronousMode() == 2)
     }
 
@@ -42,7 +42,7 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
     /// leaves the writer FULL for every other change, whether it took jobs or found none.
     @Test func claimLeavesTheWriterFullSync() async throws {
         let folder = try TempFolder()
-        let store = try JobStore(path: folder.path + "/jobs.sqlite")
+        let store = try SQLiteJobStore(path: folder.path + "/jobs.sqlite")
         _ = try await store.insert([NewJob(url: "https://e.com/1", path: "/tmp/1")], now: t0)
         let lease = t0.addingTimeInterval(30)
         #expect(try await store.claim(limit: 5, worker: "w", leaseUntil: lease, excludingHosts: [], now: t0).count == 1)

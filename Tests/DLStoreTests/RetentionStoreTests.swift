@@ -59,7 +59,7 @@ import Testing
             #expect(freed > 0)
             let after = try await store.databaseBytes()
             #expect(after < full / 2, "\(after) bytes after compaction, \(full) before")
-            let path = try #require((store as? JobStore)?.path)
+            let path = try #require((store as? SQLiteJobStore)?.path)
             let fileSize = try #require(try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int64)
             #expect(fileSize < full / 2, "the file shrinks with the checkpoint: \(fileSize) bytes, \(full) before")
         }

@@ -105,7 +105,7 @@ import Testing
             try daemon.waitForJob(id, timeout: 60) { ($0["received"]?.int64Value ?? 0) >= 2 << 20 }
             daemon.crash()
             // As if the machine had rebooted: the record says another boot wrote those bytes.
-            let store = try JobStore(path: daemon.stateDir + "/jobs.sqlite")
+            let store = try SQLiteJobStore(path: daemon.stateDir + "/jobs.sqlite")
             var row = try #require(try await store.fetch(id))
             var unsynced = try #require(row.unsynced, "no unsynced progress was recorded")
             #expect(unsynced.received > row.received)

@@ -312,7 +312,7 @@ import Testing
 
     /// Reads the job table of a killed daemon and checks that no change was half made.
     private func checkAfterCrash(_ daemon: DaemonHarness, groupDir: String) async throws {
-        let store = try JobStore(path: daemon.stateDir + "/jobs.sqlite")
+        let store = try SQLiteJobStore(path: daemon.stateDir + "/jobs.sqlite")
         let fm = FileManager.default
         func size(_ path: String) -> Int64? {
             (try? fm.attributesOfItem(atPath: path)[.size] as? NSNumber)?.int64Value

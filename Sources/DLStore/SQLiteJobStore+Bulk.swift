@@ -65,7 +65,7 @@ extension BulkCommand {
     }
 }
 
-extension JobStore {
+extension SQLiteJobStore {
     // MARK: Bulk commands: one statement, one transaction, whatever the count
 
     /// For an explicit list: the first id that does not exist, and the first job whose state

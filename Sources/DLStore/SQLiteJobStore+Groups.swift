@@ -3,7 +3,7 @@ import DLJobTable
 import Foundation
 import GRDB
 
-extension JobStore {
+extension SQLiteJobStore {
     /// Creates a group and its members in one transaction.
     public func insertGroup(
         name: String, dir: String, priority: Int, members: [NewJob], now: Date

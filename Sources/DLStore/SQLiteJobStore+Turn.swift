@@ -7,7 +7,7 @@ import Synchronization
 /// The fleet primitives of `JobTable` on SQLite. One daemon owns a SQLite table, so no two
 /// claims ever race here; these still do what the PostgreSQL store does, on the one writer,
 /// so that the engine has one way to run jobs and the store tests hold on both backends.
-extension JobStore {
+extension SQLiteJobStore {
     public var sharesQueue: Bool { false }
 
     public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date) async throws -> [Job] {

@@ -3,7 +3,7 @@ import DLJobTable
 import Foundation
 import GRDB
 
-extension JobStore {
+extension SQLiteJobStore {
     /// Creates jobs (one transaction's worth), with one `job.state` event each.
     ///
     /// Row by row as far as what it decides goes: a job whose key exists returns the existing
@@ -66,7 +66,7 @@ private struct InsertBatch {
         self.jobs = jobs
         self.groupID = groupID
         self.now = now
-        pathUser = try RawStatement(JobStore.pathUserSQL, in: db)
+        pathUser = try RawStatement(SQLiteJobStore.pathUserSQL, in: db)
     }
 
     /// Whether the job's key or path is one of a job waiting to be written.
@@ -99,7 +99,7 @@ private struct InsertBatch {
         pending.removeAll(keepingCapacity: true)
         paths.removeAll(keepingCapacity: true)
         keys.removeAll(keepingCapacity: true)
-        if let last = events.last?.seq { try JobStore.pruneEvents(through: last, in: db) }
+        if let last = events.last?.seq { try SQLiteJobStore.pruneEvents(through: last, in: db) }
     }
 
     private func write(_ rows: ArraySlice<(job: Int, outcome: Int)>, into outcomes: inout [InsertOutcome], events: inout [StoredEvent]) throws {

@@ -8,7 +8,7 @@ import GRDBSQLite
 /// file (WAL); every write goes through GRDB's single serialized writer, and every state change
 /// is one transaction. The writer runs with `synchronous=FULL`, so a committed state survives
 /// power loss, not just a crash.
-public final class JobStore: JobTable {
+public final class SQLiteJobStore: JobTable {
     let pool: DatabasePool
     public let path: String
     /// The streams `changes()` handed out, finished by `close`.
@@ -495,7 +495,7 @@ public final class JobStore: JobTable {
 
 }
 
-extension JobStore {
+extension SQLiteJobStore {
     /// The jobs with these client keys that exist, by key, in one read.
     public func fetch(keys: [String]) async throws -> [String: Job] {
         try await pool.read { db in
