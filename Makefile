@@ -2,7 +2,7 @@
 SWIFT ?= swift
 PREFIX ?= $(HOME)/.local
 
-.PHONY: deps build release run test crash fuzz sanitize bench install install-files uninstall clean
+.PHONY: deps build release run test lint format crash fuzz sanitize bench install install-files uninstall clean
 
 deps:
 	@scripts/deps.sh
@@ -43,6 +43,14 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
 fuzz:
 	SWIFT=$(SWIFT) FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh $(FUZZ_TARGETS)
+
+# The sources as the toolchain's formatter would write them (.swift-format: 4 spaces, 140
+# columns). `make format` rewrites them so; CI runs `make lint` before the tests.
+lint:
+	$(SWIFT) format lint --strict --recursive --configuration .swift-format Sources Tests Package.swift
+
+format:
+	$(SWIFT) format format --in-place --recursive --configuration .swift-format Sources Tests Package.swift
 
 # The unit and store tests (not the end-to-end ones) under AddressSanitizer, then
 # ThreadSanitizer: two full debug builds of their own (.build-asan, .build-tsan), about ten

@@ -138,7 +138,9 @@ let package = Package(
         ),
         .testTarget(
             name: "DLRPCTests",
-            dependencies: ["DLRPC", "DLDaemon", "DLCore", "DLJobTable", "DLStore", "DLTransfer", "DLTestSupport", .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOCore", package: "swift-nio"),
+            dependencies: [
+                "DLRPC", "DLDaemon", "DLCore", "DLJobTable", "DLStore", "DLTransfer", "DLTestSupport",
+                .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

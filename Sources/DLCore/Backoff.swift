@@ -12,8 +12,10 @@ public struct BackoffPolicy: Sendable, Equatable {
     /// How often a job waiting for disk space looks again.
     public var diskRecheck: TimeInterval
 
-    public init(base: TimeInterval = 2, cap: TimeInterval = 600, maxAttempts: Int = 10,
-                giveUpAfter: TimeInterval = 86_400, diskRecheck: TimeInterval = 30) {
+    public init(
+        base: TimeInterval = 2, cap: TimeInterval = 600, maxAttempts: Int = 10,
+        giveUpAfter: TimeInterval = 86_400, diskRecheck: TimeInterval = 30
+    ) {
         self.base = base
         self.cap = cap
         self.maxAttempts = maxAttempts

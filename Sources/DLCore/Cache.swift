@@ -12,8 +12,10 @@ public struct CacheHeaders: Sendable, Equatable, Codable {
     public var etag: String?
     public var lastModified: String?
 
-    public init(cacheControl: String? = nil, expires: String? = nil, date: String? = nil, age: String? = nil,
-                etag: String? = nil, lastModified: String? = nil) {
+    public init(
+        cacheControl: String? = nil, expires: String? = nil, date: String? = nil, age: String? = nil,
+        etag: String? = nil, lastModified: String? = nil
+    ) {
         self.cacheControl = cacheControl
         self.expires = expires
         self.date = date
@@ -107,8 +109,8 @@ public enum CacheURL {
     /// absolute http(s) URL with a host.
     public static func normalized(_ url: String) -> String? {
         guard var components = URLComponents(string: url),
-              let scheme = components.scheme?.lowercased(), scheme == "http" || scheme == "https",
-              let host = components.host, !host.isEmpty
+            let scheme = components.scheme?.lowercased(), scheme == "http" || scheme == "https",
+            let host = components.host, !host.isEmpty
         else { return nil }
         components.scheme = scheme
         components.host = host.lowercased()
@@ -150,8 +152,10 @@ public struct CachePolicy: Sendable, Equatable {
     public static let defaultMaxBytes: Int64 = 1 << 30
     public static let defaultMaxAgeUnused: TimeInterval = 30 * 86_400
 
-    public init(defaultMaxAge: TimeInterval = Self.defaultDefaultMaxAge, maxBytes: Int64 = Self.defaultMaxBytes,
-                maxAge: TimeInterval = Self.defaultMaxAgeUnused) {
+    public init(
+        defaultMaxAge: TimeInterval = Self.defaultDefaultMaxAge, maxBytes: Int64 = Self.defaultMaxBytes,
+        maxAge: TimeInterval = Self.defaultMaxAgeUnused
+    ) {
         self.defaultMaxAge = defaultMaxAge
         self.maxBytes = maxBytes
         self.maxAge = maxAge

@@ -32,7 +32,10 @@ public struct Checksum: Sendable, Equatable, CustomStringConvertible {
         let name = text[..<colon].lowercased().replacingOccurrences(of: "-", with: "")
         let hex = text[text.index(after: colon)...].lowercased()
         guard let algorithm = DigestAlgorithm(rawValue: name) else {
-            return .failure(.invalidParams("checksum algorithm must be one of \(DigestAlgorithm.allCases.map(\.rawValue).joined(separator: ", ")), not \(name.prefix(20))"))
+            return .failure(
+                .invalidParams(
+                    "checksum algorithm must be one of \(DigestAlgorithm.allCases.map(\.rawValue).joined(separator: ", ")), not \(name.prefix(20))"
+                ))
         }
         guard hex.count == algorithm.hexLength, hex.allSatisfy({ $0.isHexDigit }) else {
             return .failure(.invalidParams("a \(algorithm.rawValue) checksum has \(algorithm.hexLength) hex digits"))

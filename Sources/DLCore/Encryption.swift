@@ -17,12 +17,18 @@ public struct AgeRecipient: Sendable, Hashable, CustomStringConvertible {
     public static func parse(_ text: String) -> Result<AgeRecipient, DLError> {
         let shown = text.count > 100 ? String(text.prefix(100)) + "…" : text
         func refuse(_ why: String) -> Result<AgeRecipient, DLError> {
-            .failure(.invalidParams("\"encrypt_to\": \(shown) is not an age recipient: \(why) (an X25519 recipient looks like age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p; age-keygen -y prints it)"))
+            .failure(
+                .invalidParams(
+                    "\"encrypt_to\": \(shown) is not an age recipient: \(why) (an X25519 recipient looks like age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p; age-keygen -y prints it)"
+                ))
         }
         if text.hasPrefix("AGE-SECRET-KEY-") {
             // Said plainly: an identity given where a recipient goes would otherwise be
             // stored in the job table, which is exactly what encryption at rest avoids.
-            return .failure(.invalidParams("\"encrypt_to\" takes a recipient (age1…), and this is a secret identity (AGE-SECRET-KEY-…): keep it away from dld; age-keygen -y prints its recipient"))
+            return .failure(
+                .invalidParams(
+                    "\"encrypt_to\" takes a recipient (age1…), and this is a secret identity (AGE-SECRET-KEY-…): keep it away from dld; age-keygen -y prints its recipient"
+                ))
         }
         let decoded: (hrp: String, data: [UInt8])
         switch Bech32.decode(text) {
@@ -30,7 +36,9 @@ public struct AgeRecipient: Sendable, Hashable, CustomStringConvertible {
         case .failure(let reason): return refuse(reason.message)
         }
         guard decoded.hrp == "age" else {
-            return refuse("its prefix is \"\(decoded.hrp.prefix(20))1\", age recipients start with \"age1\" (plugin and SSH recipients are not supported)")
+            return refuse(
+                "its prefix is \"\(decoded.hrp.prefix(20))1\", age recipients start with \"age1\" (plugin and SSH recipients are not supported)"
+            )
         }
         guard decoded.data.count == 32 else {
             return refuse("it holds \(decoded.data.count) bytes, an X25519 key has 32")

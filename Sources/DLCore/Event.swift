@@ -21,8 +21,10 @@ public struct StoredEvent: Sendable, Equatable {
     public var waitReason: WaitReason?
     public var error: JobError?
 
-    public init(seq: Int64, at: Date, kind: Kind, jobID: JobID?, groupID: GroupID?, state: String,
-                waitReason: WaitReason? = nil, error: JobError? = nil) {
+    public init(
+        seq: Int64, at: Date, kind: Kind, jobID: JobID?, groupID: GroupID?, state: String,
+        waitReason: WaitReason? = nil, error: JobError? = nil
+    ) {
         self.seq = seq
         self.at = at
         self.kind = kind

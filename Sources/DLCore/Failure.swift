@@ -81,14 +81,20 @@ public enum RetryDecision: Sendable, Equatable {
             return .wait(.diskSpace, until: now.addingTimeInterval(policy.diskRecheck))
         case .transient(let reason):
             if policy.shouldGiveUp(attempts: attempts) {
-                return .fail(JobError(
-                    code: .retriesExhausted,
-                    message: "gave up after \(attempts) attempts without progress; last error: \(failure.error.message) (\(failure.error.code))"))
+                return .fail(
+                    JobError(
+                        code: .retriesExhausted,
+                        message:
+                            "gave up after \(attempts) attempts without progress; last error: \(failure.error.message) (\(failure.error.code))"
+                    ))
             }
             if sinceProgress >= policy.giveUpAfter {
-                return .fail(JobError(
-                    code: .retriesExhausted,
-                    message: "gave up after \(Int(sinceProgress)) s without progress; last error: \(failure.error.message) (\(failure.error.code))"))
+                return .fail(
+                    JobError(
+                        code: .retriesExhausted,
+                        message:
+                            "gave up after \(Int(sinceProgress)) s without progress; last error: \(failure.error.message) (\(failure.error.code))"
+                    ))
             }
             let delay = policy.delay(afterAttempt: attempts, retryAfter: failure.retryAfter, unit: unit)
             return .wait(reason, until: now.addingTimeInterval(delay))
@@ -102,14 +108,19 @@ public enum RedirectPolicy {
         guard let next = URL(string: location, relativeTo: current)?.absoluteURL, let scheme = next.scheme?.lowercased(),
             next.host?.isEmpty == false
         else {
-            return .failure(TransferFailure(.permanent, .redirectRefused, "redirect to an invalid location: \(URLRules.redacted(location).prefix(200))"))
+            return .failure(
+                TransferFailure(.permanent, .redirectRefused, "redirect to an invalid location: \(URLRules.redacted(location).prefix(200))")
+            )
         }
         guard scheme == "http" || scheme == "https" else {
             return .failure(TransferFailure(.permanent, .redirectRefused, "redirect to a \(scheme): URL refused"))
         }
         if scheme == "http" && current.scheme?.lowercased() == "https" {
             // The message is shown and logged: a password in the location is not.
-            return .failure(TransferFailure(.permanent, .redirectRefused, "redirect from https to http refused: \(URLRules.redacted(next.absoluteString).prefix(200))"))
+            return .failure(
+                TransferFailure(
+                    .permanent, .redirectRefused,
+                    "redirect from https to http refused: \(URLRules.redacted(next.absoluteString).prefix(200))"))
         }
         return .success(next)
     }

@@ -20,9 +20,11 @@ public struct JobGroup: Sendable, Equatable {
     public var updatedAt: Date
     public var finishedAt: Date?
 
-    public init(id: GroupID = 0, name: String, dir: String, staging: String, priority: Int = 0,
-                closed: GroupState? = nil, error: JobError? = nil, createdAt: Date, updatedAt: Date,
-                finishedAt: Date? = nil) {
+    public init(
+        id: GroupID = 0, name: String, dir: String, staging: String, priority: Int = 0,
+        closed: GroupState? = nil, error: JobError? = nil, createdAt: Date, updatedAt: Date,
+        finishedAt: Date? = nil
+    ) {
         self.id = id
         self.name = name
         self.dir = dir

@@ -13,8 +13,10 @@ public struct InputEntry: Sendable, Equatable {
     /// The 1-based line of the URL, for messages about this entry.
     public var line: Int
 
-    public init(url: String, name: String? = nil, dir: String? = nil, checksum: Checksum? = nil,
-                size: Int64? = nil, line: Int) {
+    public init(
+        url: String, name: String? = nil, dir: String? = nil, checksum: Checksum? = nil,
+        size: Int64? = nil, line: Int
+    ) {
         self.url = url
         self.name = name
         self.dir = dir
@@ -78,19 +80,22 @@ public enum InputList {
             }
 
             guard var entry = entries.popLast() else {
-                return .failure(InputListError(
-                    line: number, message: "option line \"\(body.prefix(40))\" has no URL line above it"))
+                return .failure(
+                    InputListError(
+                        line: number, message: "option line \"\(body.prefix(40))\" has no URL line above it"))
             }
             guard let equals = body.firstIndex(of: "=") else {
-                return .failure(InputListError(
-                    line: number, message: "option must be KEY=VALUE, not \"\(body.prefix(40))\""))
+                return .failure(
+                    InputListError(
+                        line: number, message: "option must be KEY=VALUE, not \"\(body.prefix(40))\""))
             }
             let key = String(body[..<equals]).trimmingTrailingBlanks()
             let value = String(body[body.index(after: equals)...]).trimmingLeadingBlanks()
             guard options.contains(key) else {
-                return .failure(InputListError(
-                    line: number,
-                    message: "unknown option \"\(key.prefix(40))\"; options are \(options.joined(separator: ", "))"))
+                return .failure(
+                    InputListError(
+                        line: number,
+                        message: "unknown option \"\(key.prefix(40))\"; options are \(options.joined(separator: ", "))"))
             }
             guard !seen.contains(key) else {
                 return .failure(InputListError(line: number, message: "option \(key) is given twice for one URL"))

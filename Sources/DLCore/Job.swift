@@ -115,8 +115,10 @@ public struct JobOptions: Sendable, Equatable, Codable {
     /// Whether the file is encrypted at rest: one stream, started over after any stop.
     public var isEncrypted: Bool { encryptTo.map { !$0.isEmpty } ?? false }
 
-    public init(automaticName: Bool = false, renameIfTaken: Bool = false, insecure: Bool = false, tls: JobTLS? = nil,
-                maxSpeed: Int64? = nil, segments: Int? = nil, metered: Bool? = nil, encryptTo: [String]? = nil) {
+    public init(
+        automaticName: Bool = false, renameIfTaken: Bool = false, insecure: Bool = false, tls: JobTLS? = nil,
+        maxSpeed: Int64? = nil, segments: Int? = nil, metered: Bool? = nil, encryptTo: [String]? = nil
+    ) {
         self.encryptTo = encryptTo
         self.maxSpeed = maxSpeed
         self.segments = segments

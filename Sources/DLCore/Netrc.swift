@@ -70,7 +70,8 @@ public enum Netrc {
     /// through to `default` would send another account's password to this host.
     public static func credentials(for host: String, in entries: [NetrcEntry]) -> (login: String, password: String)? {
         let wanted = normalize(host)
-        let entry = entries.first { $0.machine.map(normalize) == wanted }
+        let entry =
+            entries.first { $0.machine.map(normalize) == wanted }
             ?? entries.first { $0.machine == nil }
         guard let entry, let login = entry.login, let password = entry.password else { return nil }
         return (login, password)

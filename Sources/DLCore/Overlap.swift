@@ -22,7 +22,8 @@ public enum OverlapResume {
     /// and a server that did not say it takes ranges is not asked for one.
     public static func plan(received: Int64, size: Int64?, acceptsRanges: Bool, overlap: Int64 = length) -> Plan {
         guard acceptsRanges else {
-            return .startOver("the server gave no ETag or Last-Modified and did not say it takes byte ranges, so the bytes on disk cannot be checked")
+            return .startOver(
+                "the server gave no ETag or Last-Modified and did not say it takes byte ranges, so the bytes on disk cannot be checked")
         }
         guard let size else {
             return .startOver("the server gave no ETag or Last-Modified and no size, so the bytes on disk cannot be checked")
@@ -39,10 +40,12 @@ public enum OverlapResume {
     /// (`200` is the caller's: it means start over, with the body that came.)
     public static func refusal(start: Int64?, total: Int64?, from: Int64, size: Int64) -> String? {
         guard let start, start == from else {
-            return "the server gave no ETag or Last-Modified, and its answer to the range from byte \(from) starts \(start.map { "at byte \($0)" } ?? "nowhere it says")"
+            return
+                "the server gave no ETag or Last-Modified, and its answer to the range from byte \(from) starts \(start.map { "at byte \($0)" } ?? "nowhere it says")"
         }
         guard let total, total == size else {
-            return "the server gave no ETag or Last-Modified, and the file is \(total.map { "\($0) bytes" } ?? "of no stated size") now; the bytes on disk came from a \(size)-byte file"
+            return
+                "the server gave no ETag or Last-Modified, and the file is \(total.map { "\($0) bytes" } ?? "of no stated size") now; the bytes on disk came from a \(size)-byte file"
         }
         return nil
     }

@@ -75,7 +75,8 @@ public enum DurationText {
     /// The largest whole unit: "30d", "36h", "90s"; "0" for zero.
     public static func describe(_ seconds: TimeInterval) -> String {
         if seconds <= 0 { return "0" }
-        for (unit, size) in [("w", 604_800.0), ("d", 86_400), ("h", 3600), ("m", 60)] where seconds.truncatingRemainder(dividingBy: size) == 0 {
+        for (unit, size) in [("w", 604_800.0), ("d", 86_400), ("h", 3600), ("m", 60)]
+        where seconds.truncatingRemainder(dividingBy: size) == 0 {
             return "\(Int(seconds / size))\(unit)"
         }
         return seconds == seconds.rounded() ? "\(Int(seconds))s" : "\(seconds)s"

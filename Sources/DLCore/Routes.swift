@@ -22,7 +22,8 @@ public enum Routes {
             guard flags & 0x1 != 0, flags & 0x200 == 0, flags & 0x8000_0000 == 0 else { continue }
             let destination = fields[0].lowercased()
             if destination.hasPrefix("fe8") || destination.hasPrefix("fe9") || destination.hasPrefix("fea")
-                || destination.hasPrefix("feb") || destination.hasPrefix("ff") {
+                || destination.hasPrefix("feb") || destination.hasPrefix("ff")
+            {
                 continue
             }
             return true

@@ -159,7 +159,8 @@ public struct SpeedSchedule: Sendable, Equatable {
                 return .failure(ScheduleError("\"\(words[0].prefix(30))\" is not a range of times HH:MM-HH:MM (00:00 to 23:59)"))
             }
             guard let rate = ByteRate.parse(String(words[1])) else {
-                return .failure(ScheduleError("\"\(words[1].prefix(30))\" is not a rate in bytes per second (for example 2M, 512K, 0 for no limit)"))
+                return .failure(
+                    ScheduleError("\"\(words[1].prefix(30))\" is not a rate in bytes per second (for example 2M, 512K, 0 for no limit)"))
             }
             let index = schedule.entries.count
             schedule.entries.append(Entry(start: start, end: end, rate: rate))

@@ -21,8 +21,10 @@ public struct UnsyncedProgress: Sendable, Equatable, Codable {
     public var validators: Validators
     public var finalURL: String?
 
-    public init(bootID: String, received: Int64, segments: String? = nil, size: Int64? = nil,
-                validators: Validators = Validators(), finalURL: String? = nil) {
+    public init(
+        bootID: String, received: Int64, segments: String? = nil, size: Int64? = nil,
+        validators: Validators = Validators(), finalURL: String? = nil
+    ) {
         self.bootID = bootID
         self.received = received
         self.segments = segments
@@ -32,7 +34,10 @@ public struct UnsyncedProgress: Sendable, Equatable, Codable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case bootID = "boot", received, segments, size, etag, lastModified = "last_modified", acceptsRanges = "ranges"
+        case bootID = "boot"
+        case received, segments, size, etag
+        case lastModified = "last_modified"
+        case acceptsRanges = "ranges"
         case finalURL = "final_url"
     }
 

@@ -159,7 +159,9 @@ public struct DaemonConfig: Sendable, Equatable {
 
     /// Which proxy each URL goes through: `proxy` and `no_proxy` of the config file, else the
     /// environment's variables (curl's rules).
-    public func proxyRules(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> (rules: ProxyRules, source: ProxyRules.Source, ignored: [String]) {
+    public func proxyRules(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> (
+        rules: ProxyRules, source: ProxyRules.Source, ignored: [String]
+    ) {
         do {
             return try ProxyRules.resolve(configProxy: proxy, configNoProxy: noProxy, environment: environment)
         } catch {
@@ -256,7 +258,9 @@ public struct DaemonConfig: Sendable, Equatable {
             guard case .array(let items) = value else { throw DaemonError("allowed_roots must be an array of absolute paths") }
             var roots: [String] = []
             for item in items {
-                guard case .string(let s) = item, s.hasPrefix("/") else { throw DaemonError("allowed_roots must be an array of absolute paths") }
+                guard case .string(let s) = item, s.hasPrefix("/") else {
+                    throw DaemonError("allowed_roots must be an array of absolute paths")
+                }
                 roots.append(s)
             }
             allowedRoots = roots
@@ -304,7 +308,9 @@ public struct DaemonConfig: Sendable, Equatable {
         case "worker_name":
             let name = try string()
             guard (1...64).contains(name.utf8.count),
-                name.unicodeScalars.allSatisfy({ $0.isASCII && (CharacterSet.alphanumerics.contains($0) || "-_.".unicodeScalars.contains($0)) })
+                name.unicodeScalars.allSatisfy({
+                    $0.isASCII && (CharacterSet.alphanumerics.contains($0) || "-_.".unicodeScalars.contains($0))
+                })
             else {
                 throw DaemonError("worker_name must be 1 to 64 characters of letters, digits, '-', '_' and '.'")
             }
@@ -340,7 +346,8 @@ public struct DaemonConfig: Sendable, Equatable {
             switch value {
             case .integer(let i) where (0...(1 << 40)).contains(i): maxSpeed = i
             case .string(let s) where ByteRate.parse(s) != nil: maxSpeed = ByteRate.parse(s) ?? 0
-            default: throw DaemonError("max_speed must be bytes per second: an integer, or a string such as \"2M\" or \"512K\" (0: no limit)")
+            default:
+                throw DaemonError("max_speed must be bytes per second: an integer, or a string such as \"2M\" or \"512K\" (0: no limit)")
             }
         case "speed_schedule":
             switch SpeedSchedule.parse(try string()) {
@@ -363,7 +370,9 @@ public struct DaemonConfig: Sendable, Equatable {
     /// `<host name>/<worker_name>`: stable across restarts, different on each machine.
     public var workerID: String {
         var buffer = [CChar](repeating: 0, count: 256)
-        let host = gethostname(&buffer, buffer.count) == 0 ? String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : ""
+        let host =
+            gethostname(&buffer, buffer.count) == 0
+            ? String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : ""
         return (host.isEmpty ? "localhost" : host) + "/" + workerName
     }
 
@@ -449,7 +458,8 @@ extension DaemonConfig: CustomStringConvertible, CustomDebugStringConvertible {
         var shown = self
         shown.database = database.map(PostgresURL.redacted)
         shown.proxy = proxy.map(ProxyServer.redacted)
-        return "DaemonConfig(" + Mirror(reflecting: shown).children.map { "\($0.label ?? ""): \(String(reflecting: $0.value))" }.joined(separator: ", ") + ")"
+        return "DaemonConfig("
+            + Mirror(reflecting: shown).children.map { "\($0.label ?? ""): \(String(reflecting: $0.value))" }.joined(separator: ", ") + ")"
     }
 
     public var debugDescription: String { description }

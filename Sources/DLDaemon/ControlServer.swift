@@ -73,8 +73,10 @@ public final class ControlServer: Sendable {
     let onShutdown: @Sendable () -> Void
     private let connections = Mutex(0)
 
-    public init(path: String, dispatcher: Dispatcher, hub: EventHub, limits: Limits = Limits(), logger: Logger,
-                onShutdown: @escaping @Sendable () -> Void) {
+    public init(
+        path: String, dispatcher: Dispatcher, hub: EventHub, limits: Limits = Limits(), logger: Logger,
+        onShutdown: @escaping @Sendable () -> Void
+    ) {
         self.path = path
         self.hub = hub
         self.dispatcher = dispatcher
@@ -158,12 +160,16 @@ public final class ControlServer: Sendable {
             try await connection.executeThenClose { inbound, outbound in
                 guard count <= limits.maxConnections else {
                     logger.warning("connection refused: too many open connections", metadata: ["limit": "\(limits.maxConnections)"])
-                    let error = RPCResponse(id: .null, result: .failure(RPCError(DLError(.invalidRequest, "too many connections (limit \(limits.maxConnections))"))))
+                    let error = RPCResponse(
+                        id: .null,
+                        result: .failure(RPCError(DLError(.invalidRequest, "too many connections (limit \(limits.maxConnections))"))))
                     try await outbound.write(Self.line(error.json.serialized()))
                     return
                 }
                 guard await self.peerIsOwner(connection.channel) else {
-                    let error = RPCResponse(id: .null, result: .failure(RPCError(DLError(.invalidRequest, "permission denied: only the daemon's own user may connect"))))
+                    let error = RPCResponse(
+                        id: .null,
+                        result: .failure(RPCError(DLError(.invalidRequest, "permission denied: only the daemon's own user may connect"))))
                     try await outbound.write(Self.line(error.json.serialized()))
                     return
                 }
@@ -197,7 +203,11 @@ public final class ControlServer: Sendable {
                         group.cancelAll()
                     }
                 } catch is LineDecoder.LineTooLong {
-                    let error = RPCResponse(id: .null, result: .failure(RPCError(DLError(.lineTooLong, "request line longer than \(limits.maxLineBytes) bytes; closing the connection"))))
+                    let error = RPCResponse(
+                        id: .null,
+                        result: .failure(
+                            RPCError(DLError(.lineTooLong, "request line longer than \(limits.maxLineBytes) bytes; closing the connection"))
+                        ))
                     try await outbound.write(Self.line(error.json.serialized()))
                 }
             }
@@ -236,7 +246,8 @@ public final class ControlServer: Sendable {
         }
         if hub.didOverflow(token) {
             // Cut off rather than silently missing an event: say so, then end the stream.
-            let note = RPCRequest(method: "events.overflow", params: ["message": "this subscriber fell too far behind; subscribe again with since"])
+            let note = RPCRequest(
+                method: "events.overflow", params: ["message": "this subscriber fell too far behind; subscribe again with since"])
             try? await outbound.write(Self.line(note.json.serialized()))
             outbound.finish()
         }
@@ -257,7 +268,8 @@ public final class ControlServer: Sendable {
                 level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_PEERCRED)
             ).get()
             if credentials.uid == getuid() { return true }
-            logger.warning("connection refused: peer is another user", metadata: ["uid": "\(credentials.uid)", "pid": "\(credentials.pid)"])
+            logger.warning(
+                "connection refused: peer is another user", metadata: ["uid": "\(credentials.uid)", "pid": "\(credentials.pid)"])
             return false
         } catch {
             logger.warning("connection refused: peer credentials unreadable", metadata: ["error": "\(error)"])
@@ -287,7 +299,8 @@ final class IdleCloser: ChannelInboundHandler, Sendable {
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read, !busy.withLock({ $0 }) {
             // Say why before closing, where it can still be said.
-            let error = RPCResponse(id: .null, result: .failure(RPCError(DLError(.invalidRequest, "idle for too long; closing the connection"))))
+            let error = RPCResponse(
+                id: .null, result: .failure(RPCError(DLError(.invalidRequest, "idle for too long; closing the connection"))))
             var line = context.channel.allocator.buffer(capacity: 160)
             line.writeBytes(error.json.serialized())
             line.writeInteger(UInt8(ascii: "\n"))

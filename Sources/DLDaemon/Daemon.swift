@@ -54,22 +54,28 @@ public enum Daemon {
             logger.warning("\(entry) does not exist or is not the right kind of file; it is not used")
         }
         if let file = systemTrust.certFile { logger.info("trusted certificates from SSL_CERT_FILE", metadata: ["path": "\(file)"]) }
-        if !systemTrust.certDirs.isEmpty { logger.info("trusted certificates from SSL_CERT_DIR", metadata: ["path": "\(systemTrust.certDirs.joined(separator: ":"))"]) }
+        if !systemTrust.certDirs.isEmpty {
+            logger.info("trusted certificates from SSL_CERT_DIR", metadata: ["path": "\(systemTrust.certDirs.joined(separator: ":"))"])
+        }
         let (proxies, proxySource, ignoredProxies) = try config.proxyRules()
         downloaderConfig.proxies = proxies
         for entry in ignoredProxies { logger.warning("\(entry); that variable is not used") }
-        for line in proxies.summary { logger.info("proxy: \(line)", metadata: ["from": "\(proxySource == .config ? "config" : "environment")"]) }
+        for line in proxies.summary {
+            logger.info("proxy: \(line)", metadata: ["from": "\(proxySource == .config ? "config" : "environment")"])
+        }
         let downloader = Downloader(configuration: downloaderConfig, logger: logger)
         let bootGuard = BootGuard(stateDir: config.stateDir)
         let failedStarts = bootGuard.starting()
         var queuePausedReason: String? = nil
         if failedStarts >= BootGuard.limit {
-            queuePausedReason = "the last \(failedStarts) start-ups of dld did not finish; the queue is paused so that it does not crash again. Read the log, then run `dlctl queue resume`"
+            queuePausedReason =
+                "the last \(failedStarts) start-ups of dld did not finish; the queue is paused so that it does not crash again. Read the log, then run `dlctl queue resume`"
         }
         var engineConfiguration = EngineConfiguration(
             downloadDir: config.downloadDir, maxActive: config.maxActive,
-            backoff: BackoffPolicy(base: config.retryBase, cap: config.retryMaxDelay, maxAttempts: config.maxAttempts,
-                                   giveUpAfter: config.giveUpAfter, diskRecheck: config.diskRecheck),
+            backoff: BackoffPolicy(
+                base: config.retryBase, cap: config.retryMaxDelay, maxAttempts: config.maxAttempts,
+                giveUpAfter: config.giveUpAfter, diskRecheck: config.diskRecheck),
             diskSpace: DiskSpacePolicy(minFree: config.minFree),
             checkpoints: CheckpointPolicy(interval: config.checkpointInterval),
             queuePausedReason: queuePausedReason)
@@ -87,8 +93,9 @@ public enum Daemon {
             logger: logger, now: { Date().addingTimeInterval(clockOffset) })
         let hub = EventHub()
         store.setEventSink(wanted: { hub.subscriberCount > 0 }) { hub.publish($0) }
-        let hooks = Reloadable(HookRunner(
-            onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger))
+        let hooks = Reloadable(
+            HookRunner(
+                onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger))
         await engine.setOnFinished { hooks.value.finished($0) }
         let cache = URLCache.open(
             dir: config.cacheDir, policy: config.cachePolicy, engine: engine, hub: hub, downloader: downloader,
@@ -103,13 +110,14 @@ public enum Daemon {
             await engine.runLoops(progressEvery: .milliseconds(500)) { hub.publishProgress($0, $1) }
         }
         let sweeps = LoopService("CacheSweeps") { await cache.runSweeps() }
-        let group = ServiceGroup(configuration: ServiceGroupConfiguration(
-            services: [
-                .init(service: loops), .init(service: sweeps),
-                .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup),
-            ],
-            gracefulShutdownSignals: [.sigterm, .sigint],
-            logger: logger))
+        let group = ServiceGroup(
+            configuration: ServiceGroupConfiguration(
+                services: [
+                    .init(service: loops), .init(service: sweeps),
+                    .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup),
+                ],
+                gracefulShutdownSignals: [.sigterm, .sigint],
+                logger: logger))
         do {
             try await group.run()
         } catch {
@@ -196,8 +204,9 @@ public enum Daemon {
     /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not
     /// exist are left out until they do (at the next start).
     static func pathPolicy(_ config: DaemonConfig) -> PathPolicy {
-        PathPolicy(allowedRoots: config.effectiveAllowedRoots.compactMap(Destination.realPath),
-                   home: Destination.realPath(config.home))
+        PathPolicy(
+            allowedRoots: config.effectiveAllowedRoots.compactMap(Destination.realPath),
+            home: Destination.realPath(config.home))
     }
 
     /// The socket's folder: created 0700 when missing; the default folders (which only dld
@@ -305,9 +314,11 @@ struct DaemonService: Service, CustomStringConvertible {
         metered.start { meteredReports.yield($0) }
         defer { meteredReports.finish() }
         let socketPath = adoptedSocket.flatMap(SocketActivation.path(of:)) ?? config.socket
-        logger.info("dld \(DLDVersion.current) listening", metadata: [
-            "socket": "\(socketPath)", "state_dir": "\(config.stateDir)", "socket_from": "\(adoptedSocket == nil ? "dld" : "systemd")",
-        ])
+        logger.info(
+            "dld \(DLDVersion.current) listening",
+            metadata: [
+                "socket": "\(socketPath)", "state_dir": "\(config.stateDir)", "socket_from": "\(adoptedSocket == nil ? "dld" : "systemd")",
+            ])
         // The start-up is done: the job table is reconciled, the queue runs, and the socket
         // (bound above, its backlog already accepting) is served from the next line on.
         bootGuard.healthy()
@@ -336,11 +347,15 @@ struct DaemonService: Service, CustomStringConvertible {
             // A hop, as above.
             Task { await cache.shutdown() }
             // At once on SIGTERM: systemd shows the unit as deactivating from here.
-            if stopping.exchange(true, ordering: .relaxed) == false { notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers") }
+            if stopping.exchange(true, ordering: .relaxed) == false {
+                notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers")
+            }
             closer.withLock { $0?.close(promise: nil) }
         }
         // Also after a `shutdown` request, which ends serving without a signal.
-        if stopping.exchange(true, ordering: .relaxed) == false { notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers") }
+        if stopping.exchange(true, ordering: .relaxed) == false {
+            notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers")
+        }
         logger.info("stopping: checkpointing transfers")
         await cache.shutdown()
         // Syncing the transfers' bytes can outlast TimeoutStopSec on a slow disk: systemd is
@@ -431,7 +446,8 @@ struct BootGuard: Sendable {
 
     /// Counts this start as failed until proven otherwise; returns the failures before it.
     func starting() -> Int {
-        let before = (try? String(contentsOfFile: path, encoding: .utf8)).flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) } ?? 0
+        let before =
+            (try? String(contentsOfFile: path, encoding: .utf8)).flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) } ?? 0
         write(before + 1)
         return before
     }

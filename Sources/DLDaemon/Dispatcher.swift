@@ -214,7 +214,9 @@ public struct Dispatcher: Sendable {
     /// it stays small whatever the count (docs/protocol.md, "Bulk commands").
     static func bulkReply(_ outcome: BulkOutcome, alsoAs alias: String? = nil) -> JSONValue {
         let ids = JSONValue.array(outcome.ids.map { .int($0) })
-        var reply: [String: JSONValue] = ["count": .int(Int64(outcome.count)), "ids": ids, "more": .bool(outcome.count > outcome.ids.count)]
+        var reply: [String: JSONValue] = [
+            "count": .int(Int64(outcome.count)), "ids": ids, "more": .bool(outcome.count > outcome.ids.count),
+        ]
         if let alias { reply[alias] = ids }
         return .object(reply)
     }
@@ -230,7 +232,8 @@ public struct Dispatcher: Sendable {
         var states: [JobState] = []
         for name in names {
             guard let text = name.stringValue, let state = JobState(rawValue: text) else {
-                throw .invalidParams("unknown state \(name.serializedString()); states: \(JobState.allCases.map(\.rawValue).joined(separator: ", "))")
+                throw .invalidParams(
+                    "unknown state \(name.serializedString()); states: \(JobState.allCases.map(\.rawValue).joined(separator: ", "))")
             }
             states.append(state)
         }
@@ -329,7 +332,9 @@ public struct Dispatcher: Sendable {
         if raw["group"] != nil { return try await enqueueGroup(raw) }
         if raw["jobs"] != nil {
             let params = try Params(raw, allowed: ["jobs"])
-            guard let list = try params.array("jobs"), !list.isEmpty else { throw .invalidParams("param \"jobs\" must be a non-empty array") }
+            guard let list = try params.array("jobs"), !list.isEmpty else {
+                throw .invalidParams("param \"jobs\" must be a non-empty array")
+            }
             guard list.count <= limits.maxJobsPerEnqueue else {
                 throw .invalidParams("at most \(limits.maxJobsPerEnqueue) jobs per enqueue, got \(list.count)")
             }
@@ -455,7 +460,8 @@ public struct Dispatcher: Sendable {
         } else if let list = value.arrayValue {
             for element in list {
                 guard let text = element.stringValue else {
-                    throw .invalidParams("\"encrypt_to\" must be an age recipient (\"age1…\") or an array of them, not an array holding \(element.typeName)")
+                    throw .invalidParams(
+                        "\"encrypt_to\" must be an age recipient (\"age1…\") or an array of them, not an array holding \(element.typeName)")
                 }
                 texts.append(text)
             }
@@ -563,7 +569,8 @@ extension Dispatcher {
     func setSpeed(_ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
         let params = try Params(raw, allowed: ["id", "global", "max_speed"])
         guard params.values.keys.contains("max_speed") else {
-            throw .invalidParams("missing param \"max_speed\" (bytes per second; 0 for no limit; null with \"global\" to go back to the config file's)")
+            throw .invalidParams(
+                "missing param \"max_speed\" (bytes per second; 0 for no limit; null with \"global\" to go back to the config file's)")
         }
         let rate = try Self.rate(params)
         let global = try params.bool("global")
@@ -619,13 +626,14 @@ extension Dispatcher {
             _ = try Params(raw, allowed: [])
             let entries = try await requireCache().list()
             return [
-                "entries": .array(entries.map { item -> JSONValue in
-                    [
-                        "url": .string(URLRules.redacted(item.entry.url)), "path": .string(item.entry.path),
-                        "size": .int(item.entry.bytes), "pinned": .bool(item.entry.pinned), "in_use": .bool(item.held),
-                        "last_used": JobJSON.timestamp(item.entry.lastUsed), "fresh_until": JobJSON.timestamp(item.freshUntil),
-                    ]
-                })
+                "entries": .array(
+                    entries.map { item -> JSONValue in
+                        [
+                            "url": .string(URLRules.redacted(item.entry.url)), "path": .string(item.entry.path),
+                            "size": .int(item.entry.bytes), "pinned": .bool(item.entry.pinned), "in_use": .bool(item.held),
+                            "last_used": JobJSON.timestamp(item.entry.lastUsed), "fresh_until": JobJSON.timestamp(item.freshUntil),
+                        ]
+                    })
             ]
         }
     }

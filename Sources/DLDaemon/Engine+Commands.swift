@@ -44,7 +44,8 @@ extension Engine {
                     func resolve() throws(DLError) -> Destination.Resolved {
                         try destination.resolve(
                             url: spec.url, path: spec.path, dir: spec.dir, name: spec.name, overwrite: spec.overwrite,
-                            onExists: spec.onExists, encrypted: spec.encryptTo != nil, taken: { seenPaths[$0] != nil || usedByJobs.contains($0) })
+                            onExists: spec.onExists, encrypted: spec.encryptTo != nil,
+                            taken: { seenPaths[$0] != nil || usedByJobs.contains($0) })
                     }
                     var resolved = try resolve()
                     while spec.onExists == .rename, try await storage({ try await store.isPathInUse(resolved.path) }) {
@@ -137,7 +138,9 @@ extension Engine {
         }
     }
 
-    private func bulk(_ command: BulkCommand, _ selection: JobSelection, noOp: Set<JobState>, stopping: StopIntent?) async throws(DLError) -> BulkOutcome {
+    private func bulk(_ command: BulkCommand, _ selection: JobSelection, noOp: Set<JobState>, stopping: StopIntent?) async throws(DLError)
+        -> BulkOutcome
+    {
         try await serial { () async throws(DLError) in
             try await bulkInQueue(command, selection, noOp: noOp, stopping: stopping)
         }
@@ -147,7 +150,9 @@ extension Engine {
     /// job must exist and accept the command, or nothing changes; with `all` or a group, the
     /// jobs that accept it change. Transfers of the jobs it stops are stopped first (their
     /// last checkpoints commit with the command). Runs inside `serial`.
-    private func bulkInQueue(_ command: BulkCommand, _ selection: JobSelection, noOp: Set<JobState>, stopping: StopIntent?) async throws(DLError) -> BulkOutcome {
+    private func bulkInQueue(_ command: BulkCommand, _ selection: JobSelection, noOp: Set<JobState>, stopping: StopIntent?)
+        async throws(DLError) -> BulkOutcome
+    {
         try requireAccepting()
         let refused = Set(JobState.allCases).subtracting(command.sources).subtracting(noOp)
         let rows = try await rowSelection(selection, refusing: refused, verb: command.event.verb)

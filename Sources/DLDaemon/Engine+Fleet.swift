@@ -84,7 +84,9 @@ extension Engine {
 
     var leaseView: LeaseView? {
         guard store.sharesQueue else { return nil }
-        return LeaseView(seconds: configuration.lease, renewedAt: leases.renewedAt, fencedSince: leases.fencedSince, fences: leases.fences, clockSkew: leases.clockSkew)
+        return LeaseView(
+            seconds: configuration.lease, renewedAt: leases.renewedAt, fencedSince: leases.fencedSince, fences: leases.fences,
+            clockSkew: leases.clockSkew)
     }
 
     /// `body`'s outcome, or nil when it did not come within `limit`; it is then cancelled and
@@ -118,7 +120,9 @@ extension Engine {
     }
 
     /// Runs `body` in a task of its own that hands its outcome to `once`.
-    private static func run<T: Sendable>(_ body: @escaping @Sendable () async throws -> T, into once: OneShot<Result<T, any Error>?>) -> Task<Void, Never> {
+    private static func run<T: Sendable>(_ body: @escaping @Sendable () async throws -> T, into once: OneShot<Result<T, any Error>?>)
+        -> Task<Void, Never>
+    {
         Task {
             do {
                 once.resume(.success(try await body()))
@@ -146,9 +150,11 @@ extension Engine {
             let after = now()
             let skew = server.timeIntervalSince(before.addingTimeInterval(after.timeIntervalSince(before) / 2))
             if abs(skew - leases.clockSkew) > 1 {
-                logger.notice("this worker's clock differs from the job table's; leases are reckoned on the table's", metadata: [
-                    "seconds": "\((skew * 1000).rounded() / 1000)",
-                ])
+                logger.notice(
+                    "this worker's clock differs from the job table's; leases are reckoned on the table's",
+                    metadata: [
+                        "seconds": "\((skew * 1000).rounded() / 1000)"
+                    ])
             }
             leases.clockSkew = skew
         } catch {
@@ -168,7 +174,8 @@ extension Engine {
                 let at = leaseNow()
                 let owned: Set<JobID>
                 do {
-                    owned = try await store.renewLeases(worker: configuration.worker, until: at.addingTimeInterval(configuration.lease), now: at)
+                    owned = try await store.renewLeases(
+                        worker: configuration.worker, until: at.addingTimeInterval(configuration.lease), now: at)
                 } catch {
                     await fenceIfLeasesRunOut()
                     logger.warning("lease renewal failed", metadata: ["error": "\(Self.storageText(error))"])
@@ -178,9 +185,11 @@ extension Engine {
                 leases.renewedInstant = sent
                 if let since = leases.fencedSince {
                     leases.fencedSince = nil
-                    logger.notice("the job table answers again and the leases are renewed: this worker takes jobs again", metadata: [
-                        "fenced_for": "\(Int(now().timeIntervalSince(since).rounded())) s",
-                    ])
+                    logger.notice(
+                        "the job table answers again and the leases are renewed: this worker takes jobs again",
+                        metadata: [
+                            "fenced_for": "\(Int(now().timeIntervalSince(since).rounded())) s"
+                        ])
                 }
                 await stopLost(running.keys.filter { !owned.contains($0) })
                 try await requeueOrphans(owned)
@@ -210,9 +219,11 @@ extension Engine {
         if leases.fencedSince == nil {
             leases.fencedSince = now()
             leases.fences += 1
-            logger.error("the job table is unreachable and the leases are running out: this worker is fenced, its transfers stop and it starts none", metadata: [
-                "jobs": "\(running.count)", "unrenewed": "\(unrenewed)",
-            ])
+            logger.error(
+                "the job table is unreachable and the leases are running out: this worker is fenced, its transfers stop and it starts none",
+                metadata: [
+                    "jobs": "\(running.count)", "unrenewed": "\(unrenewed)",
+                ])
         }
         guard !running.isEmpty else { return }
         await stopLost(Array(running.keys))
@@ -241,7 +252,8 @@ extension Engine {
                 let ids = running.keys.sorted()
                 if !ids.isEmpty {
                     let rows = try await storage { try await store.fetch(ids) }
-                    let mine = Set(rows.filter { $0.state == .running && ($0.worker == nil || $0.worker == configuration.worker) }.map(\.id))
+                    let mine = Set(
+                        rows.filter { $0.state == .running && ($0.worker == nil || $0.worker == configuration.worker) }.map(\.id))
                     await stopLost(ids.filter { !mine.contains($0) })
                 }
                 try await schedule()

@@ -46,11 +46,12 @@ extension Engine {
         } else if counts[.failed, default: 0] > 0 {
             let failed = try await storage { try await store.firstFailedMember(of: groupID) }
             logger.notice("group failed", metadata: ["group": "\(groupID)", "member": "\(failed?.id ?? 0)"])
-            pending.notices.append(FinishedNotice(
-                jobID: nil, group: group, path: group.dir, url: "", state: "failed",
-                error: failed.flatMap { member in
-                    member.error.map { JobError(code: $0.code, message: "member \(member.id) (\(member.name)): \($0.message)") }
-                }))
+            pending.notices.append(
+                FinishedNotice(
+                    jobID: nil, group: group, path: group.dir, url: "", state: "failed",
+                    error: failed.flatMap { member in
+                        member.error.map { JobError(code: $0.code, message: "member \(member.id) (\(member.name)): \($0.message)") }
+                    }))
         }
     }
 
@@ -69,8 +70,9 @@ extension Engine {
         if !alreadyMoved, fm.fileExists(atPath: group.dir),
             let clash = members.first(where: { !$0.overwrite && fm.fileExists(atPath: $0.path) })
         {
-            group.error = JobError(code: .destinationExists,
-                                   message: "\(clash.path) exists already; the group stays staged in \(group.staging)")
+            group.error = JobError(
+                code: .destinationExists,
+                message: "\(clash.path) exists already; the group stays staged in \(group.staging)")
             group.updatedAt = now()
             try await storage { try await store.saveGroup(group) }
             logger.warning("group not published", metadata: ["group": "\(group.id)", "error": "\(group.error?.message ?? "")"])
@@ -121,7 +123,9 @@ extension Engine {
                 try PartialFile.link(staged, to: member.path, overwrite: member.overwrite)
             } catch {
                 kept = true
-                logger.warning("a member's file stays staged", metadata: ["group": "\(group.id)", "path": "\(staged)", "error": "\(error.error.message)"])
+                logger.warning(
+                    "a member's file stays staged",
+                    metadata: ["group": "\(group.id)", "path": "\(staged)", "error": "\(error.error.message)"])
             }
         }
         Publisher.syncFolders(of: members.map(\.path))
@@ -178,7 +182,8 @@ extension Engine {
             }
             let destination = Destination(downloadDir: configuration.downloadDir, policy: configuration.pathPolicy)
             let normalized = Destination.normalized(dir)
-            let folder = try destination.resolvedFolder((normalized as NSString).deletingLastPathComponent)
+            let folder =
+                try destination.resolvedFolder((normalized as NSString).deletingLastPathComponent)
                 + "/" + (normalized as NSString).lastPathComponent
             var isDirectory: ObjCBool = false
             if FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory), !isDirectory.boolValue {
@@ -232,13 +237,17 @@ extension Engine {
     /// The group, its summary and its members (those in `states`, when given) as JSON text:
     /// written at once, not built as objects (a group of 2000 small files took 5 MB of
     /// dictionaries for one `status`, the daemon's peak).
-    public func groupStatus(_ reference: GroupReference, states: [JobState]? = nil) async throws(DLError) -> (JobGroup, GroupSummary, [JSONValue]) {
+    public func groupStatus(_ reference: GroupReference, states: [JobState]? = nil) async throws(DLError) -> (
+        JobGroup, GroupSummary, [JSONValue]
+    ) {
         await linksSettled()
         let group = try await resolve(reference)
         let members = try await storage { try await store.members(of: group.id) }
         let summary = GroupSummary.summarize(group, members: members, active: activeGroups.contains(group.id))
         let wanted = states.map(Set.init)
-        return (group, summary, members.filter { wanted?.contains($0.state) ?? true }.map { JobJSON.raw($0, live: liveProgress(of: $0.id)) })
+        return (
+            group, summary, members.filter { wanted?.contains($0.state) ?? true }.map { JobJSON.raw($0, live: liveProgress(of: $0.id)) }
+        )
     }
 
     /// The id of the group a reference names.

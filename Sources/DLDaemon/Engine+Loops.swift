@@ -76,7 +76,9 @@ extension Engine {
 
     /// Off the actor: handing progress to every subscriber must not hold the serial queue's
     /// actor, only the read of the snapshots does.
-    private nonisolated func reportProgress(every interval: Duration, _ report: @Sendable ([Job], [TransferProgress.Snapshot]) -> Void) async {
+    private nonisolated func reportProgress(every interval: Duration, _ report: @Sendable ([Job], [TransferProgress.Snapshot]) -> Void)
+        async
+    {
         while !Task.isCancelled {
             if await running.isEmpty {
                 await bells.progress.wait()

@@ -131,7 +131,9 @@ extension Engine {
     /// they are claimed. Runs inside `serial`.
     func requeueHeldForMetered() async throws(DLError) {
         let count = try await storage { try await store.requeueWaiting(for: .metered, now: now()) }
-        if count > 0 { logger.info("queued again the jobs that waited for a connection that is not metered", metadata: ["jobs": "\(count)"]) }
+        if count > 0 {
+            logger.info("queued again the jobs that waited for a connection that is not metered", metadata: ["jobs": "\(count)"])
+        }
         wakeMayHaveChanged = true
     }
 

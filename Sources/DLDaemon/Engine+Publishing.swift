@@ -123,8 +123,10 @@ extension Engine {
                 fail(job, failure)
                 continue
             }
-            switch Publisher.chooseName(path: job.downloadPath, target: item.checkpoint.publishTarget,
-                                        overwrite: job.overwrite, renameIfTaken: job.options.renameIfTaken) {
+            switch Publisher.chooseName(
+                path: job.downloadPath, target: item.checkpoint.publishTarget,
+                overwrite: job.overwrite, renameIfTaken: job.options.renameIfTaken)
+            {
             case .failure(let failure):
                 fail(job, failure)
             case .success(let name):
@@ -137,7 +139,8 @@ extension Engine {
             }
         }
         // Failures above are in `pending`; they commit with the completions.
-        let prepared = PreparedCompletion(saves: pending.saves + completed.map(\.job), owned: pending.owned, completed: completed, notices: pending.notices)
+        let prepared = PreparedCompletion(
+            saves: pending.saves + completed.map(\.job), owned: pending.owned, completed: completed, notices: pending.notices)
         if pending.saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
         pending.saves = []
         pending.owned = []
@@ -159,9 +162,10 @@ extension Engine {
             return .failure(error)
         }
         let written = prepared.completed.filter { !lost.contains($0.job.id) }
-        let failures = await Publisher.linkAll(written.map {
-            Publisher.Link(partial: $0.item.partialPath, final: $0.job.downloadPath, overwrite: $0.job.overwrite)
-        })
+        let failures = await Publisher.linkAll(
+            written.map {
+                Publisher.Link(partial: $0.item.partialPath, final: $0.job.downloadPath, overwrite: $0.job.overwrite)
+            })
         var outcome = LinkOutcome(notices: prepared.notices.filter { $0.jobID.map { !lost.contains($0) } ?? true })
         for ((job, item), failure) in zip(written, failures) {
             // Another worker that saw this file recorded but not linked may have linked it first.
@@ -171,7 +175,8 @@ extension Engine {
             }
             logger.info("completed", metadata: ["job": "\(job.id)", "bytes": "\(job.received)", "path": "\(job.path)"])
             if job.groupID == nil {
-                outcome.notices.append(FinishedNotice(jobID: job.id, group: nil, path: job.path, url: job.url, state: "completed", error: nil))
+                outcome.notices.append(
+                    FinishedNotice(jobID: job.id, group: nil, path: job.path, url: job.url, state: "completed", error: nil))
             }
         }
         store.publishEvents(events)

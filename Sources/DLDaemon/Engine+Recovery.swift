@@ -74,7 +74,8 @@ extension Engine {
     func finishPublish(_ job: Job) -> Bool {
         var info = stat()
         // An encrypted file is longer than its plaintext by the age layout, a known amount.
-        let complete = job.options.isEncrypted
+        let complete =
+            job.options.isEncrypted
             ? AgeLayout.encryptedSize(plaintext: job.received, recipients: job.options.encryptTo?.count ?? 0) : job.received
         guard lstat(job.partialPath, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Int64(info.st_size) == complete else {
             return false
@@ -82,7 +83,9 @@ extension Engine {
         do throws(TransferFailure) {
             try PartialFile.link(job.partialPath, to: job.downloadPath, overwrite: job.overwrite)
             PartialFile.syncDirectory(of: job.downloadPath)
-            logger.notice("published a file recorded as completed by a daemon that stopped before linking it", metadata: ["job": "\(job.id)", "path": "\(job.downloadPath)"])
+            logger.notice(
+                "published a file recorded as completed by a daemon that stopped before linking it",
+                metadata: ["job": "\(job.id)", "path": "\(job.downloadPath)"])
             return true
         } catch {
             if Self.linkedElsewhere(partial: job.partialPath, final: job.downloadPath) { return true }
@@ -131,7 +134,9 @@ extension Engine {
                     if onDisk > clamped.furthest, let file = try? PartialFile(path: job.partialPath) {
                         try? file.truncate(to: clamped.furthest)
                         try? file.syncData()
-                        logger.info("cut partial file back to its furthest committed range", metadata: ["job": "\(job.id)", "from": "\(onDisk)", "to": "\(clamped.furthest)"])
+                        logger.info(
+                            "cut partial file back to its furthest committed range",
+                            metadata: ["job": "\(job.id)", "from": "\(onDisk)", "to": "\(clamped.furthest)"])
                     }
                 } else {
                     fixed.received = 0
@@ -147,7 +152,9 @@ extension Engine {
                     if let file = try? PartialFile(path: job.partialPath) {
                         try? file.truncate(to: job.received)
                         try? file.syncData()
-                        logger.info("cut partial file back to its committed offset", metadata: ["job": "\(job.id)", "from": "\(onDisk)", "to": "\(job.received)"])
+                        logger.info(
+                            "cut partial file back to its committed offset",
+                            metadata: ["job": "\(job.id)", "from": "\(onDisk)", "to": "\(job.received)"])
                     }
                 } else if onDisk < job.received {
                     fixed.received = onDisk
@@ -160,7 +167,9 @@ extension Engine {
                 break
             }
             if access(job.downloadPath, F_OK) != 0, job.error?.code != JobErrorCode.fileMissing.rawValue {
-                fixed.error = JobError(code: .fileMissing, message: "\(job.downloadPath) was deleted or moved after it completed; remove the record with dlctl rm \(job.id)")
+                fixed.error = JobError(
+                    code: .fileMissing,
+                    message: "\(job.downloadPath) was deleted or moved after it completed; remove the record with dlctl rm \(job.id)")
                 logger.notice("completed file is missing", metadata: ["job": "\(job.id)", "path": "\(job.downloadPath)"])
             }
             removeLeftover(of: job)

@@ -119,7 +119,8 @@ extension Engine {
         // outcome is written while the row is this worker's, which the claim made it again);
         // a second transfer would write the same partial file, cut back to the committed offset.
         let jobs = claimed.filter { job in
-            guard running[job.id] != nil || publisher.batch.contains(job.id) || publisher.queue.contains(where: { $0.job.id == job.id }) else { return true }
+            guard running[job.id] != nil || publisher.batch.contains(job.id) || publisher.queue.contains(where: { $0.job.id == job.id })
+            else { return true }
             logger.notice("claimed again while its transfer or its publishing runs here: not started twice", metadata: ["job": "\(job.id)"])
             return false
         }
@@ -215,7 +216,7 @@ extension Engine {
                     // A shared table may be away (its pool waits up to a minute): a stop
                     // (the fence) must not wait for the checkpoint.
                     written = shared ? try await Self.abandonedOnCancel(write) : try await write()
-                } catch where shared {
+                } catch  where shared {
                     // A shared table that cannot be reached: the transfer goes on (its lease
                     // holds for a while, see `fence`) and the next checkpoint commits.
                     logger.warning("checkpoint not written; the transfer goes on", metadata: ["job": "\(id)", "error": "\(error)"])
@@ -228,7 +229,8 @@ extension Engine {
             await self?.transferEnded(id, attempt: attempt, result: result)
             return result
         }
-        scheduling.started(started, transfer: Transfer(progress: progress, task: task), host: host ?? URLRules.hostKey(started.url), attempt: attempt)
+        scheduling.started(
+            started, transfer: Transfer(progress: progress, task: task), host: host ?? URLRules.hostKey(started.url), attempt: attempt)
         transfersRun()
     }
 
@@ -244,7 +246,8 @@ extension Engine {
             if !startFromReady(group: running[id]?.job.groupID) { scheduleTurn() }
             return true
         case .park:
-            logger.debug("parked until a bulk slot is free", metadata: ["job": "\(id)", "remaining": "\(remaining.map(String.init) ?? "unknown")"])
+            logger.debug(
+                "parked until a bulk slot is free", metadata: ["job": "\(id)", "remaining": "\(remaining.map(String.init) ?? "unknown")"])
             return false
         }
     }
@@ -278,7 +281,9 @@ extension Engine {
             netrcCache = nil
             return []
         }
-        let key = [Int(info.st_ino), Int(info.st_size), info.st_mtim.tv_sec, info.st_mtim.tv_nsec, info.st_ctim.tv_sec, info.st_ctim.tv_nsec]
+        let key = [
+            Int(info.st_ino), Int(info.st_size), info.st_mtim.tv_sec, info.st_mtim.tv_nsec, info.st_ctim.tv_sec, info.st_ctim.tv_nsec,
+        ]
         if let cached = netrcCache, cached.key == key { return cached.entries }
         guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { return [] }
         let entries = Netrc.parse(text)
@@ -389,9 +394,10 @@ extension Engine {
         switch result {
         case .downloaded(let checkpoint):
             apply(checkpoint, to: &job, startedAt: started.received)
-            enqueuePublish(PublishItem(
-                job: job, partialPath: started.partialPath, checkpoint: checkpoint, committed: started.received,
-                committedSegments: started.segments))
+            enqueuePublish(
+                PublishItem(
+                    job: job, partialPath: started.partialPath, checkpoint: checkpoint, committed: started.received,
+                    committedSegments: started.segments))
         case .stopped(let checkpoint):
             apply(checkpoint, to: &job, startedAt: started.received)
             job.state = .queued
@@ -428,13 +434,16 @@ extension Engine {
         do throws(DLError) {
             switch decision {
             case .wait(let reason, let until):
-                logger.notice("waiting", metadata: ["job": "\(job.id)", "reason": "\(reason.rawValue)", "error": "\(failure.error.message)"])
+                logger.notice(
+                    "waiting", metadata: ["job": "\(job.id)", "reason": "\(reason.rawValue)", "error": "\(failure.error.message)"])
                 try transition(job, .wait(reason, failure.error, until: until))
             case .fail(let error):
                 logger.notice("failed", metadata: ["job": "\(job.id)", "code": "\(error.code)", "error": "\(error.message)"])
                 let failed = try transition(job, .fail(error))
                 if failed.groupID == nil {
-                    pending.notices.append(FinishedNotice(jobID: failed.id, group: nil, path: failed.path, url: failed.url, state: "failed", error: failed.error))
+                    pending.notices.append(
+                        FinishedNotice(
+                            jobID: failed.id, group: nil, path: failed.path, url: failed.url, state: "failed", error: failed.error))
                 }
             }
         } catch {

@@ -72,7 +72,8 @@ extension Engine {
             throw DLError(.invalidState, "job \(id): cannot \(verb) a job that is \(job.state.rawValue)")
         }
         if job.state == .running && running[id] == nil {
-            let situation = job.worker.map { $0 == configuration.worker ? "is being completed" : "runs under the worker \($0)" } ?? "is being completed"
+            let situation =
+                job.worker.map { $0 == configuration.worker ? "is being completed" : "runs under the worker \($0)" } ?? "is being completed"
             throw DLError(.invalidState, "job \(id): cannot \(verb) it now: it \(situation); pause it first")
         }
         return job
@@ -130,10 +131,12 @@ extension Engine {
                 throw error
             }
             if wasRunning { startTransfer(job) }
-            logger.notice("job changed", metadata: [
-                "job": "\(id)", "url": "\(URLRules.redacted(job.url))",
-                "headers": "\(job.headers.map(\.name).joined(separator: ","))", "restarted": "\(wasRunning)",
-            ])
+            logger.notice(
+                "job changed",
+                metadata: [
+                    "job": "\(id)", "url": "\(URLRules.redacted(job.url))",
+                    "headers": "\(job.headers.map(\.name).joined(separator: ","))", "restarted": "\(wasRunning)",
+                ])
             return view(job)
         }
     }

@@ -72,7 +72,8 @@ extension Engine {
         let choice = ResumePoint.choose(synced: job.received, unsynced: unsynced, bootID: configuration.bootID, fileLength: length)
         guard case .unsynced(let record) = choice else {
             if case .synced(let reason) = choice, reason != .notAhead {
-                logger.info("bytes written but not synced before dld stopped are not trusted", metadata: ["job": "\(job.id)", "why": "\(reason)"])
+                logger.info(
+                    "bytes written but not synced before dld stopped are not trusted", metadata: ["job": "\(job.id)", "why": "\(reason)"])
             }
             return adopted
         }
@@ -81,11 +82,14 @@ extension Engine {
             defer { file.close() }
             try file.syncData()
         } catch {
-            logger.warning("could not sync a partial file; resuming from its last checkpoint", metadata: ["job": "\(job.id)", "error": "\(error.error.message)"])
+            logger.warning(
+                "could not sync a partial file; resuming from its last checkpoint",
+                metadata: ["job": "\(job.id)", "error": "\(error.error.message)"])
             return adopted
         }
-        logger.info("resuming from bytes written but not synced before dld stopped (same boot)",
-                    metadata: ["job": "\(job.id)", "committed": "\(job.received)", "from": "\(record.received)"])
+        logger.info(
+            "resuming from bytes written but not synced before dld stopped (same boot)",
+            metadata: ["job": "\(job.id)", "committed": "\(job.received)", "from": "\(record.received)"])
         adopted.received = record.received
         adopted.segments = record.segments
         adopted.size = record.size

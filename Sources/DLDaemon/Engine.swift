@@ -98,10 +98,12 @@ public struct EngineConfiguration: Sendable {
     /// nil when it cannot be read: then unsynced progress is neither recorded nor trusted.
     public var bootID: String?
 
-    public init(downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
-                diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
-                queuePausedReason: String? = nil, groupParallel: Int = 4, pathPolicy: PathPolicy? = nil,
-                maxQueued: Int = 1_000_000, netrcPath: String? = nil) {
+    public init(
+        downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
+        diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
+        queuePausedReason: String? = nil, groupParallel: Int = 4, pathPolicy: PathPolicy? = nil,
+        maxQueued: Int = 1_000_000, netrcPath: String? = nil
+    ) {
         self.groupParallel = groupParallel
         self.pathPolicy = pathPolicy
         self.maxQueued = maxQueued

@@ -43,8 +43,10 @@ public struct DaemonLogHandler: LogHandler {
     }
 
     /// One line (two or more if the message has line breaks, each with the prefix).
-    static func format(level: Logger.Level, label: String, metadata: Logger.Metadata, source: String, message: String,
-                       journal: Bool, now: Date) -> String {
+    static func format(
+        level: Logger.Level, label: String, metadata: Logger.Metadata, source: String, message: String,
+        journal: Bool, now: Date
+    ) -> String {
         let pairs = metadata.isEmpty ? "" : metadata.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ") + " "
         let body = "\(level) \(label): \(pairs)[\(source)] \(message)"
         guard journal else { return "\(timestamp(now)) \(body)\n" }

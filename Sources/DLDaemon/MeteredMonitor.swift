@@ -94,9 +94,10 @@ final class MeteredMonitor: @unchecked Sendable {
         guard now != value else { return }
         let was = MeteredPolicy.isMetered(value)
         if (now == nil) != (value == nil) {
-            logger.info(now == nil
-                ? "NetworkManager left the system bus: the connection counts as not metered"
-                : "NetworkManager is on the system bus", metadata: ["nm_metered": "\(read)"])
+            logger.info(
+                now == nil
+                    ? "NetworkManager left the system bus: the connection counts as not metered"
+                    : "NetworkManager is on the system bus", metadata: ["nm_metered": "\(read)"])
         } else {
             logger.debug("NetworkManager's metered state changed", metadata: ["nm_metered": "\(read)"])
         }
@@ -107,9 +108,11 @@ final class MeteredMonitor: @unchecked Sendable {
 
     /// The bus connection broke: the watch ends, and the connection counts as not metered.
     private func lost(_ errorNumber: Int32) {
-        logger.info("lost the system bus: the connection counts as not metered from now on", metadata: [
-            "error": "\(String(cString: strerror(errorNumber)))",
-        ])
+        logger.info(
+            "lost the system bus: the connection counts as not metered from now on",
+            metadata: [
+                "error": "\(String(cString: strerror(errorNumber)))"
+            ])
         let wasMetered = MeteredPolicy.isMetered(value)
         value = nil
         stopWatching()

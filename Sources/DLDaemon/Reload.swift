@@ -90,7 +90,8 @@ extension DaemonService {
             try? FileManager.default.createDirectory(atPath: applied.downloadDir, withIntermediateDirectories: true)
         }
         DaemonLogHandler.level.withLock { $0 = applied.logLevel }
-        hooks.set(HookRunner(onComplete: applied.onComplete, onError: applied.onError, timeout: .seconds(applied.hookTimeout), logger: logger))
+        hooks.set(
+            HookRunner(onComplete: applied.onComplete, onError: applied.onError, timeout: .seconds(applied.hookTimeout), logger: logger))
         server.setLimits(Self.limits(applied))
         let policy = Daemon.pathPolicy(applied)
         do {
@@ -104,9 +105,11 @@ extension DaemonService {
         await cache.setPolicy(applied.cachePolicy)
         current.set(applied)
         let live = changed.filter { !DaemonConfig.restartKeys.contains($0) }
-        logger.notice("configuration reloaded", metadata: [
-            "changed": "\(live.isEmpty ? "nothing" : live.joined(separator: ","))",
-            "at_next_start": "\(later.isEmpty ? "nothing" : later.joined(separator: ","))",
-        ])
+        logger.notice(
+            "configuration reloaded",
+            metadata: [
+                "changed": "\(live.isEmpty ? "nothing" : live.joined(separator: ","))",
+                "at_next_start": "\(later.isEmpty ? "nothing" : later.joined(separator: ","))",
+            ])
     }
 }

@@ -19,7 +19,9 @@ final class RouteMonitor: @unchecked Sendable {
     init?(logger: Logger, onChange: @escaping @Sendable (Bool) -> Void) {
         let fd = dld_route_monitor_open()
         guard fd >= 0 else {
-            logger.warning("cannot watch the network's routes (netlink); jobs will not wait for the network to come back", metadata: ["errno": "\(errno)"])
+            logger.warning(
+                "cannot watch the network's routes (netlink); jobs will not wait for the network to come back",
+                metadata: ["errno": "\(errno)"])
             return nil
         }
         self.onChange = onChange

@@ -17,7 +17,8 @@ public protocol TransferLoad {
 /// (another daemon paused, canceled or requeued it): its transfer stops and nothing of it is
 /// written or published.
 public enum StopIntent: Int, Comparable, Sendable {
-    case shutdown = 0, pause, cancel, remove, lost
+    case shutdown = 0
+    case pause, cancel, remove, lost
     public static func < (a: StopIntent, b: StopIntent) -> Bool { a.rawValue < b.rawValue }
 }
 
@@ -254,10 +255,11 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
         let free = lanes.free(bulk: bulk, light: light)
         let mayStart: (Int) -> Bool = { lanes.mayStart(size: list[$0].size, received: list[$0].received, bulk: bulk) }
         let long = hostLongLoad()
-        guard let index = SchedulerPolicy.handOff(
-            // Each URL is parsed only if the jobs before it cannot start.
-            hosts: list.lazy.map { URLRules.hostKey($0.url) }, free: free,
-            load: hostLoad(excludingEnded: true), limit: { self.hostStartLimit($0, long: long) }, mayStart: mayStart)
+        guard
+            let index = SchedulerPolicy.handOff(
+                // Each URL is parsed only if the jobs before it cannot start.
+                hosts: list.lazy.map { URLRules.hostKey($0.url) }, free: free,
+                load: hostLoad(excludingEnded: true), limit: { self.hostStartLimit($0, long: long) }, mayStart: mayStart)
         else { return nil }
         if let group { readyMembers[group]?.remove(at: index) } else { ready.remove(at: index) }
         guard var job = try? StateMachine.apply(.start, to: list[index], now: now) else { return nil }
@@ -293,9 +295,9 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
 
     public mutating func deferClaims() -> Deferral {
         guard pending.saves.isEmpty, pending.launches.isEmpty, pending.notices.isEmpty, pending.claimFree == nil,
-              !startedEarly.isEmpty, startedEarly.count < Self.deferredClaimsLimit,
-              ready.count >= min(limits.readyRows, max(limits.lanes.maxActive, busy(group: nil))),
-              activeGroups.allSatisfy({ (readyMembers[$0]?.count ?? 0) >= min(16, max(limits.groupLanes.maxActive, busy(group: $0))) })
+            !startedEarly.isEmpty, startedEarly.count < Self.deferredClaimsLimit,
+            ready.count >= min(limits.readyRows, max(limits.lanes.maxActive, busy(group: nil))),
+            activeGroups.allSatisfy({ (readyMembers[$0]?.count ?? 0) >= min(16, max(limits.groupLanes.maxActive, busy(group: $0))) })
         else { return .commitNow }
         guard !claimTimerArmed else { return .wait }
         claimTimerArmed = true

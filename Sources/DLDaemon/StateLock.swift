@@ -16,7 +16,9 @@ public final class StateLock: Sendable {
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
             let holder = (try? String(contentsOfFile: path, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
             close(fd)
-            throw DaemonError("another dld is running with this state folder: it holds the lock \(path)" + (holder.map { $0.isEmpty ? "" : " (pid \($0))" } ?? ""))
+            throw DaemonError(
+                "another dld is running with this state folder: it holds the lock \(path)"
+                    + (holder.map { $0.isEmpty ? "" : " (pid \($0))" } ?? ""))
         }
         ftruncate(fd, 0)
         let pid = "\(getpid())\n"

@@ -90,7 +90,9 @@ public enum SocketActivation {
             if isListeningUnixStream(fd) { candidates.append((fd, Int(index) < names.count ? names[Int(index)] : nil)) }
         }
         guard let chosen = candidates.first(where: { $0.name == "dld" }) ?? candidates.first else {
-            throw DaemonError("systemd passed \(count) socket(s) (LISTEN_FDS), but none is a listening Unix stream socket; check ListenStream= in dld.socket")
+            throw DaemonError(
+                "systemd passed \(count) socket(s) (LISTEN_FDS), but none is a listening Unix stream socket; check ListenStream= in dld.socket"
+            )
         }
         return chosen.fd
     }

@@ -64,8 +64,10 @@ public actor URLCache {
     var sweeping = false
     let sweepStarted = Doorbell()
 
-    init(engine: Engine, hub: EventHub, downloader: Downloader, index: CacheIndex?, unavailable: String?, folder: String,
-         policy: CachePolicy, logger: Logger, lock: CacheLock? = nil, now: @escaping @Sendable () -> Date = { Date() }) {
+    init(
+        engine: Engine, hub: EventHub, downloader: Downloader, index: CacheIndex?, unavailable: String?, folder: String,
+        policy: CachePolicy, logger: Logger, lock: CacheLock? = nil, now: @escaping @Sendable () -> Date = { Date() }
+    ) {
         self.lock = lock
         self.engine = engine
         self.hub = hub
@@ -80,30 +82,37 @@ public actor URLCache {
 
     /// Opens the cache in `dir` (created `0700`): its index and its files folder. A cache that
     /// cannot be opened does not stop dld: `get` then says why.
-    public static func open(dir: String, policy: CachePolicy, engine: Engine, hub: EventHub, downloader: Downloader,
-                            sharedQueue: Bool, logger: Logger) -> URLCache {
+    public static func open(
+        dir: String, policy: CachePolicy, engine: Engine, hub: EventHub, downloader: Downloader,
+        sharedQueue: Bool, logger: Logger
+    ) -> URLCache {
         let folder = dir + "/files"
         func unusable(_ reason: String) -> URLCache {
-            URLCache(engine: engine, hub: hub, downloader: downloader, index: nil, unavailable: reason, folder: folder,
-                     policy: policy, logger: logger)
+            URLCache(
+                engine: engine, hub: hub, downloader: downloader, index: nil, unavailable: reason, folder: folder,
+                policy: policy, logger: logger)
         }
         if sharedQueue {
             // Another daemon of the fleet could claim the download and write it into its own
             // machine's cache folder.
-            return unusable("get is not available with a shared PostgreSQL job table: another daemon could take the download and write it on its own machine")
+            return unusable(
+                "get is not available with a shared PostgreSQL job table: another daemon could take the download and write it on its own machine"
+            )
         }
         do {
             _ = try Folders.ensure(dir, mode: 0o700)
             _ = try Folders.ensure(folder, mode: 0o700)
             guard let lock = CacheLock(path: dir + "/cache.lock") else {
                 logger.error("the URL cache folder is used by another dld; get will fail", metadata: ["dir": "\(dir)"])
-                return unusable("the cache folder \(dir) is used by another dld (it holds \(dir)/cache.lock); give this one its own cache_dir")
+                return unusable(
+                    "the cache folder \(dir) is used by another dld (it holds \(dir)/cache.lock); give this one its own cache_dir")
             }
             let index = try CacheIndex(path: dir + "/index.sqlite")
             for suffix in ["", "-wal", "-shm"] { chmod(dir + "/index.sqlite" + suffix, 0o600) }
             downloader.responseHeads.watch(folder: folder)
-            return URLCache(engine: engine, hub: hub, downloader: downloader, index: index, unavailable: nil, folder: folder,
-                            policy: policy, logger: logger, lock: lock)
+            return URLCache(
+                engine: engine, hub: hub, downloader: downloader, index: index, unavailable: nil, folder: folder,
+                policy: policy, logger: logger, lock: lock)
         } catch {
             logger.error("the URL cache cannot be opened; get will fail", metadata: ["dir": "\(dir)", "error": "\(error)"])
             return unusable("the cache folder \(dir) cannot be used: \(StorageErrorText.plain(error))")
@@ -149,7 +158,10 @@ public actor URLCache {
         let index = try requireIndex()
         let key = try keyOf(url)
         users[key, default: 0] += 1
-        defer { users[key, default: 1] -= 1; if users[key] == 0 { users[key] = nil } }
+        defer {
+            users[key, default: 1] -= 1
+            if users[key] == 0 { users[key] = nil }
+        }
         let result: Result<Answer, DLError>
         if let running = shared[key] {
             result = await running.value
@@ -213,14 +225,18 @@ public actor URLCache {
                     logger.info("cache: revalidated", metadata: ["url": "\(URLRules.redacted(url))"])
                     return .success(answer(saved, .revalidated))
                 case .modified(let status):
-                    logger.info("cache: the server has a new version; downloading it", metadata: [
-                        "url": "\(URLRules.redacted(url))", "status": "\(status)",
-                    ])
+                    logger.info(
+                        "cache: the server has a new version; downloading it",
+                        metadata: [
+                            "url": "\(URLRules.redacted(url))", "status": "\(status)",
+                        ])
                 case .failed(let failure):
                     // Offline copies are what the cache is for: the stale copy is better than none.
-                    logger.warning("cache: the server could not be asked; serving the stale copy", metadata: [
-                        "url": "\(URLRules.redacted(url))", "error": "\(failure.error.message)",
-                    ])
+                    logger.warning(
+                        "cache: the server could not be asked; serving the stale copy",
+                        metadata: [
+                            "url": "\(URLRules.redacted(url))", "error": "\(failure.error.message)",
+                        ])
                     entry.lastUsed = now()
                     let saved = entry
                     try await storage { try await index.touch(key, at: saved.lastUsed) }
@@ -234,8 +250,9 @@ public actor URLCache {
     }
 
     func answer(_ entry: CacheEntry, _ source: Answer.Source, job: JobID? = nil) -> Answer {
-        Answer(path: entry.path, bytes: entry.bytes, sha256: entry.sha256, source: source, jobID: job, pinned: entry.pinned,
-               freshUntil: policy.freshUntil(entry.headers, receivedAt: entry.receivedAt))
+        Answer(
+            path: entry.path, bytes: entry.bytes, sha256: entry.sha256, source: source, jobID: job, pinned: entry.pinned,
+            freshUntil: policy.freshUntil(entry.headers, receivedAt: entry.receivedAt))
     }
 
     static func fileMatches(_ entry: CacheEntry) -> Bool {
@@ -300,7 +317,8 @@ public actor URLCache {
             entry.sha256 = finished.sha256
             // The head the transfer saw; without it (dld restarted during the download), the
             // validators the job recorded, and the default freshness.
-            entry.headers = downloader.responseHeads.take(path: entry.path)
+            entry.headers =
+                downloader.responseHeads.take(path: entry.path)
                 ?? CacheHeaders(etag: finished.validators.etag, lastModified: finished.validators.lastModified)
             entry.receivedAt = arrived
             entry.lastUsed = arrived
@@ -319,7 +337,8 @@ public actor URLCache {
         default: why = finished?.error.map { "\($0.message) (\($0.code), job \(started.id))" } ?? "job \(started.id) did not complete"
         }
         if entry.ready && Self.fileMatches(entry) {
-            logger.warning("cache: the new download failed; serving the stale copy", metadata: ["url": "\(URLRules.redacted(url))", "why": "\(why)"])
+            logger.warning(
+                "cache: the new download failed; serving the stale copy", metadata: ["url": "\(URLRules.redacted(url))", "why": "\(why)"])
             return answer(saved, .stale)
         }
         throw DLError(.downloadFailed, "the download of \(URLRules.redacted(url)) failed: \(why)")
@@ -446,8 +465,9 @@ public actor URLCache {
     }
 
     public func stats() async -> Stats {
-        var stats = Stats(available: index != nil, hits: hits, misses: misses, revalidations: revalidations, bytes: 0, entries: 0,
-                          pinned: 0, maxBytes: policy.maxBytes)
+        var stats = Stats(
+            available: index != nil, hits: hits, misses: misses, revalidations: revalidations, bytes: 0, entries: 0,
+            pinned: 0, maxBytes: policy.maxBytes)
         if let totals = try? await index?.totals() {
             (stats.entries, stats.bytes, stats.pinned) = totals
         }

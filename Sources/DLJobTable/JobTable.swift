@@ -111,7 +111,9 @@ public protocol JobTable: Sendable {
     /// What can start next: at most `limit` queued standalone jobs by priority then id, and
     /// the open groups (not in `excludingGroups`) with queued members, each placed by its
     /// first queued member.
-    func nextQueued(limit: Int, excludingGroups active: Set<GroupID>) async throws -> (jobs: [Job], groups: [(entry: QueueEntry, groupID: GroupID)])
+    func nextQueued(limit: Int, excludingGroups active: Set<GroupID>) async throws -> (
+        jobs: [Job], groups: [(entry: QueueEntry, groupID: GroupID)]
+    )
     /// The earliest `next_attempt_at` of a waiting job.
     func nextWakeUp() async throws -> Date?
     /// A page of the rows start-up reconciliation looks at (finished, or started at least once).
@@ -142,7 +144,8 @@ public protocol JobTable: Sendable {
     /// (`Lanes.claimFilter`), likewise from the first `claimWindow` queued jobs.
     /// With `group`, the same among that group's members (each of which runs on one worker,
     /// though a group's members may run on several).
-    func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date) async throws -> [Job]
+    func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date)
+        async throws -> [Job]
     /// Whether other daemons share this table (PostgreSQL): then rows running under another
     /// worker are left to it at start-up, and changes by others are watched (`changes()`).
     var sharesQueue: Bool { get }
@@ -233,12 +236,16 @@ extension JobTable {
 
     /// Standalone jobs (see `claim(limit:worker:leaseUntil:excludingHosts:lightOnly:group:now:)`).
     public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, now: Date) async throws -> [Job] {
-        try await claim(limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, lightOnly: nil, group: nil, now: now)
+        try await claim(
+            limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, lightOnly: nil, group: nil, now: now)
     }
 
     /// Any of the lanes' jobs (see `claim(limit:worker:leaseUntil:excludingHosts:lightOnly:group:now:)`).
-    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws -> [Job] {
-        try await claim(limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, lightOnly: nil, group: group, now: now)
+    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, group: GroupID?, now: Date) async throws
+        -> [Job]
+    {
+        try await claim(
+            limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, lightOnly: nil, group: group, now: now)
     }
 
     @discardableResult
@@ -274,12 +281,14 @@ extension JobTable {
     }
 
     public func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?) async throws {
-        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: Date(), owner: nil)
+        try await checkpoint(
+            id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: Date(), owner: nil)
     }
 
     /// A checkpoint of a daemon that does not claim (no owner check).
     public func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date) async throws {
-        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: now, owner: nil)
+        try await checkpoint(
+            id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: now, owner: nil)
     }
 
     /// A checkpoint of one stream (no ranges), for a worker that owns the job.
@@ -287,7 +296,8 @@ extension JobTable {
     public func checkpoint(
         _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date, owner: String?
     ) async throws -> Bool {
-        try await checkpoint(id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: now, owner: owner)
+        try await checkpoint(
+            id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: now, owner: owner)
     }
 
     @discardableResult

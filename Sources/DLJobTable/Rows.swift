@@ -81,4 +81,3 @@ public enum StoreError: Error, Sendable, Equatable {
     /// Another unfinished job already writes to this path.
     case pathInUse(path: String, by: JobID)
 }
-

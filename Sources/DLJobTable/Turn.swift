@@ -32,7 +32,9 @@ public struct TurnClaim: Sendable {
     public var ready = 0
     public var readyMembers = 0
 
-    public init(free: Int, limit: Int, excludingGroups: Set<GroupID>, excludingHosts: Set<String>, worker: String, leaseUntil: Date, now: Date) {
+    public init(
+        free: Int, limit: Int, excludingGroups: Set<GroupID>, excludingHosts: Set<String>, worker: String, leaseUntil: Date, now: Date
+    ) {
         self.free = free
         self.limit = limit
         self.excludingGroups = excludingGroups

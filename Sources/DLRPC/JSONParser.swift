@@ -60,9 +60,15 @@ struct JSONParser {
         case UInt8(ascii: "\""): return .string(try string())
         case UInt8(ascii: "{"): return try object(depth: depth + 1)
         case UInt8(ascii: "["): return try array(depth: depth + 1)
-        case UInt8(ascii: "t"): try literal("true"); return .bool(true)
-        case UInt8(ascii: "f"): try literal("false"); return .bool(false)
-        case UInt8(ascii: "n"): try literal("null"); return .null
+        case UInt8(ascii: "t"):
+            try literal("true")
+            return .bool(true)
+        case UInt8(ascii: "f"):
+            try literal("false")
+            return .bool(false)
+        case UInt8(ascii: "n"):
+            try literal("null")
+            return .null
         case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return try number()
         default: throw failure("unexpected character")
         }
@@ -104,8 +110,13 @@ struct JSONParser {
                 at += 1
                 // A trailing comma is accepted, as JSONDecoder (and so protocol 1) accepted it.
                 skipSpace()
-                if current == UInt8(ascii: "}") { at += 1; return .object(members) }
-            case UInt8(ascii: "}"): at += 1; return .object(members)
+                if current == UInt8(ascii: "}") {
+                    at += 1
+                    return .object(members)
+                }
+            case UInt8(ascii: "}"):
+                at += 1
+                return .object(members)
             default: throw failure("expected \",\" or \"}\"")
             }
         }
@@ -128,8 +139,13 @@ struct JSONParser {
             case UInt8(ascii: ","):
                 at += 1
                 skipSpace()
-                if current == UInt8(ascii: "]") { at += 1; return .array(elements) }
-            case UInt8(ascii: "]"): at += 1; return .array(elements)
+                if current == UInt8(ascii: "]") {
+                    at += 1
+                    return .array(elements)
+                }
+            case UInt8(ascii: "]"):
+                at += 1
+                return .array(elements)
             default: throw failure("expected \",\" or \"]\"")
             }
         }

@@ -42,7 +42,8 @@ public enum JobJSON {
     /// in this order.
     static let keys = [
         "attempts", "checksum", "created_at", "digest", "encrypt_to", "error", "final_url", "finished_at", "group", "headers", "id",
-        "insecure", "key", "max_speed", "meta", "metered", "mirrors", "name", "next_attempt_at", "overwrite", "path", "priority", "progress", "ranges",
+        "insecure", "key", "max_speed", "meta", "metered", "mirrors", "name", "next_attempt_at", "overwrite", "path", "priority",
+        "progress", "ranges",
         "received",
         "sha256", "size", "speed", "state", "tls", "updated_at", "url", "wait_reason", "worker",
     ]
@@ -68,10 +69,11 @@ public enum JobJSON {
             job.finalURL.map { .string(URLRules.redacted($0)) } ?? .null,
             job.finishedAt.map(timestamp) ?? .null,
             job.groupID.map { .int($0) } ?? .null,
-            .array(job.headers.map { header in
-                let shown = header.isCredential ? "<redacted>" : header.value
-                return ["name": .string(header.name), "value": .string(shown)]
-            }),
+            .array(
+                job.headers.map { header in
+                    let shown = header.isCredential ? "<redacted>" : header.value
+                    return ["name": .string(header.name), "value": .string(shown)]
+                }),
             .int(job.id),
             .bool(job.options.insecure),
             job.key.map { .string($0) } ?? .null,
@@ -116,7 +118,9 @@ public enum JobJSON {
     /// A job's own TLS files; the ones it did not give are null.
     private static func tls(_ tls: JobTLS) -> JSONValue {
         func path(_ value: String?) -> JSONValue { value.map { .string($0) } ?? .null }
-        return ["ca_file": path(tls.caFile), "ca_dir": path(tls.caDir), "client_cert": path(tls.clientCert), "client_key": path(tls.clientKey)]
+        return [
+            "ca_file": path(tls.caFile), "ca_dir": path(tls.caDir), "client_cert": path(tls.clientCert), "client_key": path(tls.clientKey),
+        ]
     }
 
     /// The protocol's view of a group (docs/protocol.md, "The group object").
@@ -170,12 +174,18 @@ public enum JobJSON {
                 divisor /= 10
             }
         }
-        digits(parts.tm_year + 1900, 4); text.append(UInt8(ascii: "-"))
-        digits(parts.tm_mon + 1, 2); text.append(UInt8(ascii: "-"))
-        digits(parts.tm_mday, 2); text.append(UInt8(ascii: "T"))
-        digits(parts.tm_hour, 2); text.append(UInt8(ascii: ":"))
-        digits(parts.tm_min, 2); text.append(UInt8(ascii: ":"))
-        digits(parts.tm_sec, 2); text.append(UInt8(ascii: "Z"))
+        digits(parts.tm_year + 1900, 4)
+        text.append(UInt8(ascii: "-"))
+        digits(parts.tm_mon + 1, 2)
+        text.append(UInt8(ascii: "-"))
+        digits(parts.tm_mday, 2)
+        text.append(UInt8(ascii: "T"))
+        digits(parts.tm_hour, 2)
+        text.append(UInt8(ascii: ":"))
+        digits(parts.tm_min, 2)
+        text.append(UInt8(ascii: ":"))
+        digits(parts.tm_sec, 2)
+        text.append(UInt8(ascii: "Z"))
         return .string(String(decoding: text, as: UTF8.self))
     }
 

@@ -128,7 +128,8 @@ public enum RPCIncoming: Sendable {
         switch value {
         case .array(let elements):
             guard !elements.isEmpty else {
-                return .invalid(RPCResponse(id: .null, result: .failure(RPCError(DLError(.invalidRequest, "invalid request: empty batch")))))
+                return .invalid(
+                    RPCResponse(id: .null, result: .failure(RPCError(DLError(.invalidRequest, "invalid request: empty batch")))))
             }
             return .batch(elements.map(request(from:)))
         default:

@@ -27,9 +27,11 @@ public struct CacheEntry: Sendable, Equatable {
     /// again (`dld-cache:<key>:<generation>`).
     public var generation: Int64
 
-    public init(key: String, url: String, path: String, ready: Bool = false, bytes: Int64 = 0, sha256: String? = nil,
-                headers: CacheHeaders = CacheHeaders(), receivedAt: Date, lastUsed: Date, pinned: Bool = false,
-                jobID: JobID? = nil, generation: Int64 = 0) {
+    public init(
+        key: String, url: String, path: String, ready: Bool = false, bytes: Int64 = 0, sha256: String? = nil,
+        headers: CacheHeaders = CacheHeaders(), receivedAt: Date, lastUsed: Date, pinned: Bool = false,
+        jobID: JobID? = nil, generation: Int64 = 0
+    ) {
         self.key = key
         self.url = url
         self.path = path
@@ -65,22 +67,23 @@ public final class CacheIndex: Sendable {
         }
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1-cache-entries") { db in
-            try db.execute(sql: """
-                CREATE TABLE cache_entries (
-                    key TEXT PRIMARY KEY NOT NULL,
-                    url TEXT NOT NULL,
-                    path TEXT NOT NULL,
-                    ready INTEGER NOT NULL,
-                    bytes INTEGER NOT NULL,
-                    sha256 TEXT,
-                    headers TEXT NOT NULL,
-                    received_at REAL NOT NULL,
-                    last_used REAL NOT NULL,
-                    pinned INTEGER NOT NULL,
-                    job_id INTEGER,
-                    generation INTEGER NOT NULL
-                )
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE cache_entries (
+                        key TEXT PRIMARY KEY NOT NULL,
+                        url TEXT NOT NULL,
+                        path TEXT NOT NULL,
+                        ready INTEGER NOT NULL,
+                        bytes INTEGER NOT NULL,
+                        sha256 TEXT,
+                        headers TEXT NOT NULL,
+                        received_at REAL NOT NULL,
+                        last_used REAL NOT NULL,
+                        pinned INTEGER NOT NULL,
+                        job_id INTEGER,
+                        generation INTEGER NOT NULL
+                    )
+                    """)
         }
         try migrator.migrate(queue)
     }
@@ -127,7 +130,8 @@ public final class CacheIndex: Sendable {
     public func uses() async throws -> [Use] {
         try await queue.read { db in
             try Row.fetchAll(db, sql: "SELECT key, path, ready, bytes, last_used, pinned, job_id FROM cache_entries").map { row in
-                Use(key: row["key"] ?? "", path: row["path"] ?? "", ready: row["ready"] ?? false, bytes: row["bytes"] ?? 0,
+                Use(
+                    key: row["key"] ?? "", path: row["path"] ?? "", ready: row["ready"] ?? false, bytes: row["bytes"] ?? 0,
                     lastUsed: Date(timeIntervalSince1970: row["last_used"] ?? 0), pinned: row["pinned"] ?? false, jobID: row["job_id"])
             }
         }

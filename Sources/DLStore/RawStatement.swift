@@ -24,7 +24,10 @@ struct RawStatement {
 
     mutating func bind(_ value: String?) {
         index += 1
-        guard let value else { sqlite3_bind_null(handle, index); return }
+        guard let value else {
+            sqlite3_bind_null(handle, index)
+            return
+        }
         // As a C string, as GRDB binds and reads texts, so that both read the same (a NUL
         // ends the text either way).
         sqlite3_bind_text(handle, index, value, -1, Self.transient)
@@ -32,7 +35,10 @@ struct RawStatement {
 
     mutating func bind(_ value: Int64?) {
         index += 1
-        guard let value else { sqlite3_bind_null(handle, index); return }
+        guard let value else {
+            sqlite3_bind_null(handle, index)
+            return
+        }
         sqlite3_bind_int64(handle, index, value)
     }
 

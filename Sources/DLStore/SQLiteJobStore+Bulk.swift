@@ -44,7 +44,8 @@ extension BulkCommand {
         case .pause:
             return "state = 'paused', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, updated_at = :now"
         case .cancel:
-            return "state = 'canceled', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, finished_at = :now, updated_at = :now"
+            return
+                "state = 'canceled', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, finished_at = :now, updated_at = :now"
         case .resume:
             let startOver = "error_code IN (" + Self.startOverCodes.map { "'\($0)'" }.joined(separator: ",") + ")"
             return """
@@ -75,13 +76,16 @@ extension SQLiteJobStore {
             let list = RowSelection.jsonArray(ids)
             let missing = try JobID.fetchOne(
                 db,
-                sql: "SELECT value FROM json_each(?) WHERE value NOT IN (SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))) LIMIT 1",
+                sql:
+                    "SELECT value FROM json_each(?) WHERE value NOT IN (SELECT id FROM jobs WHERE id IN (SELECT value FROM json_each(?))) LIMIT 1",
                 arguments: [list, list])
             var refusedBy: (JobID, JobState)? = nil
             if !refused.isEmpty {
                 let states = refused.map { "'\($0.rawValue)'" }.joined(separator: ",")
                 if let row = try Row.fetchOne(
-                    db, sql: "SELECT id, state FROM jobs WHERE id IN (SELECT value FROM json_each(?)) AND state IN (\(states)) ORDER BY id LIMIT 1",
+                    db,
+                    sql:
+                        "SELECT id, state FROM jobs WHERE id IN (SELECT value FROM json_each(?)) AND state IN (\(states)) ORDER BY id LIMIT 1",
                     arguments: [list]),
                     let state = JobState(rawValue: row["state"])
                 {
@@ -108,8 +112,10 @@ extension SQLiteJobStore {
             ).sorted()
             let files = command == .cancel ? try Self.partialFiles(of: changed, in: db) : []
             try Self.recordStates(of: changed, at: now, in: db)
-            return (BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files),
-                    (before, try Self.lastSeq(db)))
+            return (
+                BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files),
+                (before, try Self.lastSeq(db))
+            )
         }
         publishEvents(after: range.0, through: range.1)
         return outcome
@@ -223,13 +229,16 @@ extension SQLiteJobStore {
     /// (priority, then id; one walk of the (state, priority, id) index, at most `limit` rows),
     /// and the open groups with queued members that hold no slot yet, each placed by its first
     /// queued member. Groups are few next to jobs: one index look-up each.
-    public func nextQueued(limit: Int, excludingGroups active: Set<GroupID>) async throws -> (jobs: [Job], groups: [(entry: QueueEntry, groupID: GroupID)]) {
+    public func nextQueued(limit: Int, excludingGroups active: Set<GroupID>) async throws -> (
+        jobs: [Job], groups: [(entry: QueueEntry, groupID: GroupID)]
+    ) {
         try await pool.read { db in
             let jobs = try Self.jobs(
-                db.cachedStatement(sql: """
-                    SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_standalone_queue
-                    WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
-                    """),
+                db.cachedStatement(
+                    sql: """
+                        SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_standalone_queue
+                        WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
+                        """),
                 arguments: [limit])
             return (jobs, try Self.queuedGroups(excluding: active, in: db))
         }
@@ -239,11 +248,12 @@ extension SQLiteJobStore {
     /// member.
     static func queuedGroups(excluding active: Set<GroupID>, in db: Database) throws -> [(entry: QueueEntry, groupID: GroupID)] {
         try Row.fetchAll(
-            db.cachedStatement(sql: """
-                SELECT g.id AS group_id, g.priority AS priority,
-                    (SELECT MIN(j.id) FROM jobs j WHERE j.group_id = g.id AND j.state = 'queued') AS first
-                FROM groups g WHERE g.closed IS NULL
-                """)
+            db.cachedStatement(
+                sql: """
+                    SELECT g.id AS group_id, g.priority AS priority,
+                        (SELECT MIN(j.id) FROM jobs j WHERE j.group_id = g.id AND j.state = 'queued') AS first
+                    FROM groups g WHERE g.closed IS NULL
+                    """)
         ).compactMap { row -> (entry: QueueEntry, groupID: GroupID)? in
             let group: GroupID = row["group_id"]
             guard !active.contains(group), let first: JobID = row["first"] else { return nil }
@@ -256,20 +266,27 @@ extension SQLiteJobStore {
     /// whether there are any, two index look-ups whatever the group's size).
     public func groupTurn(_ id: GroupID) async throws -> (group: JobGroup?, counts: [JobState: Int]) {
         try await pool.read { db in
-            guard let group = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM groups WHERE id = ?"), arguments: [id]).map(Self.group(from:)) else {
+            guard
+                let group = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM groups WHERE id = ?"), arguments: [id]).map(
+                    Self.group(from:))
+            else {
                 return (nil, [:])
             }
-            let open = try Row.fetchOne(db.cachedStatement(sql: """
-                SELECT EXISTS (SELECT 1 FROM jobs WHERE group_id = ?1 AND state = 'queued') AS queued,
-                    EXISTS (SELECT 1 FROM jobs WHERE group_id = ?1 AND state = 'running') AS running
-                """), arguments: [id])
+            let open = try Row.fetchOne(
+                db.cachedStatement(
+                    sql: """
+                        SELECT EXISTS (SELECT 1 FROM jobs WHERE group_id = ?1 AND state = 'queued') AS queued,
+                            EXISTS (SELECT 1 FROM jobs WHERE group_id = ?1 AND state = 'running') AS running
+                        """), arguments: [id])
             let queued: Bool = open?["queued"] ?? false
             let running: Bool = open?["running"] ?? false
             if queued || running {
                 return (group, [.queued: queued ? 1 : 0, .running: running ? 1 : 0].filter { $0.value > 0 })
             }
             var counts: [JobState: Int] = [:]
-            for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT state, COUNT(*) AS n FROM jobs WHERE group_id = ? GROUP BY state"), arguments: [id]) {
+            for row in try Row.fetchAll(
+                db.cachedStatement(sql: "SELECT state, COUNT(*) AS n FROM jobs WHERE group_id = ? GROUP BY state"), arguments: [id])
+            {
                 if let state = JobState(rawValue: row["state"]) { counts[state, default: 0] += row["n"] as Int }
             }
             return (group, counts)
@@ -280,7 +297,9 @@ extension SQLiteJobStore {
     public func memberCounts(of id: GroupID) async throws -> [JobState: Int] {
         try await pool.read { db in
             var counts: [JobState: Int] = [:]
-            for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT state, COUNT(*) AS n FROM jobs WHERE group_id = ? GROUP BY state"), arguments: [id]) {
+            for row in try Row.fetchAll(
+                db.cachedStatement(sql: "SELECT state, COUNT(*) AS n FROM jobs WHERE group_id = ? GROUP BY state"), arguments: [id])
+            {
                 if let state = JobState(rawValue: row["state"]) { counts[state, default: 0] += row["n"] as Int }
             }
             return counts
@@ -300,10 +319,11 @@ extension SQLiteJobStore {
     public func completed(since: Date, limit: Int) async throws -> [Job] {
         try await pool.read { db in
             try Self.jobs(
-                db.cachedStatement(sql: """
-                    SELECT \(Self.jobColumns) FROM jobs WHERE state = 'completed' AND finished_at >= ?
-                    ORDER BY finished_at DESC LIMIT ?
-                    """),
+                db.cachedStatement(
+                    sql: """
+                        SELECT \(Self.jobColumns) FROM jobs WHERE state = 'completed' AND finished_at >= ?
+                        ORDER BY finished_at DESC LIMIT ?
+                        """),
                 arguments: [since.timeIntervalSince1970, limit])
         }
     }
@@ -313,11 +333,12 @@ extension SQLiteJobStore {
     public func reconcilePage(afterID: JobID, limit: Int) async throws -> [Job] {
         try await pool.read { db in
             try Self.jobs(
-                db.cachedStatement(sql: """
-                    SELECT \(Self.jobColumns) FROM jobs WHERE id > ?
-                        AND (state IN ('running', 'completed', 'canceled') OR attempts > 0 OR received > 0)
-                    ORDER BY id LIMIT ?
-                    """),
+                db.cachedStatement(
+                    sql: """
+                        SELECT \(Self.jobColumns) FROM jobs WHERE id > ?
+                            AND (state IN ('running', 'completed', 'canceled') OR attempts > 0 OR received > 0)
+                        ORDER BY id LIMIT ?
+                        """),
                 arguments: [afterID, limit])
         }
     }

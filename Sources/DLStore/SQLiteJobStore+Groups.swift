@@ -59,8 +59,10 @@ extension SQLiteJobStore {
                     UPDATE groups SET name = ?, dir = ?, staging = ?, priority = ?, closed = ?, error_code = ?, error_message = ?,
                         updated_at = ?, finished_at = ? WHERE id = ?
                     """,
-                arguments: [group.name, group.dir, group.staging, group.priority, group.closed?.rawValue, group.error?.code,
-                            group.error?.message, group.updatedAt.timeIntervalSince1970, group.finishedAt?.timeIntervalSince1970, group.id])
+                arguments: [
+                    group.name, group.dir, group.staging, group.priority, group.closed?.rawValue, group.error?.code,
+                    group.error?.message, group.updatedAt.timeIntervalSince1970, group.finishedAt?.timeIntervalSince1970, group.id,
+                ])
             if group.closed == nil, errorBefore == nil, group.error != nil {
                 // Its publish failed (a file appeared in the folder): it is `failed` until resumed.
                 return [try Self.record(.groupState, job: nil, groupID: group.id, state: "failed", at: group.updatedAt, in: db)]

@@ -12,7 +12,9 @@ extension SQLiteJobStore {
     /// job here (its AUTOINCREMENT bookkeeping and the statement itself), a statement of 256
     /// rows about 3. A job whose key or path repeats one still waiting to be written sends
     /// those first, so that the look-ups see them as they would have row by row.
-    static func insert(_ jobs: [NewJob], groupID: GroupID?, now: Date, events: inout [StoredEvent], in db: Database) throws -> [InsertOutcome] {
+    static func insert(_ jobs: [NewJob], groupID: GroupID?, now: Date, events: inout [StoredEvent], in db: Database) throws
+        -> [InsertOutcome]
+    {
         var batch = try InsertBatch(jobs, groupID: groupID, now: now, in: db)
         var outcomes: [InsertOutcome] = []
         outcomes.reserveCapacity(jobs.count)
@@ -22,7 +24,8 @@ extension SQLiteJobStore {
                 try batch.write(into: &outcomes, events: &events)
             }
             if let key = new.key,
-                let job = try Self.jobs(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?"), arguments: [key]).first
+                let job = try Self.jobs(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?"), arguments: [key])
+                    .first
             {
                 outcomes.append(InsertOutcome(job: job, created: false))
                 continue
@@ -102,7 +105,9 @@ private struct InsertBatch {
         if let last = events.last?.seq { try SQLiteJobStore.pruneEvents(through: last, in: db) }
     }
 
-    private func write(_ rows: ArraySlice<(job: Int, outcome: Int)>, into outcomes: inout [InsertOutcome], events: inout [StoredEvent]) throws {
+    private func write(_ rows: ArraySlice<(job: Int, outcome: Int)>, into outcomes: inout [InsertOutcome], events: inout [StoredEvent])
+        throws
+    {
         var insert = try RawStatement(Self.columns + Array(repeating: Self.row, count: rows.count).joined(separator: ", "), in: db)
         let at = now.timeIntervalSince1970
         for (index, _) in rows {
@@ -142,7 +147,9 @@ private struct InsertBatch {
             let new = jobs[index]
             let job = new.created(id: firstID + Int64(offset), groupID: groupID, now: now)
             outcomes[outcome] = InsertOutcome(job: job, created: true)
-            events.append(StoredEvent(seq: firstSeq + Int64(offset), at: now, kind: .jobState, jobID: job.id, groupID: groupID, state: new.state.rawValue))
+            events.append(
+                StoredEvent(
+                    seq: firstSeq + Int64(offset), at: now, kind: .jobState, jobID: job.id, groupID: groupID, state: new.state.rawValue))
         }
     }
 }

@@ -10,7 +10,9 @@ import Synchronization
 extension SQLiteJobStore {
     public var sharesQueue: Bool { false }
 
-    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date) async throws -> [Job] {
+    public func claim(
+        limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date
+    ) async throws -> [Job] {
         guard limit > 0 else { return [] }
         // Power loss may undo a claim: its jobs are then queued again, as start-up leaves a
         // crashed daemon's running jobs, and their transfers start over from the committed
@@ -21,7 +23,8 @@ extension SQLiteJobStore {
             try Self.withoutWaitingForTheDisk(db) {
                 try Self.inTransaction(db) { () throws -> ([Job], [StoredEvent]) in
                     let (jobs, range) = try Self.claimRows(
-                        limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, lightOnly: lightOnly, group: group,
+                        limit: limit, worker: worker, leaseUntil: leaseUntil, excludingHosts: excludingHosts, lightOnly: lightOnly,
+                        group: group,
                         now: now, in: db)
                     guard range.1 > range.0, sink.wanted else { return (jobs, []) }
                     return (jobs, try Self.events(after: range.0, through: range.1, limit: Int(range.1 - range.0), in: db))
@@ -64,18 +67,20 @@ extension SQLiteJobStore {
                         }
                         try Self.update(job, in: db)
                         if state != job.state.rawValue {
-                            outcome.events.append(try Self.record(
-                                .jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))
+                            outcome.events.append(
+                                try Self.record(
+                                    .jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))
                         }
                     }
                     guard let claim else { return outcome }
                     var waitingGroups: [(entry: QueueEntry, groupID: GroupID)]? = nil
                     if claim.free > 0 {
                         let standalone = try Row.fetchAll(
-                            db.cachedStatement(sql: """
-                                SELECT id, priority FROM jobs INDEXED BY jobs_standalone_queue
-                                WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
-                                """),
+                            db.cachedStatement(
+                                sql: """
+                                    SELECT id, priority FROM jobs INDEXED BY jobs_standalone_queue
+                                    WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
+                                    """),
                             arguments: [claim.free]
                         ).map { QueueEntry(id: $0["id"], priority: $0["priority"]) }
                         let groups = try Self.queuedGroups(excluding: claim.excludingGroups, in: db)
@@ -102,18 +107,20 @@ extension SQLiteJobStore {
                         let groups = try waitingGroups ?? Self.queuedGroups(excluding: claim.excludingGroups, in: db)
                         if groups.allSatisfy({ outcome.groups.contains($0.groupID) }) {
                             outcome.ready = try Self.jobs(
-                                db.cachedStatement(sql: """
-                                    SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_standalone_queue
-                                    WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
-                                    """),
+                                db.cachedStatement(
+                                    sql: """
+                                        SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_standalone_queue
+                                        WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
+                                        """),
                                 arguments: [claim.ready])
                         }
                     }
                     if claim.readyMembers > 0 {
-                        let members = try db.cachedStatement(sql: """
-                            SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_by_group_state
-                            WHERE group_id = ? AND state = 'queued' ORDER BY id LIMIT ?
-                            """)
+                        let members = try db.cachedStatement(
+                            sql: """
+                                SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_by_group_state
+                                WHERE group_id = ? AND state = 'queued' ORDER BY id LIMIT ?
+                                """)
                         for group in claim.excludingGroups {
                             let next = try Self.jobs(members, arguments: [group, claim.readyMembers])
                             if !next.isEmpty { outcome.readyMembers[group] = next }
@@ -129,7 +136,8 @@ extension SQLiteJobStore {
     }
 
     private static func claimRows(
-        limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date, in db: Database
+        limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date,
+        in db: Database
     ) throws -> ([Job], (Int64, Int64)) {
         let before = try Self.lastSeq(db)
         let hosts = Self.jsonTexts(excludingHosts.sorted())
@@ -137,26 +145,28 @@ extension SQLiteJobStore {
         if let group {
             // A group's members share its priority: they are taken by id, from the group's index.
             ids = try JobID.fetchAll(
-                db.cachedStatement(sql: """
-                    SELECT id FROM jobs INDEXED BY jobs_by_group_state
-                    WHERE group_id = ? AND state = 'queued' AND host NOT IN (SELECT value FROM json_each(?))
-                        AND (? IS NULL OR (CASE WHEN size IS NULL THEN received ELSE size - received END) <= ?)
-                    ORDER BY id LIMIT ?
-                    """),
+                db.cachedStatement(
+                    sql: """
+                        SELECT id FROM jobs INDEXED BY jobs_by_group_state
+                        WHERE group_id = ? AND state = 'queued' AND host NOT IN (SELECT value FROM json_each(?))
+                            AND (? IS NULL OR (CASE WHEN size IS NULL THEN received ELSE size - received END) <= ?)
+                        ORDER BY id LIMIT ?
+                        """),
                 arguments: [group, hosts, lightOnly, lightOnly, limit])
         } else {
             // With hosts excluded, or only light jobs wanted, only the first `claimWindow`
             // queued jobs are looked at.
             let window = excludingHosts.isEmpty && lightOnly == nil ? limit : Self.claimWindow
             ids = try JobID.fetchAll(
-                db.cachedStatement(sql: """
-                    SELECT id FROM (
-                        SELECT id, host, priority, size, received FROM jobs INDEXED BY jobs_standalone_queue
-                        WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?)
-                    WHERE host NOT IN (SELECT value FROM json_each(?))
-                        AND (? IS NULL OR (CASE WHEN size IS NULL THEN received ELSE size - received END) <= ?)
-                    ORDER BY priority DESC, id LIMIT ?
-                    """),
+                db.cachedStatement(
+                    sql: """
+                        SELECT id FROM (
+                            SELECT id, host, priority, size, received FROM jobs INDEXED BY jobs_standalone_queue
+                            WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?)
+                        WHERE host NOT IN (SELECT value FROM json_each(?))
+                            AND (? IS NULL OR (CASE WHEN size IS NULL THEN received ELSE size - received END) <= ?)
+                        ORDER BY priority DESC, id LIMIT ?
+                        """),
                 arguments: [window, hosts, lightOnly, lightOnly, limit])
         }
         guard !ids.isEmpty else { return ([], (before, before)) }
@@ -185,8 +195,10 @@ extension SQLiteJobStore {
                     WHERE id IN (SELECT value FROM json_each(?)) AND state = 'queued'
                     RETURNING id
                     """),
-            arguments: [claim.now.timeIntervalSince1970, claim.worker, claim.leaseUntil.timeIntervalSince1970,
-                        RowSelection.jsonArray(claim.started)]
+            arguments: [
+                claim.now.timeIntervalSince1970, claim.worker, claim.leaseUntil.timeIntervalSince1970,
+                RowSelection.jsonArray(claim.started),
+            ]
         ).sorted()
         try Self.recordStates(of: ids, at: claim.now, in: db)
         return (ids, (before, try Self.lastSeq(db)))
@@ -272,7 +284,8 @@ extension SQLiteJobStore {
                 }
                 try Self.update(job, in: db)
                 if state != job.state.rawValue {
-                    events.append(try Self.record(.jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))
+                    events.append(
+                        try Self.record(.jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))
                 }
             }
             return (events, lost)
@@ -289,8 +302,10 @@ extension SQLiteJobStore {
 
     public func workers(seenSince: Date) async throws -> [(id: String, seenAt: Date)] {
         try await pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT id, seen_at FROM workers WHERE seen_at >= ? ORDER BY id", arguments: [seenSince.timeIntervalSince1970])
-                .map { row in (id: row["id"], seenAt: Date(timeIntervalSince1970: row["seen_at"])) }
+            try Row.fetchAll(
+                db, sql: "SELECT id, seen_at FROM workers WHERE seen_at >= ? ORDER BY id", arguments: [seenSince.timeIntervalSince1970]
+            )
+            .map { row in (id: row["id"], seenAt: Date(timeIntervalSince1970: row["seen_at"])) }
         }
     }
 

@@ -50,8 +50,10 @@ public final class SQLiteJobStore: JobTable {
     /// most, then a checkpoint, which is when the file itself shrinks (WAL mode).
     public func compact(_ policy: CompactionPolicy) async throws -> Int64 {
         let (pages, free, pageSize) = try await pool.read { db in
-            (try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0, try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0,
-             try Int64.fetchOne(db, sql: "PRAGMA page_size") ?? 0)
+            (
+                try Int.fetchOne(db, sql: "PRAGMA page_count") ?? 0, try Int.fetchOne(db, sql: "PRAGMA freelist_count") ?? 0,
+                try Int64.fetchOne(db, sql: "PRAGMA page_size") ?? 0
+            )
         }
         guard policy.shouldCompact(pages: pages, freePages: free) else { return 0 }
         var left = free
@@ -73,75 +75,78 @@ public final class SQLiteJobStore: JobTable {
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1-jobs") { db in
-            try db.execute(sql: """
-                CREATE TABLE jobs (
-                    id INTEGER PRIMARY KEY AUTOINCREMENT,
-                    url TEXT NOT NULL,
-                    path TEXT NOT NULL,
-                    state TEXT NOT NULL,
-                    wait_reason TEXT,
-                    priority INTEGER NOT NULL DEFAULT 0,
-                    size INTEGER,
-                    received INTEGER NOT NULL DEFAULT 0,
-                    error_code TEXT,
-                    error_message TEXT,
-                    attempts INTEGER NOT NULL DEFAULT 0,
-                    created_at REAL NOT NULL,
-                    updated_at REAL NOT NULL,
-                    finished_at REAL,
-                    next_attempt_at REAL,
-                    key TEXT UNIQUE,
-                    meta TEXT,
-                    headers TEXT NOT NULL DEFAULT '[]',
-                    overwrite INTEGER NOT NULL DEFAULT 0,
-                    final_url TEXT,
-                    etag TEXT,
-                    last_modified TEXT,
-                    accepts_ranges INTEGER NOT NULL DEFAULT 0
-                );
-                CREATE INDEX jobs_by_state ON jobs(state, priority DESC, id);
-                CREATE INDEX jobs_by_path ON jobs(path);
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE jobs (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT,
+                        url TEXT NOT NULL,
+                        path TEXT NOT NULL,
+                        state TEXT NOT NULL,
+                        wait_reason TEXT,
+                        priority INTEGER NOT NULL DEFAULT 0,
+                        size INTEGER,
+                        received INTEGER NOT NULL DEFAULT 0,
+                        error_code TEXT,
+                        error_message TEXT,
+                        attempts INTEGER NOT NULL DEFAULT 0,
+                        created_at REAL NOT NULL,
+                        updated_at REAL NOT NULL,
+                        finished_at REAL,
+                        next_attempt_at REAL,
+                        key TEXT UNIQUE,
+                        meta TEXT,
+                        headers TEXT NOT NULL DEFAULT '[]',
+                        overwrite INTEGER NOT NULL DEFAULT 0,
+                        final_url TEXT,
+                        etag TEXT,
+                        last_modified TEXT,
+                        accepts_ranges INTEGER NOT NULL DEFAULT 0
+                    );
+                    CREATE INDEX jobs_by_state ON jobs(state, priority DESC, id);
+                    CREATE INDEX jobs_by_path ON jobs(path);
+                    """)
         }
         migrator.registerMigration("v2-integrity") { db in
-            try db.execute(sql: """
-                ALTER TABLE jobs ADD COLUMN checksum TEXT;
-                ALTER TABLE jobs ADD COLUMN expected_size INTEGER;
-                ALTER TABLE jobs ADD COLUMN sha256 TEXT;
-                ALTER TABLE jobs ADD COLUMN digest TEXT;
-                ALTER TABLE jobs ADD COLUMN progress_at REAL;
-                """)
+            try db.execute(
+                sql: """
+                    ALTER TABLE jobs ADD COLUMN checksum TEXT;
+                    ALTER TABLE jobs ADD COLUMN expected_size INTEGER;
+                    ALTER TABLE jobs ADD COLUMN sha256 TEXT;
+                    ALTER TABLE jobs ADD COLUMN digest TEXT;
+                    ALTER TABLE jobs ADD COLUMN progress_at REAL;
+                    """)
         }
         migrator.registerMigration("v3-groups-events") { db in
-            try db.execute(sql: """
-                CREATE TABLE groups (
-                    id INTEGER PRIMARY KEY AUTOINCREMENT,
-                    name TEXT NOT NULL,
-                    dir TEXT NOT NULL,
-                    staging TEXT NOT NULL,
-                    priority INTEGER NOT NULL DEFAULT 0,
-                    closed TEXT,
-                    error_code TEXT,
-                    error_message TEXT,
-                    created_at REAL NOT NULL,
-                    updated_at REAL NOT NULL,
-                    finished_at REAL
-                );
-                ALTER TABLE jobs ADD COLUMN group_id INTEGER REFERENCES groups(id);
-                ALTER TABLE jobs ADD COLUMN staging_path TEXT;
-                CREATE INDEX jobs_by_group ON jobs(group_id);
-                CREATE TABLE events (
-                    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-                    at REAL NOT NULL,
-                    kind TEXT NOT NULL,
-                    job_id INTEGER,
-                    group_id INTEGER,
-                    state TEXT NOT NULL,
-                    wait_reason TEXT,
-                    error_code TEXT,
-                    error_message TEXT
-                );
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE groups (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT,
+                        name TEXT NOT NULL,
+                        dir TEXT NOT NULL,
+                        staging TEXT NOT NULL,
+                        priority INTEGER NOT NULL DEFAULT 0,
+                        closed TEXT,
+                        error_code TEXT,
+                        error_message TEXT,
+                        created_at REAL NOT NULL,
+                        updated_at REAL NOT NULL,
+                        finished_at REAL
+                    );
+                    ALTER TABLE jobs ADD COLUMN group_id INTEGER REFERENCES groups(id);
+                    ALTER TABLE jobs ADD COLUMN staging_path TEXT;
+                    CREATE INDEX jobs_by_group ON jobs(group_id);
+                    CREATE TABLE events (
+                        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                        at REAL NOT NULL,
+                        kind TEXT NOT NULL,
+                        job_id INTEGER,
+                        group_id INTEGER,
+                        state TEXT NOT NULL,
+                        wait_reason TEXT,
+                        error_code TEXT,
+                        error_message TEXT
+                    );
+                    """)
         }
         migrator.registerMigration("v4-options") { db in
             try db.execute(sql: "ALTER TABLE jobs ADD COLUMN options TEXT NOT NULL DEFAULT '{}'")
@@ -149,10 +154,11 @@ public final class SQLiteJobStore: JobTable {
         migrator.registerMigration("v5-hosts") { db in
             // `host` is what the per-host limit counts; (group_id, state, id) finds a group's
             // next queued member and its counts without reading the whole group.
-            try db.execute(sql: """
-                ALTER TABLE jobs ADD COLUMN host TEXT NOT NULL DEFAULT '';
-                CREATE INDEX jobs_by_group_state ON jobs(group_id, state, id);
-                """)
+            try db.execute(
+                sql: """
+                    ALTER TABLE jobs ADD COLUMN host TEXT NOT NULL DEFAULT '';
+                    CREATE INDEX jobs_by_group_state ON jobs(group_id, state, id);
+                    """)
             let rows = try Row.fetchAll(db, sql: "SELECT id, url FROM jobs")
             for row in rows {
                 try db.execute(sql: "UPDATE jobs SET host = ? WHERE id = ?", arguments: [URLRules.hostKey(row["url"]), row["id"] as Int64])
@@ -167,24 +173,26 @@ public final class SQLiteJobStore: JobTable {
             // A running job's worker and lease (see `JobTable.claim`), and the workers'
             // heartbeats. SQLite has one daemon, but keeps the same columns so that a table
             // moves between the backends unchanged.
-            try db.execute(sql: """
-                ALTER TABLE jobs ADD COLUMN worker TEXT;
-                ALTER TABLE jobs ADD COLUMN lease_until REAL;
-                CREATE TABLE workers (
-                    id TEXT PRIMARY KEY,
-                    started_at REAL NOT NULL,
-                    seen_at REAL NOT NULL
-                );
-                """)
+            try db.execute(
+                sql: """
+                    ALTER TABLE jobs ADD COLUMN worker TEXT;
+                    ALTER TABLE jobs ADD COLUMN lease_until REAL;
+                    CREATE TABLE workers (
+                        id TEXT PRIMARY KEY,
+                        started_at REAL NOT NULL,
+                        seen_at REAL NOT NULL
+                    );
+                    """)
         }
         migrator.registerMigration("v8-standalone-queue") { db in
             // The queue of standalone jobs in the scheduler's order, without group members:
             // jobs_by_state also holds every queued member of a group, which a turn looking for
             // standalone jobs walked past, all of them, every turn (the same partial index as
             // PostgreSQL's jobs_queued).
-            try db.execute(sql: """
-                CREATE INDEX jobs_standalone_queue ON jobs(priority DESC, id) WHERE state = 'queued' AND group_id IS NULL
-                """)
+            try db.execute(
+                sql: """
+                    CREATE INDEX jobs_standalone_queue ON jobs(priority DESC, id) WHERE state = 'queued' AND group_id IS NULL
+                    """)
         }
         migrator.registerMigration("v9-segments") { db in
             // A segmented download's ranges, each synced up to its own offset (SegmentLayout's
@@ -267,13 +275,17 @@ public final class SQLiteJobStore: JobTable {
         _ kind: StoredEvent.Kind, job: Job?, groupID: GroupID?, state: String, at: Date, in db: Database
     ) throws -> StoredEvent {
         try db.cachedStatement(
-            sql: "INSERT INTO events (at, kind, job_id, group_id, state, wait_reason, error_code, error_message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-        ).execute(arguments: [at.timeIntervalSince1970, kind.rawValue, job?.id, groupID, state, job?.waitReason?.rawValue,
-                              job?.error?.code, job?.error?.message])
+            sql:
+                "INSERT INTO events (at, kind, job_id, group_id, state, wait_reason, error_code, error_message) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        ).execute(arguments: [
+            at.timeIntervalSince1970, kind.rawValue, job?.id, groupID, state, job?.waitReason?.rawValue,
+            job?.error?.code, job?.error?.message,
+        ])
         let seq = db.lastInsertedRowID
         if seq % 100 == 0 { try pruneEvents(through: seq, in: db) }
-        return StoredEvent(seq: seq, at: at, kind: kind, jobID: job?.id, groupID: groupID, state: state,
-                           waitReason: job?.waitReason, error: job?.error)
+        return StoredEvent(
+            seq: seq, at: at, kind: kind, jobID: job?.id, groupID: groupID, state: state,
+            waitReason: job?.waitReason, error: job?.error)
     }
 
     /// Keeps the newest `eventsKept` events.
@@ -287,7 +299,9 @@ public final class SQLiteJobStore: JobTable {
     }
 
     static func events(after seq: Int64, through last: Int64, limit: Int, in db: Database) throws -> [StoredEvent] {
-        try Row.fetchAll(db.cachedStatement(sql: "SELECT * FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"), arguments: [seq, last, limit]).map { row in
+        try Row.fetchAll(
+            db.cachedStatement(sql: "SELECT * FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"), arguments: [seq, last, limit]
+        ).map { row in
             let code: String? = row["error_code"]
             let message: String? = row["error_message"]
             let reason: String? = row["wait_reason"]
@@ -336,7 +350,8 @@ public final class SQLiteJobStore: JobTable {
                 let before = try String.fetchOne(db.cachedStatement(sql: "SELECT state FROM jobs WHERE id = ?"), arguments: [job.id])
                 try Self.update(job, in: db)
                 if before != job.state.rawValue {
-                    events.append(try Self.record(.jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))
+                    events.append(
+                        try Self.record(.jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))
                 }
             }
             return events
@@ -508,7 +523,6 @@ extension SQLiteJobStore {
         }
     }
 
-
     /// Records a running transfer's synced progress: only its counters and validators, in one
     /// small transaction. Callers sync the bytes first (durability rule 2).
     @discardableResult
@@ -524,8 +538,10 @@ extension SQLiteJobStore {
                         final_url = COALESCE(?, final_url), segments = ?
                     WHERE id = ? AND state = 'running' AND (? IS NULL OR worker = ?)
                     """,
-                arguments: [received, now.timeIntervalSince1970, received, size, validators.etag, validators.lastModified,
-                            validators.acceptsRanges, finalURL, segments, id, owner, owner])
+                arguments: [
+                    received, now.timeIntervalSince1970, received, size, validators.etag, validators.lastModified,
+                    validators.acceptsRanges, finalURL, segments, id, owner, owner,
+                ])
             return db.changesCount > 0
         }
     }

@@ -42,7 +42,8 @@ final class EventFollower: Sendable {
 
     /// The reader: one pass per wake-up, until `close`. `read(after, limit)` reads committed
     /// events; `last()` the newest number (to skip what no one listens to).
-    func run(read: @escaping @Sendable (Int64, Int) async throws -> [StoredEvent], last: @escaping @Sendable () async throws -> Int64) async {
+    func run(read: @escaping @Sendable (Int64, Int) async throws -> [StoredEvent], last: @escaping @Sendable () async throws -> Int64) async
+    {
         for await _ in stream {
             let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
                 defer { state.waiters = [] }

@@ -25,9 +25,10 @@ public final class PostgresDaemonLock: Sendable {
         }
         let taken: Bool
         do {
-            taken = try await connection.rows(
-                "SELECT pg_try_advisory_lock(\(LockKey.workerSpace), hashtext(\(worker)))", logger: logger
-            ).first?.decode(Bool.self) ?? false
+            taken =
+                try await connection.rows(
+                    "SELECT pg_try_advisory_lock(\(LockKey.workerSpace), hashtext(\(worker)))", logger: logger
+                ).first?.decode(Bool.self) ?? false
         } catch {
             try? await connection.close().get()
             throw PostgresStoreError(describing: error)
@@ -35,7 +36,8 @@ public final class PostgresDaemonLock: Sendable {
         guard taken else {
             try? await connection.close().get()
             throw PostgresStoreError(
-                "another dld runs as worker \(worker) on the database \(url.database ?? url.user) on \(url.host ?? url.socketFolder ?? "localhost"); give each daemon of a shared queue its own worker_name")
+                "another dld runs as worker \(worker) on the database \(url.database ?? url.user) on \(url.host ?? url.socketFolder ?? "localhost"); give each daemon of a shared queue its own worker_name"
+            )
         }
         return PostgresDaemonLock(connection: connection, logger: logger)
     }

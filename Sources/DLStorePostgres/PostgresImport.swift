@@ -23,7 +23,9 @@ extension PostgresJobStore {
                 var binds = Binds()
                 let json = binds.json(chunk)
                 try await connection.run(
-                    binds.query("INSERT INTO groups (\(ImportedGroup.set.names)) SELECT \(ImportedGroup.set.names) FROM \(ImportedGroup.set.source(json))"),
+                    binds.query(
+                        "INSERT INTO groups (\(ImportedGroup.set.names)) SELECT \(ImportedGroup.set.names) FROM \(ImportedGroup.set.source(json))"
+                    ),
                     logger: logger)
             }
             // The columns a new row needs, then every other column as `save` writes them.
@@ -31,7 +33,8 @@ extension PostgresJobStore {
                 var binds = Binds()
                 let json = binds.json(chunk)
                 try await connection.run(
-                    binds.query("INSERT INTO jobs (\(ImportedJob.set.names)) SELECT \(ImportedJob.set.names) FROM \(ImportedJob.set.source(json))"),
+                    binds.query(
+                        "INSERT INTO jobs (\(ImportedJob.set.names)) SELECT \(ImportedJob.set.names) FROM \(ImportedJob.set.source(json))"),
                     logger: logger)
             }
             try await Self.update(jobs, on: connection, logger: logger)
@@ -39,7 +42,9 @@ extension PostgresJobStore {
                 var binds = Binds()
                 let json = binds.json(chunk)
                 try await connection.run(
-                    binds.query("INSERT INTO events (\(EventRecord.set.names)) SELECT \(EventRecord.set.names) FROM \(EventRecord.set.source(json))"),
+                    binds.query(
+                        "INSERT INTO events (\(EventRecord.set.names)) SELECT \(EventRecord.set.names) FROM \(EventRecord.set.source(json))"
+                    ),
                     logger: logger)
             }
         }
@@ -50,7 +55,10 @@ extension PostgresJobStore {
         try await transaction { connection in
             for table in ["jobs", "groups"] {
                 try await connection.run(
-                    PostgresQuery(unsafeSQL: "SELECT setval(pg_get_serial_sequence('\(table)', 'id'), (SELECT COALESCE(max(id), 0) + 1 FROM \(table)), false)"),
+                    PostgresQuery(
+                        unsafeSQL:
+                            "SELECT setval(pg_get_serial_sequence('\(table)', 'id'), (SELECT COALESCE(max(id), 0) + 1 FROM \(table)), false)"
+                    ),
                     logger: logger)
             }
         }
@@ -70,7 +78,9 @@ private struct ImportedJob: Encodable {
 
     enum CodingKeys: String, CodingKey {
         case id, url, path, state, host
-        case createdAt = "created_at", updatedAt = "updated_at", groupID = "group_id"
+        case createdAt = "created_at"
+        case updatedAt = "updated_at"
+        case groupID = "group_id"
     }
 
     init(_ job: Job) {
@@ -105,7 +115,10 @@ private struct ImportedGroup: Encodable {
 
     enum CodingKeys: String, CodingKey {
         case id, name, dir, staging, priority, closed
-        case errorCode = "error_code", errorMessage = "error_message", createdAt = "created_at", updatedAt = "updated_at"
+        case errorCode = "error_code"
+        case errorMessage = "error_message"
+        case createdAt = "created_at"
+        case updatedAt = "updated_at"
         case finishedAt = "finished_at"
     }
 

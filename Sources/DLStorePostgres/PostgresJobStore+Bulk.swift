@@ -29,7 +29,8 @@ extension PostgresJobStore {
         case .pause:
             return "state = 'paused', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, updated_at = \(now)"
         case .cancel:
-            return "state = 'canceled', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, finished_at = \(now), updated_at = \(now)"
+            return
+                "state = 'canceled', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, finished_at = \(now), updated_at = \(now)"
         case .resume:
             let restart = "error_code = ANY(\(startOver))"
             return """
@@ -59,7 +60,8 @@ extension PostgresJobStore {
             let condition = Self.condition(selection, &binds)
             let changed = try await connection.rows(
                 binds.query(
-                    "UPDATE jobs SET \(Self.assignments(command, now: at, startOver: startOver)) WHERE state = ANY(\(states)) AND \(condition) RETURNING id"),
+                    "UPDATE jobs SET \(Self.assignments(command, now: at, startOver: startOver)) WHERE state = ANY(\(states)) AND \(condition) RETURNING id"
+                ),
                 logger: logger
             ).map { try $0.decode(Int64.self) }.sorted()
             let files = command == .cancel ? try await Self.partialFiles(of: changed, on: connection, logger: logger) : []
@@ -80,7 +82,8 @@ extension PostgresJobStore {
                 binds.query("DELETE FROM jobs WHERE \(condition) RETURNING id, group_id, state, path, staging_path, attempts, received"),
                 logger: logger)
             {
-                let (id, group, stateText, path, staging, attempts, received) = try row.decode((Int64, Int64?, String, String, String?, Int64, Int64).self)
+                let (id, group, stateText, path, staging, attempts, received) = try row.decode(
+                    (Int64, Int64?, String, String, String?, Int64, Int64).self)
                 removed.append((id, group))
                 let state = JobState(rawValue: stateText) ?? .failed
                 if state == .completed {

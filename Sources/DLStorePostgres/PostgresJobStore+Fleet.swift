@@ -18,13 +18,18 @@ extension PostgresJobStore {
     /// once: as a plain `id IN (SELECT … LIMIT n)` the planner may run it again for each row
     /// of a join, and then its LIMIT no longer bounds the claim (seen here: 4 rows for 3).
     /// While hosts are excluded, the rows looked at are the first `claimWindow` queued ones.
-    public func claim(limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date) async throws -> [Job] {
+    public func claim(
+        limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date
+    ) async throws -> [Job] {
         guard limit > 0 else { return [] }
         return try await eventTransaction(publish: true, events: { $0.events }) { connection -> (jobs: [Job], events: [StoredEvent]) in
             let at = now.timeIntervalSince1970
             let hosts = excludingHosts.sorted().map(storedText)
             let light = lightOnly
-            let window = group != nil || (hosts.isEmpty && light == nil) ? "" : """
+            let window =
+                group != nil || (hosts.isEmpty && light == nil)
+                ? ""
+                : """
                 AND id IN (SELECT id FROM jobs WHERE state = 'queued' AND group_id IS NULL
                            ORDER BY priority DESC, id LIMIT \(Self.claimWindow))
                 """
@@ -97,7 +102,8 @@ extension PostgresJobStore {
 
     public func saveOwned(_ jobs: [Job], owner: String, publish: Bool) async throws -> (events: [StoredEvent], lost: Set<JobID>) {
         guard !jobs.isEmpty else { return ([], []) }
-        return try await eventTransaction(publish: publish, events: { $0.events }) { connection -> (events: [StoredEvent], lost: Set<JobID>) in
+        return try await eventTransaction(publish: publish, events: { $0.events }) {
+            connection -> (events: [StoredEvent], lost: Set<JobID>) in
             // Row locks in id order, as every saver takes them: a claim, a command or another
             // worker's save that comes after sees these rows as written here.
             var stored: [JobID: (state: String, worker: String?)] = [:]
@@ -121,9 +127,10 @@ extension PostgresJobStore {
             var state = stored.mapValues(\.state)
             for job in owned where state[job.id] != job.state.rawValue {
                 state[job.id] = job.state.rawValue
-                changes.append(StoredEvent(
-                    seq: 0, at: job.updatedAt, kind: .jobState, jobID: job.id, groupID: job.groupID, state: job.state.rawValue,
-                    waitReason: job.waitReason, error: job.error))
+                changes.append(
+                    StoredEvent(
+                        seq: 0, at: job.updatedAt, kind: .jobState, jobID: job.id, groupID: job.groupID, state: job.state.rawValue,
+                        waitReason: job.waitReason, error: job.error))
             }
             return (try await Self.record(changes, on: connection, logger: logger), lost)
         }

@@ -95,7 +95,8 @@ extension PostgresJobStore {
         for chunk in try set.chunks(records) {
             var binds = Binds()
             let json = binds.json(chunk)
-            try await connection.run(binds.query("INSERT INTO jobs (\(set.names)) SELECT \(set.names) FROM \(set.source(json))"), logger: logger)
+            try await connection.run(
+                binds.query("INSERT INTO jobs (\(set.names)) SELECT \(set.names) FROM \(set.source(json))"), logger: logger)
         }
         var created: [Job] = []
         created.reserveCapacity(creates.count)
@@ -143,9 +144,10 @@ extension PostgresJobStore {
             var changes: [StoredEvent] = []
             for job in jobs where state[job.id] != job.state.rawValue {
                 if state[job.id] != nil { state[job.id] = job.state.rawValue }
-                changes.append(StoredEvent(
-                    seq: 0, at: job.updatedAt, kind: .jobState, jobID: job.id, groupID: job.groupID, state: job.state.rawValue,
-                    waitReason: job.waitReason, error: job.error))
+                changes.append(
+                    StoredEvent(
+                        seq: 0, at: job.updatedAt, kind: .jobState, jobID: job.id, groupID: job.groupID, state: job.state.rawValue,
+                        waitReason: job.waitReason, error: job.error))
             }
             return try await Self.record(changes, on: connection, logger: logger)
         }
@@ -210,7 +212,8 @@ extension PostgresJobStore {
                 segments = \(text: segments)
             WHERE id = \(id) AND state = 'running' AND (\(text: owner)::text IS NULL OR worker = \(text: owner))
             RETURNING id
-            """).isEmpty
+            """
+        ).isEmpty
     }
 
     /// One statement for every record, in a transaction committed with `synchronous_commit =
@@ -244,7 +247,8 @@ extension PostgresJobStore {
 
     public func insertGroup(name: String, dir: String, priority: Int, members: [NewJob], now: Date) async throws -> (JobGroup, [Job]) {
         let (group, jobs, events) = try await transaction { connection in
-            let id = try await connection.rows("SELECT nextval(pg_get_serial_sequence('groups', 'id'))", logger: logger)
+            let id =
+                try await connection.rows("SELECT nextval(pg_get_serial_sequence('groups', 'id'))", logger: logger)
                 .first?.decode(Int64.self) ?? 0
             guard id > 0 else { throw PostgresStoreError("PostgreSQL gave no group id") }
             let staging = JobGroup.stagingFolder(for: dir, id: id)
@@ -268,7 +272,8 @@ extension PostgresJobStore {
     public func saveGroup(_ group: JobGroup, members: [Job], publish: Bool) async throws -> [StoredEvent] {
         try await eventTransaction(publish: publish, events: { $0 }) { connection -> [StoredEvent] in
             try await Self.update(members, on: connection, logger: logger)
-            let row = try await connection.rows("SELECT closed, error_code FROM groups WHERE id = \(group.id) FOR UPDATE", logger: logger).first
+            let row = try await connection.rows("SELECT closed, error_code FROM groups WHERE id = \(group.id) FOR UPDATE", logger: logger)
+                .first
             let (before, errorBefore) = try row?.decode((String?, String?).self) ?? (nil, nil)
             try await connection.run(
                 """
@@ -298,7 +303,8 @@ extension PostgresJobStore {
         let events = try await transaction { connection in
             try await connection.run("DELETE FROM groups WHERE id = \(id)", logger: logger)
             return try await Self.record(
-                [StoredEvent(seq: 0, at: now, kind: .groupState, jobID: nil, groupID: id, state: "removed")], on: connection, logger: logger)
+                [StoredEvent(seq: 0, at: now, kind: .groupState, jobID: nil, groupID: id, state: "removed")], on: connection, logger: logger
+            )
         }
         await published(events)
     }
@@ -325,16 +331,20 @@ extension PostgresJobStore {
 
     public func groupTurn(_ id: GroupID) async throws -> (group: JobGroup?, counts: [JobState: Int]) {
         try await snapshot { connection in
-            guard let group = try await connection.rows("SELECT \(unescaped: Columns.group) FROM groups WHERE id = \(id)", logger: logger)
-                .first.map(Columns.group)
+            guard
+                let group = try await connection.rows("SELECT \(unescaped: Columns.group) FROM groups WHERE id = \(id)", logger: logger)
+                    .first.map(Columns.group)
             else {
                 return (nil, [:])
             }
             // While members are queued or running, only whether there are any (see `JobTable`).
-            let open = try await connection.rows("""
-                SELECT EXISTS (SELECT 1 FROM jobs WHERE group_id = \(id) AND state = 'queued'),
-                    EXISTS (SELECT 1 FROM jobs WHERE group_id = \(id) AND state = 'running')
-                """, logger: logger).first.map { try $0.decode((Bool, Bool).self) } ?? (false, false)
+            let open =
+                try await connection.rows(
+                    """
+                    SELECT EXISTS (SELECT 1 FROM jobs WHERE group_id = \(id) AND state = 'queued'),
+                        EXISTS (SELECT 1 FROM jobs WHERE group_id = \(id) AND state = 'running')
+                    """, logger: logger
+                ).first.map { try $0.decode((Bool, Bool).self) } ?? (false, false)
             if open.0 || open.1 {
                 return (group, [.queued: open.0 ? 1 : 0, .running: open.1 ? 1 : 0].filter { $0.value > 0 })
             }

@@ -58,7 +58,8 @@ public final class PostgresJobStore: JobTable {
             let connection = try await PostgresConnection.connect(configuration: connectionConfiguration, id: 0, logger: logger)
             do {
                 try await PostgresSchema.migrate(on: connection, logger: logger)
-                lastSeq = try await connection.rows("SELECT COALESCE(MAX(seq), 0)::bigint FROM events", logger: logger)
+                lastSeq =
+                    try await connection.rows("SELECT COALESCE(MAX(seq), 0)::bigint FROM events", logger: logger)
                     .first?.decode(Int64.self) ?? 0
             } catch {
                 try? await connection.close().get()
@@ -256,7 +257,8 @@ public final class PostgresJobStore: JobTable {
         for chunk in try set.chunks(numbered.map(EventRecord.init)) {
             var binds = Binds()
             let json = binds.json(chunk)
-            try await connection.run(binds.query("INSERT INTO events (\(set.names)) SELECT \(set.names) FROM \(set.source(json))"), logger: logger)
+            try await connection.run(
+                binds.query("INSERT INTO events (\(set.names)) SELECT \(set.names) FROM \(set.source(json))"), logger: logger)
         }
         try await pruneEvents(from: last, through: last + Int64(numbered.count), on: connection, logger: logger)
         return numbered
@@ -264,7 +266,9 @@ public final class PostgresJobStore: JobTable {
 
     /// One `job.state` event per job, as the rows are now, in id order. Returns the numbers
     /// they took: `(first, last]`.
-    static func recordStates(of ids: [JobID], at now: Date, on connection: PostgresConnection, logger: Logger) async throws -> (Int64, Int64) {
+    static func recordStates(of ids: [JobID], at now: Date, on connection: PostgresConnection, logger: Logger) async throws -> (
+        Int64, Int64
+    ) {
         guard !ids.isEmpty else { return (0, 0) }
         let last = try await lockEvents(on: connection, logger: logger)
         try await connection.run(
@@ -304,7 +308,8 @@ public final class PostgresJobStore: JobTable {
         let limit = Int64(min(limit, Int(Int32.max)))
         if let states {
             return try await jobs(
-                "SELECT \(unescaped: Columns.job) FROM jobs WHERE id > \(afterID) AND state = ANY(\(states.map(\.rawValue))) ORDER BY id LIMIT \(limit)")
+                "SELECT \(unescaped: Columns.job) FROM jobs WHERE id > \(afterID) AND state = ANY(\(states.map(\.rawValue))) ORDER BY id LIMIT \(limit)"
+            )
         }
         return try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE id > \(afterID) ORDER BY id LIMIT \(limit)")
     }
@@ -320,7 +325,9 @@ public final class PostgresJobStore: JobTable {
     public func compact(_ policy: CompactionPolicy) async throws -> Int64 { 0 }
 
     public func unfinishedCount() async throws -> Int {
-        Int(try await rows("SELECT COUNT(*) FROM jobs WHERE state IN ('queued', 'running', 'waiting', 'paused')").first?.decode(Int64.self) ?? 0)
+        Int(
+            try await rows("SELECT COUNT(*) FROM jobs WHERE state IN ('queued', 'running', 'waiting', 'paused')").first?.decode(Int64.self)
+                ?? 0)
     }
 
     public func unfinishedPaths(among paths: [String]) async throws -> Set<String> {
@@ -358,7 +365,9 @@ public final class PostgresJobStore: JobTable {
         }
     }
 
-    public func nextQueued(limit: Int, excludingGroups active: Set<GroupID>) async throws -> (jobs: [Job], groups: [(entry: QueueEntry, groupID: GroupID)]) {
+    public func nextQueued(limit: Int, excludingGroups active: Set<GroupID>) async throws -> (
+        jobs: [Job], groups: [(entry: QueueEntry, groupID: GroupID)]
+    ) {
         try await snapshot { connection in
             let jobs = try await connection.rows(
                 """

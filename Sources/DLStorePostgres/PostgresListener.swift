@@ -29,7 +29,8 @@ enum PostgresListener {
                     try await listen(on: connection, onJobs: onJobs, onEvents: onEvents)
                 } catch {
                     if !Task.isCancelled {
-                        logger.warning("PostgreSQL listener lost its connection", metadata: ["error": "\(PostgresStoreError(describing: error))"])
+                        logger.warning(
+                            "PostgreSQL listener lost its connection", metadata: ["error": "\(PostgresStoreError(describing: error))"])
                     }
                 }
                 try? await connection.close().get()

@@ -86,7 +86,8 @@ public struct PostgresURL: Sendable, Equatable {
         case .prefer: tls = .prefer(.makeClientConfiguration())
         case .require: tls = .require(.makeClientConfiguration())
         }
-        return PostgresClient.Configuration(host: host ?? "localhost", port: port, username: user, password: password, database: database, tls: tls)
+        return PostgresClient.Configuration(
+            host: host ?? "localhost", port: port, username: user, password: password, database: database, tls: tls)
     }
 
     /// The same, for one connection outside the pool. Throws when the TLS context cannot be
@@ -101,7 +102,8 @@ public struct PostgresURL: Sendable, Equatable {
         case .prefer: tls = .prefer(try NIOSSLContext(configuration: .makeClientConfiguration()))
         case .require: tls = .require(try NIOSSLContext(configuration: .makeClientConfiguration()))
         }
-        return PostgresConnection.Configuration(host: host ?? "localhost", port: port, username: user, password: password, database: database, tls: tls)
+        return PostgresConnection.Configuration(
+            host: host ?? "localhost", port: port, username: user, password: password, database: database, tls: tls)
     }
 
     /// The connection string with its password replaced by `***`, for logs, errors and status:

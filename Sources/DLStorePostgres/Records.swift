@@ -30,8 +30,12 @@ struct InsertRecord: Encodable {
 
     enum CodingKeys: String, CodingKey {
         case id, url, path, state, priority, key, meta, headers, overwrite, checksum, size, options, host, mirrors
-        case createdAt = "created_at", updatedAt = "updated_at", expectedSize = "expected_size"
-        case progressAt = "progress_at", groupID = "group_id", stagingPath = "staging_path"
+        case createdAt = "created_at"
+        case updatedAt = "updated_at"
+        case expectedSize = "expected_size"
+        case progressAt = "progress_at"
+        case groupID = "group_id"
+        case stagingPath = "staging_path"
     }
 
     init(id: JobID, _ new: NewJob, groupID: GroupID?, at: Double) {
@@ -105,11 +109,23 @@ struct UpdateRecord: Encodable {
     var mirrors: String?
 
     enum CodingKeys: String, CodingKey {
-        case id, url, path, state, priority, size, received, attempts, key, meta, headers, overwrite, etag, checksum, sha256, digest, options
-        case worker, leaseUntil = "lease_until", segments, unsynced, mirrors
-        case waitReason = "wait_reason", errorCode = "error_code", errorMessage = "error_message", updatedAt = "updated_at"
-        case finishedAt = "finished_at", nextAttemptAt = "next_attempt_at", finalURL = "final_url", lastModified = "last_modified"
-        case acceptsRanges = "accepts_ranges", expectedSize = "expected_size", progressAt = "progress_at", stagingPath = "staging_path"
+        case id, url, path, state, priority, size, received, attempts, key, meta, headers, overwrite, etag, checksum, sha256, digest,
+            options
+        case worker
+        case leaseUntil = "lease_until"
+        case segments, unsynced, mirrors
+        case waitReason = "wait_reason"
+        case errorCode = "error_code"
+        case errorMessage = "error_message"
+        case updatedAt = "updated_at"
+        case finishedAt = "finished_at"
+        case nextAttemptAt = "next_attempt_at"
+        case finalURL = "final_url"
+        case lastModified = "last_modified"
+        case acceptsRanges = "accepts_ranges"
+        case expectedSize = "expected_size"
+        case progressAt = "progress_at"
+        case stagingPath = "staging_path"
     }
 
     init(_ job: Job) {
@@ -175,7 +191,11 @@ struct EventRecord: Encodable {
 
     enum CodingKeys: String, CodingKey {
         case seq, at, kind, state
-        case jobID = "job_id", groupID = "group_id", waitReason = "wait_reason", errorCode = "error_code", errorMessage = "error_message"
+        case jobID = "job_id"
+        case groupID = "group_id"
+        case waitReason = "wait_reason"
+        case errorCode = "error_code"
+        case errorMessage = "error_message"
     }
 
     init(_ event: StoredEvent) {

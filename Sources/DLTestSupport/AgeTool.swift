@@ -41,7 +41,9 @@ public enum AgeTool {
         let message = errors.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         guard process.terminationStatus == 0 else {
-            throw HarnessError("\(name) \(arguments.joined(separator: " ")) failed (\(process.terminationStatus)): \(String(decoding: message, as: UTF8.self).prefix(500))")
+            throw HarnessError(
+                "\(name) \(arguments.joined(separator: " ")) failed (\(process.terminationStatus)): \(String(decoding: message, as: UTF8.self).prefix(500))"
+            )
         }
         return data
     }

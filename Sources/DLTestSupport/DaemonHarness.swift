@@ -130,8 +130,10 @@ public final class DaemonHarness: @unchecked Sendable {
     /// - Parameter config: the text of a config file to start dld with (docs/configuration.md).
     /// - Parameter dataRoot: the folder that holds the state folder and the download folder
     ///   (`state` and `dl`), when not the harness's own temp folder (a powercutfs mount).
-    public init(extraArguments: [String] = [], config: String? = nil, privateHome: Bool = false, defaultSocket: Bool = false,
-                dataRoot: String? = nil) throws {
+    public init(
+        extraArguments: [String] = [], config: String? = nil, privateHome: Bool = false, defaultSocket: Bool = false,
+        dataRoot: String? = nil
+    ) throws {
         let made = try makeTemporaryFolder("/tmp/dldt-XXXXXX")
         root = made
         self.defaultSocket = defaultSocket
@@ -258,7 +260,9 @@ public final class DaemonHarness: @unchecked Sendable {
     public var pid: Int32? {
         guard let process else { return nil }
         if launcher.isEmpty { return process.processIdentifier }
-        return (try? String(contentsOfFile: launcherPIDFile, encoding: .utf8)).flatMap { Int32($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+        return (try? String(contentsOfFile: launcherPIDFile, encoding: .utf8)).flatMap {
+            Int32($0.trimmingCharacters(in: .whitespacesAndNewlines))
+        }
     }
     public var isRunning: Bool { process?.isRunning ?? false }
 
@@ -360,7 +364,9 @@ public final class DaemonHarness: @unchecked Sendable {
     /// (resume turns a waiting job into a queued one).
     @discardableResult
     public func waitingThenResume(_ id: Int64, code: String, reason: String, timeout: TimeInterval = 30) throws -> JSONValue {
-        let waiting = try waitForJob(id, timeout: timeout) { $0["state"] == "waiting" || $0["state"] == "completed" || $0["state"] == "failed" }
+        let waiting = try waitForJob(id, timeout: timeout) {
+            $0["state"] == "waiting" || $0["state"] == "completed" || $0["state"] == "failed"
+        }
         guard waiting["state"] == "waiting", waiting["error"]?["code"]?.stringValue == code,
             waiting["wait_reason"]?.stringValue == reason, waiting["next_attempt_at"]?.stringValue != nil
         else {

@@ -75,7 +75,9 @@ public final class PostgresServer: Sendable {
             guard let base = buffer.baseAddress, mkdtemp(base) != nil else { return nil }
             return String(cString: base)
         }
-        guard let folder = made else { throw PostgresServerError("cannot create a temporary folder for PostgreSQL: \(String(cString: strerror(errno)))") }
+        guard let folder = made else {
+            throw PostgresServerError("cannot create a temporary folder for PostgreSQL: \(String(cString: strerror(errno)))")
+        }
         do throws(PostgresServerError) {
             let runAs = try serverUser()
             if let runAs, chown(folder, runAs.uid, runAs.gid) != 0 {
@@ -106,12 +108,16 @@ public final class PostgresServer: Sendable {
     }
 
     /// The postmaster, with this server's settings.
-    private static func launch(binDir: String, folder: String, as runAs: (uid: uid_t, gid: gid_t)?, log: String) throws(PostgresServerError) -> Process {
+    private static func launch(binDir: String, folder: String, as runAs: (uid: uid_t, gid: gid_t)?, log: String) throws(PostgresServerError)
+        -> Process
+    {
         try launch(
             binDir + "/postgres",
-            ["-D", folder + "/data", "-c", "listen_addresses=", "-c", "unix_socket_directories=\(folder)",
-             // Every test has a database and a small pool of its own, and tests run in parallel.
-             "-c", "max_connections=300"],
+            [
+                "-D", folder + "/data", "-c", "listen_addresses=", "-c", "unix_socket_directories=\(folder)",
+                // Every test has a database and a small pool of its own, and tests run in parallel.
+                "-c", "max_connections=300",
+            ],
             as: runAs, in: folder, log: log)
     }
 
@@ -190,7 +196,8 @@ public final class PostgresServer: Sendable {
 
     /// Drops a database, ending its connections (best effort: the server goes away anyway).
     public func dropDatabase(_ name: String) {
-        _ = try? Self.run(binDir + "/dropdb", ["-h", folder, "-p", "\(port)", "-U", user, "--force", "--if-exists", name], as: nil, in: folder)
+        _ = try? Self.run(
+            binDir + "/dropdb", ["-h", folder, "-p", "\(port)", "-U", user, "--force", "--if-exists", name], as: nil, in: folder)
     }
 
     /// Runs SQL with `psql` on a database, as the superuser; returns what it printed (rows
@@ -259,7 +266,9 @@ public final class PostgresServer: Sendable {
         return ("/usr/bin/setpriv", ["--reuid=\(user.uid)", "--regid=\(user.gid)", "--clear-groups", program] + arguments)
     }
 
-    private static func run(_ program: String, _ arguments: [String], as user: (uid: uid_t, gid: gid_t)?, in folder: String) throws(PostgresServerError) -> ProgramOutput {
+    private static func run(_ program: String, _ arguments: [String], as user: (uid: uid_t, gid: gid_t)?, in folder: String)
+        throws(PostgresServerError) -> ProgramOutput
+    {
         let (executable, args) = command(program, arguments, as: user)
         do {
             return try runProgram(executable, args, environment: environment, currentDirectory: folder)

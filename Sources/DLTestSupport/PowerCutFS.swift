@@ -59,15 +59,19 @@ public final class PowerCutFS: @unchecked Sendable {
         let binary = build + "/powercutfs"
         let files = FileManager.default
         if let built = (try? files.attributesOfItem(atPath: binary))?[.modificationDate] as? Date,
-           let written = (try? files.attributesOfItem(atPath: source))?[.modificationDate] as? Date, built >= written {
+            let written = (try? files.attributesOfItem(atPath: source))?[.modificationDate] as? Date, built >= written
+        {
             return binary
         }
         try files.createDirectory(atPath: build, withIntermediateDirectories: true)
         // Built aside, then renamed: two test processes may build it at once.
         let partial = build + "/powercutfs.\(getpid())"
-        let result = try runProgram("/bin/sh", ["-c", "cc -O2 -Wall -o \"$1\" \"$2\" $(pkg-config --cflags --libs fuse3) -lpthread", "sh", partial, source])
+        let result = try runProgram(
+            "/bin/sh", ["-c", "cc -O2 -Wall -o \"$1\" \"$2\" $(pkg-config --cflags --libs fuse3) -lpthread", "sh", partial, source])
         guard result.status == 0, rename(partial, binary) == 0 else {
-            throw HarnessError("cannot build powercutfs from \(source) (it needs cc, pkg-config and libfuse3-dev: run scripts/deps.sh as root):\n\(result.stderr)")
+            throw HarnessError(
+                "cannot build powercutfs from \(source) (it needs cc, pkg-config and libfuse3-dev: run scripts/deps.sh as root):\n\(result.stderr)"
+            )
         }
         return binary
     }
@@ -75,7 +79,8 @@ public final class PowerCutFS: @unchecked Sendable {
     /// Mounts the backing folder (again, after a cut: a fresh mount, as after a reboot).
     public func mount() throws {
         guard FileManager.default.fileExists(atPath: "/dev/fuse") else {
-            throw HarnessError("the power-cut tests need FUSE: /dev/fuse is missing (load the fuse module, or give the container the device)")
+            throw HarnessError(
+                "the power-cut tests need FUSE: /dev/fuse is missing (load the fuse module, or give the container the device)")
         }
         let process = Process()
         process.executableURL = URL(fileURLWithPath: try Self.binary())

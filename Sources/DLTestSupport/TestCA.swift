@@ -46,8 +46,10 @@ public struct TestCA: Sendable {
     /// - Parameters:
     ///   - subjectAltName: e.g. `IP:127.0.0.1,DNS:localhost`.
     ///   - notBefore, notAfter: validity; by default from an hour ago to two days ahead.
-    public func issue(_ name: String, commonName: String = "127.0.0.1", subjectAltName: String = "IP:127.0.0.1,DNS:localhost",
-                      notBefore: Date = Date().addingTimeInterval(-3600), notAfter: Date = Date().addingTimeInterval(2 * 86_400)) throws -> TLSFiles {
+    public func issue(
+        _ name: String, commonName: String = "127.0.0.1", subjectAltName: String = "IP:127.0.0.1,DNS:localhost",
+        notBefore: Date = Date().addingTimeInterval(-3600), notAfter: Date = Date().addingTimeInterval(2 * 86_400)
+    ) throws -> TLSFiles {
         let files = TLSFiles(certificatePath: folder + "/\(name).pem", keyPath: folder + "/\(name)-key.pem")
         let request = folder + "/\(name).csr"
         try Self.openssl([

@@ -177,13 +177,16 @@ public final class TestOrigin: Sendable {
                     channel.configureHTTP2SecureUpgrade(
                         h2ChannelConfigurator: { connection in
                             state.box.withLockedValue { $0.http2Connections += 1 }
-                            return connection.configureHTTP2Pipeline(mode: .server, inboundStreamInitializer: { stream in
-                                stream.eventLoop.makeCompletedFuture {
-                                    state.box.withLockedValue { $0.http2Streams += 1 }
-                                    try stream.pipeline.syncOperations.addHandler(HTTP2FramePayloadToHTTP1ServerCodec())
-                                    try stream.pipeline.syncOperations.addHandler(OriginHandler(state: state))
+                            return connection.configureHTTP2Pipeline(
+                                mode: .server,
+                                inboundStreamInitializer: { stream in
+                                    stream.eventLoop.makeCompletedFuture {
+                                        state.box.withLockedValue { $0.http2Streams += 1 }
+                                        try stream.pipeline.syncOperations.addHandler(HTTP2FramePayloadToHTTP1ServerCodec())
+                                        try stream.pipeline.syncOperations.addHandler(OriginHandler(state: state))
+                                    }
                                 }
-                            }).map { _ in }
+                            ).map { _ in }
                         },
                         http1ChannelConfigurator: { connection in
                             connection.eventLoop.makeCompletedFuture {
@@ -199,7 +202,8 @@ public final class TestOrigin: Sendable {
                 try? await channel.close().get()
                 throw TestOriginError.noLocalAddress
             }
-            return TestOrigin(group: group, channel: channel, state: state, host: host, port: boundPort, scheme: tls == nil ? "http" : "https")
+            return TestOrigin(
+                group: group, channel: channel, state: state, host: host, port: boundPort, scheme: tls == nil ? "http" : "https")
         } catch {
             try? await group.shutdownGracefully()
             throw error

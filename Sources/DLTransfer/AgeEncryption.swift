@@ -33,7 +33,7 @@ enum AgeCrypto {
     /// age forbids) is refused: OpenSSL refuses the derivation, and the result is checked too.
     static func x25519(secret: [UInt8], peer: [UInt8]) throws(TransferFailure) -> [UInt8] {
         guard secret.count == 32, peer.count == 32,
-              let key = EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, nil, secret, 32)
+            let key = EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, nil, secret, 32)
         else { throw failure("make an X25519 key") }
         defer { EVP_PKEY_free(key) }
         guard let peerKey = EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nil, peer, 32) else { throw failure("read an X25519 public key") }
@@ -43,9 +43,11 @@ enum AgeCrypto {
         var out = [UInt8](repeating: 0, count: 32)
         var length = 32
         guard EVP_PKEY_derive_init(context) == 1, EVP_PKEY_derive_set_peer(context, peerKey) == 1,
-              EVP_PKEY_derive(context, &out, &length) == 1, length == 32, out.contains(where: { $0 != 0 })
+            EVP_PKEY_derive(context, &out, &length) == 1, length == 32, out.contains(where: { $0 != 0 })
         else {
-            throw TransferFailure(.permanent, .encryptionError, "the age recipient's key is not usable (X25519 with it gives no shared secret: a low-order point)")
+            throw TransferFailure(
+                .permanent, .encryptionError,
+                "the age recipient's key is not usable (X25519 with it gives no shared secret: a low-order point)")
         }
         return out
     }
@@ -62,10 +64,10 @@ enum AgeCrypto {
         var outLength = length
         // No salt is HKDF's salt of zeros (RFC 5869), which is what an empty salt means.
         guard EVP_PKEY_derive_init(context) == 1, EVP_PKEY_CTX_set_hkdf_md(context, EVP_sha256()) == 1,
-              EVP_PKEY_CTX_set1_hkdf_key(context, ikm, Int32(ikm.count)) == 1,
-              salt.isEmpty || EVP_PKEY_CTX_set1_hkdf_salt(context, salt, Int32(salt.count)) == 1,
-              info.isEmpty || EVP_PKEY_CTX_add1_hkdf_info(context, info, Int32(info.count)) == 1,
-              EVP_PKEY_derive(context, &out, &outLength) == 1, outLength == length
+            EVP_PKEY_CTX_set1_hkdf_key(context, ikm, Int32(ikm.count)) == 1,
+            salt.isEmpty || EVP_PKEY_CTX_set1_hkdf_salt(context, salt, Int32(salt.count)) == 1,
+            info.isEmpty || EVP_PKEY_CTX_add1_hkdf_info(context, info, Int32(info.count)) == 1,
+            EVP_PKEY_derive(context, &out, &outLength) == 1, outLength == length
         else { throw failure("derive a key with HKDF-SHA256") }
         return out
     }
@@ -114,7 +116,7 @@ final class ChaChaPoly {
             var written: Int32 = 0
             if count > 0 {
                 guard let input = plaintext.baseAddress?.assumingMemoryBound(to: UInt8.self),
-                      EVP_EncryptUpdate(context, base, &written, input, Int32(count)) == 1, Int(written) == count
+                    EVP_EncryptUpdate(context, base, &written, input, Int32(count)) == 1, Int(written) == count
                 else { return false }
             }
             var final: Int32 = 0
@@ -130,7 +132,7 @@ final class ChaChaPoly {
     /// Opens what `seal` made; nil when the tag does not match. For tests and the header check.
     func open(key: [UInt8], nonce: [UInt8], _ sealed: [UInt8]) -> [UInt8]? {
         guard key.count == 32, nonce.count == 12, sealed.count >= Self.tagSize,
-              EVP_DecryptInit_ex(context, EVP_chacha20_poly1305(), nil, key, nonce) == 1
+            EVP_DecryptInit_ex(context, EVP_chacha20_poly1305(), nil, key, nonce) == 1
         else { return nil }
         let count = sealed.count - Self.tagSize
         var out = [UInt8](repeating: 0, count: count + 1)
@@ -181,7 +183,7 @@ public final class AgeEncryptor: @unchecked Sendable {
     /// With the random values given: for tests, which must see the same file twice.
     init(recipients: [AgeRecipient], fileKey: [UInt8], ephemeralSecrets: [[UInt8]], payloadNonce: [UInt8]) throws(TransferFailure) {
         guard !recipients.isEmpty, fileKey.count == 16, payloadNonce.count == AgeLayout.payloadNonceSize,
-              ephemeralSecrets.count == recipients.count
+            ephemeralSecrets.count == recipients.count
         else { throw AgeCrypto.failure("start an age file (internal: bad sizes)") }
         let cipher = try ChaChaPoly()
         var text = "age-encryption.org/v1\n"

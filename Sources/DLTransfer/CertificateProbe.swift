@@ -20,7 +20,9 @@ enum CertificateProbe {
 
     /// What is wrong with the certificate `host` presents; nil when it cannot be learned (the
     /// server went away, say).
-    static func diagnose(host: String, port: Int, tls: TLSConfiguration, group: any EventLoopGroup, timeout: TimeAmount, now: Date = Date()) async -> Finding? {
+    static func diagnose(host: String, port: Int, tls: TLSConfiguration, group: any EventLoopGroup, timeout: TimeAmount, now: Date = Date())
+        async -> Finding?
+    {
         var unverified = tls
         unverified.certificateVerification = .none
         guard case .success(let presented) = await handshake(host: host, port: port, tls: unverified, group: group, timeout: timeout),
@@ -41,7 +43,9 @@ enum CertificateProbe {
     }
 
     /// One TLS handshake; the server's leaf certificate when it completes.
-    static func handshake(host: String, port: Int, tls: TLSConfiguration, group: any EventLoopGroup, timeout: TimeAmount) async -> Result<NIOSSLCertificate?, any Error> {
+    static func handshake(host: String, port: Int, tls: TLSConfiguration, group: any EventLoopGroup, timeout: TimeAmount) async -> Result<
+        NIOSSLCertificate?, any Error
+    > {
         let context: NIOSSLContext
         do {
             context = try NIOSSLContext(configuration: tls)

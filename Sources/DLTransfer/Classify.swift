@@ -39,12 +39,15 @@ struct Target: Sendable, Equatable {
 /// caller logs it at debug level.
 extension Downloader {
     /// Errors that are not ours: from the HTTP client or the network.
-    static func classify(_ error: any Error, target: Target, timeouts: DownloaderConfiguration = DownloaderConfiguration()) -> TransferFailure {
+    static func classify(_ error: any Error, target: Target, timeouts: DownloaderConfiguration = DownloaderConfiguration())
+        -> TransferFailure
+    {
         let host = target.host
         if let clientError = error as? HTTPClientError {
             switch clientError {
             case .connectTimeout:
-                return TransferFailure(.transient(.network), .timeout, "could not connect to \(target.address) within \(seconds(timeouts.connectTimeout)) s")
+                return TransferFailure(
+                    .transient(.network), .timeout, "could not connect to \(target.address) within \(seconds(timeouts.connectTimeout)) s")
             case .tlsHandshakeTimeout:
                 return TransferFailure(.transient(.network), .timeout, "the TLS handshake with \(host) did not finish in time")
             case .readTimeout:
@@ -58,7 +61,9 @@ extension Downloader {
             case .invalidURL, .emptyHost, .emptyScheme:
                 return TransferFailure(.permanent, .invalidURL, "the URL for \(host) cannot be requested; check it")
             default:
-                return TransferFailure(.transient(.network), .networkError, "a network error with \(host) (run dld with log_level = \"debug\" for the details)")
+                return TransferFailure(
+                    .transient(.network), .networkError, "a network error with \(host) (run dld with log_level = \"debug\" for the details)"
+                )
             }
         }
         if let connection = error as? NIOConnectionError {
@@ -83,13 +88,15 @@ extension Downloader {
             case ECONNRESET, EPIPE: return TransferFailure(.transient(.network), .connectionClosed, "\(host) reset the connection")
             case ETIMEDOUT: return TransferFailure(.transient(.network), .timeout, "the connection to \(target.address) timed out")
             default:
-                return TransferFailure(.transient(.network), .networkError, "could not talk to \(target.address): \(String(cString: strerror(io.errnoCode)))")
+                return TransferFailure(
+                    .transient(.network), .networkError, "could not talk to \(target.address): \(String(cString: strerror(io.errnoCode)))")
             }
         }
         if let channelError = error as? ChannelError {
             switch channelError {
             case .connectTimeout:
-                return TransferFailure(.transient(.network), .timeout, "could not connect to \(target.address) within \(seconds(timeouts.connectTimeout)) s")
+                return TransferFailure(
+                    .transient(.network), .timeout, "could not connect to \(target.address) within \(seconds(timeouts.connectTimeout)) s")
             case .eof, .ioOnClosedChannel, .alreadyClosed, .outputClosed:
                 return TransferFailure(.transient(.network), .connectionClosed, "\(host) closed the connection")
             default:
@@ -97,25 +104,32 @@ extension Downloader {
             }
         }
         if let tls = tlsFailure(error, target: target) { return tls }
-        return TransferFailure(.transient(.network), .networkError, "a network error with \(host) (run dld with log_level = \"debug\" for the details)")
+        return TransferFailure(
+            .transient(.network), .networkError, "a network error with \(host) (run dld with log_level = \"debug\" for the details)")
     }
 
     /// A failure of the proxy rather than of the server: the proxy could not be reached, wants
     /// credentials, or could not open the tunnel to the server. Nil for other errors (those of
     /// the server, seen through the tunnel, are classified as without a proxy).
-    static func proxyFailure(_ error: any Error, proxy: ProxyServer, target: Target,
-                             timeouts: DownloaderConfiguration = DownloaderConfiguration()) -> TransferFailure? {
+    static func proxyFailure(
+        _ error: any Error, proxy: ProxyServer, target: Target,
+        timeouts: DownloaderConfiguration = DownloaderConfiguration()
+    ) -> TransferFailure? {
         let via = "the \(proxy.kind == .socks5 ? "SOCKS5" : "HTTP") proxy \(proxy.address)"
         func unreachable(_ why: String) -> TransferFailure {
-            TransferFailure(.transient(.network), .proxyError, "could not reach \(via): \(why); check the proxy setting (or http_proxy, https_proxy, all_proxy)")
+            TransferFailure(
+                .transient(.network), .proxyError,
+                "could not reach \(via): \(why); check the proxy setting (or http_proxy, https_proxy, all_proxy)")
         }
         if let clientError = error as? HTTPClientError {
             switch clientError {
             case .proxyAuthenticationRequired:
-                return TransferFailure(.permanent, .proxyAuth,
+                return TransferFailure(
+                    .permanent, .proxyAuth,
                     "\(via) wants a user name and password, or refused the ones given (user:password@ in the proxy URL)")
             case .invalidProxyResponse:
-                return TransferFailure(.transient(.network), .proxyError,
+                return TransferFailure(
+                    .transient(.network), .proxyError,
                     "\(via) did not open a tunnel to \(target.address) (it may be unable to reach it, or not allow it)")
             case .httpProxyHandshakeTimeout, .socksHandshakeTimeout:
                 return TransferFailure(.transient(.network), .proxyError, "\(via) did not answer in time")
@@ -126,11 +140,13 @@ extension Downloader {
             }
         }
         if let socks = error as? SOCKSError.ConnectionFailed {
-            return TransferFailure(.transient(.network), .proxyError,
+            return TransferFailure(
+                .transient(.network), .proxyError,
                 "\(via) could not connect to \(target.address) (SOCKS reply \(socks.reply.value))")
         }
         if error is SOCKSError.NoValidAuthenticationMethod {
-            return TransferFailure(.permanent, .proxyAuth, "\(via) wants a login, which dld cannot give a SOCKS5 proxy; use one without login")
+            return TransferFailure(
+                .permanent, .proxyAuth, "\(via) wants a login, which dld cannot give a SOCKS5 proxy; use one without login")
         }
         // Connecting is the proxy's part: every connection goes to it, never to the server.
         if let connection = error as? NIOConnectionError {
@@ -150,7 +166,8 @@ extension Downloader {
     private static func seconds(_ amount: TimeAmount) -> Int64 { amount.nanoseconds / 1_000_000_000 }
 
     private static func refused(_ target: Target) -> TransferFailure {
-        TransferFailure(.transient(.network), .connectionRefused,
+        TransferFailure(
+            .transient(.network), .connectionRefused,
             "\(target.address) refused the connection: no server is listening there (it may be down or starting)")
     }
 
@@ -158,7 +175,8 @@ extension Downloader {
         // getaddrinfo's own words ("Name or service not known", "Temporary failure in name
         // resolution") are plain and tell a typo from a network without DNS.
         let reason = (error as? SocketAddressError.UnknownHost).map { ": " + $0.errorDescription.lowercased() } ?? ""
-        return TransferFailure(.transient(.network), .dnsError,
+        return TransferFailure(
+            .transient(.network), .dnsError,
             "could not resolve the host name \(host)\(reason); check the name and the network's DNS")
     }
 
@@ -186,7 +204,8 @@ extension Downloader {
     static func tlsFailure(_ error: any Error, target: Target, clientCertificate: Bool = false) -> TransferFailure? {
         let host = target.host
         if let extra = error as? NIOSSLExtraError, extra == .failedToValidateHostname {
-            return TransferFailure(.permanent, .tlsHostname,
+            return TransferFailure(
+                .permanent, .tlsHostname,
                 "the certificate of \(host) was issued for another host name, not \(host); use the name the certificate names in the URL")
         }
         if let ssl = error as? NIOSSLError {
@@ -194,8 +213,10 @@ extension Downloader {
             case .uncleanShutdown:
                 return TransferFailure(.transient(.network), .connectionClosed, "\(host) closed the TLS connection without warning")
             case .noSuchFilesystemObject, .failedToLoadCertificate, .failedToLoadPrivateKey:
-                return TransferFailure(.permanent, .tlsConfig,
-                    "the TLS files for \(host) could not be loaded (ca_file, ca_dir, client_cert, client_key, SSL_CERT_FILE or SSL_CERT_DIR): each must be readable PEM")
+                return TransferFailure(
+                    .permanent, .tlsConfig,
+                    "the TLS files for \(host) could not be loaded (ca_file, ca_dir, client_cert, client_key, SSL_CERT_FILE or SSL_CERT_DIR): each must be readable PEM"
+                )
             default:
                 break
             }
@@ -205,34 +226,41 @@ extension Downloader {
             return untrusted(host, finding: nil)
         }
         if reasons.contains("CERTIFICATE_REQUIRED") {
-            return TransferFailure(.permanent, .tlsClientCert,
+            return TransferFailure(
+                .permanent, .tlsClientCert,
                 "\(host) asks for a client certificate; give one with client_cert and client_key")
         }
-        if ["ALERT_UNKNOWN_CA", "ALERT_BAD_CERTIFICATE", "ALERT_CERTIFICATE_UNKNOWN", "ALERT_ACCESS_DENIED", "ALERT_CERTIFICATE_REVOKED",
-            "ALERT_CERTIFICATE_EXPIRED", "ALERT_UNSUPPORTED_CERTIFICATE"].contains(where: reasons.contains)
-        {
+        if [
+            "ALERT_UNKNOWN_CA", "ALERT_BAD_CERTIFICATE", "ALERT_CERTIFICATE_UNKNOWN", "ALERT_ACCESS_DENIED", "ALERT_CERTIFICATE_REVOKED",
+            "ALERT_CERTIFICATE_EXPIRED", "ALERT_UNSUPPORTED_CERTIFICATE",
+        ].contains(where: reasons.contains) {
             // The server sent a certificate alert: it is about the certificate dld sent, since
             // dld checks the server's itself.
-            return TransferFailure(.permanent, .tlsClientCert,
+            return TransferFailure(
+                .permanent, .tlsClientCert,
                 clientCertificate
                     ? "\(host) refused the client certificate (client_cert): it is not one the server accepts"
                     : "\(host) refused the TLS handshake for want of a client certificate; give one with client_cert and client_key")
         }
         if reasons.contains("UNSUPPORTED_PROTOCOL") || reasons.contains("PROTOCOL_VERSION") {
-            return TransferFailure(.permanent, .tlsHandshake,
+            return TransferFailure(
+                .permanent, .tlsHandshake,
                 "\(host) does not speak TLS 1.2 or newer, the oldest version dld accepts")
         }
         if reasons.contains("WRONG_VERSION_NUMBER") || reasons.contains("HTTP_REQUEST") {
-            return TransferFailure(.permanent, .tlsHandshake,
+            return TransferFailure(
+                .permanent, .tlsHandshake,
                 "\(target.address) does not speak TLS; is the URL's port for http, not https?")
         }
         if reasons.contains("HANDSHAKE_FAILURE") || reasons.contains("NO_SHARED_CIPHER") || reasons.contains("NO_CIPHERS") {
-            return TransferFailure(.permanent, .tlsHandshake,
+            return TransferFailure(
+                .permanent, .tlsHandshake,
                 clientCertificate
                     ? "\(host) refused the TLS handshake: it may not accept the client certificate, or offers no cipher dld accepts"
                     : "\(host) refused the TLS handshake: it may want a client certificate (client_cert), or offers no cipher dld accepts")
         }
-        return TransferFailure(.permanent, .tlsHandshake,
+        return TransferFailure(
+            .permanent, .tlsHandshake,
             "the TLS handshake with \(host) failed (run dld with log_level = \"debug\" for the details)")
     }
 
@@ -241,19 +269,25 @@ extension Downloader {
         let formatter = ISO8601DateFormatter()
         switch finding {
         case .expired(let date):
-            return TransferFailure(.permanent, .tlsExpired,
+            return TransferFailure(
+                .permanent, .tlsExpired,
                 "the certificate of \(host) expired on \(formatter.string(from: date)); the server must renew it")
         case .notYetValid(let date):
-            return TransferFailure(.permanent, .tlsNotYetValid,
+            return TransferFailure(
+                .permanent, .tlsNotYetValid,
                 "the certificate of \(host) is not valid before \(formatter.string(from: date)); check this machine's clock")
         case .selfSigned:
-            return TransferFailure(.permanent, .tlsUntrusted,
+            return TransferFailure(
+                .permanent, .tlsUntrusted,
                 "the certificate of \(host) is not trusted (self-signed); to trust it, give it as ca_file")
         case .unknownIssuer:
-            return TransferFailure(.permanent, .tlsUntrusted,
-                "the certificate of \(host) is not trusted (issued by an authority dld does not know); give that authority's certificate as ca_file")
+            return TransferFailure(
+                .permanent, .tlsUntrusted,
+                "the certificate of \(host) is not trusted (issued by an authority dld does not know); give that authority's certificate as ca_file"
+            )
         case nil:
-            return TransferFailure(.permanent, .tlsUntrusted,
+            return TransferFailure(
+                .permanent, .tlsUntrusted,
                 "the certificate of \(host) is not trusted; give its authority's certificate as ca_file")
         }
     }

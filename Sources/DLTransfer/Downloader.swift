@@ -53,8 +53,10 @@ public struct TransferRequest: Sendable {
     /// it is missing, as after a power cut that came before its creation was synced.
     public var ownsFolder = false
 
-    public init(jobID: JobID, url: String, headers: [HeaderField], path: String, overwrite: Bool,
-                offset: Int64, size: Int64?, validators: Validators, checksum: Checksum? = nil) {
+    public init(
+        jobID: JobID, url: String, headers: [HeaderField], path: String, overwrite: Bool,
+        offset: Int64, size: Int64?, validators: Validators, checksum: Checksum? = nil
+    ) {
         self.jobID = jobID
         self.url = url
         self.headers = headers
@@ -91,8 +93,10 @@ public struct TransferCheckpoint: Sendable, Equatable {
     /// With mirrors: which sources are dropped, and why (recorded with the attempt's outcome).
     public var mirrors: MirrorColumn?
 
-    public init(received: Int64, size: Int64?, validators: Validators, finalURL: String?,
-                sha256: String? = nil, digest: String? = nil, proposedName: String? = nil) {
+    public init(
+        received: Int64, size: Int64?, validators: Validators, finalURL: String?,
+        sha256: String? = nil, digest: String? = nil, proposedName: String? = nil
+    ) {
         self.proposedName = proposedName
         self.received = received
         self.size = size
@@ -320,11 +324,15 @@ public final class Downloader: Sendable {
             // For an encrypted file, the checksum and the size are the plaintext's, the bytes
             // the server sent; what is kept in the partial file is ciphertext either way.
             if let expected = request.checksum, let actual = done.digest, actual != expected.hex {
-                mismatch = TransferFailure(.permanent, .checksumMismatch,
-                    "the file from \(hostName(state)) does not match the checksum: its \(expected.algorithm.rawValue) is \(actual), expected \(expected.hex); it is kept at \(request.partialPath) (resume downloads it again)")
+                mismatch = TransferFailure(
+                    .permanent, .checksumMismatch,
+                    "the file from \(hostName(state)) does not match the checksum: its \(expected.algorithm.rawValue) is \(actual), expected \(expected.hex); it is kept at \(request.partialPath) (resume downloads it again)"
+                )
             } else if let size = request.expectedSize, size != state.received {
-                mismatch = TransferFailure(.permanent, .sizeMismatch,
-                    "the file from \(hostName(state)) is \(state.received) bytes, expected \(size) (size); it is kept at \(request.partialPath) (resume downloads it again)")
+                mismatch = TransferFailure(
+                    .permanent, .sizeMismatch,
+                    "the file from \(hostName(state)) is \(state.received) bytes, expected \(size) (size); it is kept at \(request.partialPath) (resume downloads it again)"
+                )
             }
             if let mismatch {
                 // The bytes stay in the partial file, never under the final name; they are
@@ -406,8 +414,9 @@ public final class Downloader: Sendable {
         } catch {
             return request
         }
-        logger.info("continuing from bytes written but not synced before the last stop (same boot)",
-                    metadata: ["job": "\(request.jobID)", "committed": "\(request.offset)", "from": "\(record.received)"])
+        logger.info(
+            "continuing from bytes written but not synced before the last stop (same boot)",
+            metadata: ["job": "\(request.jobID)", "committed": "\(request.offset)", "from": "\(record.received)"])
         var continued = request
         continued.offset = record.received
         continued.segmentLayout = record.segments
@@ -476,7 +485,8 @@ public final class Downloader: Sendable {
     func startingOver(_ reason: String, state: inout AttemptState, progress: TransferProgress, job: JobID) {
         guard state.received > 0 else { return }
         let error = JobError(
-            code: .startedOver, message: "downloading again from byte 0 from \(hostName(state)) (\(state.received) bytes dropped): \(reason)")
+            code: .startedOver,
+            message: "downloading again from byte 0 from \(hostName(state)) (\(state.received) bytes dropped): \(reason)")
         logger.notice("starting over", metadata: ["job": "\(job)", "reason": "\(reason)"])
         state.startedOver = error
         progress.note(error)
@@ -516,16 +526,19 @@ public final class Downloader: Sendable {
         if !request.recipients.isEmpty, state.received > 0 || request.segmentLayout != nil {
             // The file key of the bytes on disk lived only in the memory of the attempt that
             // wrote them: nothing can continue them, by design.
-            startingOver("an encrypted download cannot continue its file: its key was kept only in memory, and it is gone",
-                         state: &state, progress: progress, job: request.jobID)
+            startingOver(
+                "an encrypted download cannot continue its file: its key was kept only in memory, and it is gone",
+                state: &state, progress: progress, job: request.jobID)
             try file.truncate(to: 0)
             state.received = 0
             state.segments = nil
         }
         if request.recipients.isEmpty, let stored = request.segmentLayout {
             if let size = state.size, let layout = SegmentLayout(encoded: stored, size: size),
-               state.validators.acceptsRanges, state.validators.ifRange != nil {
-                try await resumeRanges(request, layout: layout, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
+                state.validators.acceptsRanges, state.validators.ifRange != nil
+            {
+                try await resumeRanges(
+                    request, layout: layout, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
                 return
             }
             // Ranges that cannot be read back prove nothing: the file starts over.
@@ -555,17 +568,21 @@ public final class Downloader: Sendable {
                 state.received = 0
             }
         } else if state.received > 0 && !state.validators.acceptsRanges {
-            startingOver("the server did not say it takes byte ranges, so the bytes on disk cannot be continued",
-                         state: &state, progress: progress, job: request.jobID)
+            startingOver(
+                "the server did not say it takes byte ranges, so the bytes on disk cannot be continued",
+                state: &state, progress: progress, job: request.jobID)
             try file.truncate(to: 0)
             state.received = 0
         }
 
         // When the rest may be fetched in ranges, the first request has an end too: its answer is
         // the first range, and nothing past it is sent (`SegmentLayout.firstRequestEnd`).
-        let firstEnd = overlap > 0 ? nil : SegmentLayout.firstRequestEnd(
-            received: state.received, size: state.size ?? request.expectedSize, workers: request.segmentation.count,
-            minSize: request.segmentation.minSize, minPiece: request.segmentation.minPiece)
+        let firstEnd =
+            overlap > 0
+            ? nil
+            : SegmentLayout.firstRequestEnd(
+                received: state.received, size: state.size ?? request.expectedSize, workers: request.segmentation.count,
+                minSize: request.segmentation.minSize, minPiece: request.segmentation.minPiece)
         // Where the first answer's bytes end when it is a range that stops before the file does.
         var answerEnd: Int64? = nil
         var response = try await probe(request, state: &state, from: state.received - overlap, end: firstEnd)
@@ -578,16 +595,19 @@ public final class Downloader: Sendable {
             let refusal: String?
             let length = headers.first(name: "content-length").flatMap { Int64($0) }
             if firstEnd != nil, range?.total == nil {
-                refusal = "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) does not say the file's size"
+                refusal =
+                    "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) does not say the file's size"
             } else if firstEnd != nil, let range, let end = range.end, let length, length != end - range.start + 1 {
                 // Its framing and its range disagree: neither is trusted, the whole file is asked for.
-                refusal = "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) comes with a length of \(length) bytes"
+                refusal =
+                    "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) comes with a length of \(length) bytes"
             } else if overlap > 0, let size = state.size {
                 refusal = OverlapResume.refusal(start: range?.start, total: range?.total, from: state.received - overlap, size: size)
             } else if let range, range.start == state.received, state.size == nil || total == state.size {
                 refusal = Self.validatorMismatch(headers, state.validators)
             } else {
-                refusal = Self.validatorMismatch(headers, state.validators)
+                refusal =
+                    Self.validatorMismatch(headers, state.validators)
                     ?? "the server's range answer (\(headers.first(name: "content-range")?.prefix(80) ?? "none")) does not continue the \(state.size.map { "\($0)-byte " } ?? "")file at byte \(state.received)"
             }
             guard let refusal else {
@@ -635,7 +655,8 @@ public final class Downloader: Sendable {
             let served = try await response.body.collect(upTo: Int(overlap) + 1)
             if let at = try Self.firstDifference(served, at: size - overlap, file: file.writer) {
                 overlap = 0
-                response = try await restartFromZero(OverlapResume.changed(at: at, offset: size), request: request, file: file, state: &state, progress: progress)
+                response = try await restartFromZero(
+                    OverlapResume.changed(at: at, offset: size), request: request, file: file, state: &state, progress: progress)
             } else {
                 try digests.rebuild(from: file, upTo: size)
                 return
@@ -654,7 +675,9 @@ public final class Downloader: Sendable {
 
         // Ranges only after a first answer that is a range: a whole body cut where its range
         // ends would waste what was in flight.
-        let workers = answerEnd != nil && Self.segmentable(state.validators, size: state.size, received: state.received, settings: request.segmentation)
+        let workers =
+            answerEnd != nil
+                && Self.segmentable(state.validators, size: state.size, received: state.received, settings: request.segmentation)
             ? request.segmentation.count : 1
         // The host's other slots are given back at once when the file is one stream.
         progress.connections = workers
@@ -705,18 +728,21 @@ public final class Downloader: Sendable {
         // The ranges nobody started are taken in file order again, as in a fresh download.
         let workers = max(1, request.segmentation.count)
         if workers > 1 {
-            layout = layout.cut(piece: SegmentLayout.pieceSize(
-                size: layout.size - layout.written, workers: workers, minPiece: request.segmentation.minPiece))
+            layout = layout.cut(
+                piece: SegmentLayout.pieceSize(
+                    size: layout.size - layout.written, workers: workers, minPiece: request.segmentation.minPiece))
         }
         state.received = layout.written
         state.segments = layout.encoded
         if let book = state.sources {
             // No first request: the first live source defines the file (the stored validators
             // must match its answers, If-Range), the others' answers must agree with them.
-            guard let first = book.state.withLock({ set -> Int? in
-                set.reference = set.first
-                return set.first
-            }) else { throw noSourceLeft(book, last: nil) }
+            guard
+                let first = book.state.withLock({ set -> Int? in
+                    set.reference = set.first
+                    return set.first
+                })
+            else { throw noSourceLeft(book, last: nil) }
             state.sourceURL = book.url(first)
         }
         progress.update(received: state.received, size: state.size)
@@ -737,20 +763,26 @@ public final class Downloader: Sendable {
         checkpoint: @escaping @Sendable (TransferCheckpoint) async throws -> Void
     ) async throws {
         do {
-            try await stream(request, file: file, state: &state, digests: digests, layout: layout, workers: workers, first: first,
-                             firstEnd: firstEnd, firstCheck: firstCheck, progress: progress, checkpoint: checkpoint)
+            try await stream(
+                request, file: file, state: &state, digests: digests, layout: layout, workers: workers, first: first,
+                firstEnd: firstEnd, firstCheck: firstCheck, progress: progress, checkpoint: checkpoint)
         } catch {
             if error is TransferFailure || error is CancellationError || Task.isCancelled { throw error }
             let classified = await explain(error, request: request, target: state.target, proxy: state.proxy)
-            if let size = state.size, state.received < size, classified.error.code != JobErrorCode.timeout.rawValue, classified.kind != .permanent {
-                throw TransferFailure(.transient(.network), .truncated, "the connection to \(hostName(state)) ended after \(state.received) of \(size) bytes (\(classified.error.message))")
+            if let size = state.size, state.received < size, classified.error.code != JobErrorCode.timeout.rawValue,
+                classified.kind != .permanent
+            {
+                throw TransferFailure(
+                    .transient(.network), .truncated,
+                    "the connection to \(hostName(state)) ended after \(state.received) of \(size) bytes (\(classified.error.message))")
             }
             throw classified
         }
     }
 
     static func digestFailure(_ path: String) -> TransferFailure {
-        TransferFailure(.permanent, .digestError, "OpenSSL's libcrypto could not start a digest for \(path); check dld's OpenSSL installation (libssl)")
+        TransferFailure(
+            .permanent, .digestError, "OpenSSL's libcrypto could not start a digest for \(path); check dld's OpenSSL installation (libssl)")
     }
 
     func hostName(_ state: AttemptState) -> String { state.target?.host ?? "the server" }
@@ -829,10 +861,13 @@ public final class Downloader: Sendable {
             _ = try? await response.body.collect(upTo: 64 << 10)
             hops += 1
             guard hops <= configuration.maxRedirects else {
-                throw TransferFailure(.permanent, .tooManyRedirects, "more than \(configuration.maxRedirects) redirects from \(URLRules.redacted(start)); the server sends dld in circles")
+                throw TransferFailure(
+                    .permanent, .tooManyRedirects,
+                    "more than \(configuration.maxRedirects) redirects from \(URLRules.redacted(start)); the server sends dld in circles")
             }
             guard let base = URL(string: current) else {
-                throw TransferFailure(.permanent, .invalidURL, "the URL \(URLRules.redacted(current).prefix(200)) cannot be requested; check it")
+                throw TransferFailure(
+                    .permanent, .invalidURL, "the URL \(URLRules.redacted(current).prefix(200)) cannot be requested; check it")
             }
             current = try RedirectPolicy.target(from: base, location: location).get().absoluteString
         }
@@ -853,8 +888,10 @@ public final class Downloader: Sendable {
         let remaining = state.size.map { $0 - state.received }
         let folder = (request.path as NSString).deletingLastPathComponent
         if let free = FileSystem.freeBytes(folder), !request.diskSpace.allows(free: free, remaining: remaining) {
-            throw TransferFailure(.transient(.diskSpace), .diskSpace,
-                "\(folder) has \(free) bytes free; this job needs \(remaining.map(String.init) ?? "an unknown number of") more and \(request.diskSpace.minFree) must stay free")
+            throw TransferFailure(
+                .transient(.diskSpace), .diskSpace,
+                "\(folder) has \(free) bytes free; this job needs \(remaining.map(String.init) ?? "an unknown number of") more and \(request.diskSpace.minFree) must stay free"
+            )
         }
         let from = start ?? state.received
         if let size = state.size, size > from {
@@ -866,7 +903,8 @@ public final class Downloader: Sendable {
     func checkFloor(_ request: TransferRequest) throws {
         let folder = (request.path as NSString).deletingLastPathComponent
         if let free = FileSystem.freeBytes(folder), free < request.diskSpace.minFree {
-            throw TransferFailure(.transient(.diskSpace), .diskSpace,
+            throw TransferFailure(
+                .transient(.diskSpace), .diskSpace,
                 "\(folder) has \(free) bytes free, below the floor of \(request.diskSpace.minFree)")
         }
     }

@@ -4,7 +4,7 @@ import Foundation
 import NIOPosix
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The `<name>.part` file a transfer writes into, by offset. Its bytes before the committed
@@ -94,7 +94,9 @@ public final class PartialFile {
                     if errno == EINTR { continue }
                     throw PartialFile.failure("read", path, errno)
                 }
-                if n == 0 { throw TransferFailure(.permanent, .fileError, "\(path) is shorter than the \(range.upperBound) bytes written to it") }
+                if n == 0 {
+                    throw TransferFailure(.permanent, .fileError, "\(path) is shorter than the \(range.upperBound) bytes written to it")
+                }
                 buffer.withUnsafeBytes { body(UnsafeRawBufferPointer(rebasing: $0[..<n])) }
                 offset += Int64(n)
             }
@@ -165,14 +167,18 @@ public final class PartialFile {
         } else if calls.renameNoReplace(partial, final) == 0 {
             // One atomic call that never replaces (renameat2 RENAME_NOREPLACE).
         } else if errno == EEXIST {
-            throw TransferFailure(.permanent, .destinationExists, "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
+            throw TransferFailure(
+                .permanent, .destinationExists,
+                "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
         } else if calls.hardLink(partial, final) == 0 {
             // Filesystems without RENAME_NOREPLACE: link, which fails on an existing name.
             unlink(partial)
         } else {
             let linkErrno = errno
             if linkErrno == EEXIST {
-                throw TransferFailure(.permanent, .destinationExists, "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
+                throw TransferFailure(
+                    .permanent, .destinationExists,
+                    "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
             }
             // Filesystems without hard links: check, then rename. The window is small and only
             // our own user can write there.
@@ -180,7 +186,9 @@ public final class PartialFile {
                 throw failure("link", final, linkErrno)
             }
             if access(final, F_OK) == 0 {
-                throw TransferFailure(.permanent, .destinationExists, "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
+                throw TransferFailure(
+                    .permanent, .destinationExists,
+                    "\(final) appeared while downloading; it was not replaced (the download is kept at \(partial))")
             }
             guard rename(partial, final) == 0 else { throw failure("rename", final, errno) }
         }
@@ -217,7 +225,8 @@ public final class PartialFile {
         public var renameNoReplace: @Sendable (String, String) -> Int32
         public var hardLink: @Sendable (String, String) -> Int32
 
-        public init(renameNoReplace: @escaping @Sendable (String, String) -> Int32, hardLink: @escaping @Sendable (String, String) -> Int32) {
+        public init(renameNoReplace: @escaping @Sendable (String, String) -> Int32, hardLink: @escaping @Sendable (String, String) -> Int32)
+        {
             self.renameNoReplace = renameNoReplace
             self.hardLink = hardLink
         }
@@ -245,7 +254,8 @@ public final class PartialFile {
     static func failure(_ operation: String, _ path: String, _ code: Int32) -> TransferFailure {
         let reason = String(cString: strerror(code))
         if code == ENOSPC || code == EDQUOT {
-            return TransferFailure(.transient(.diskSpace), .diskFull, "cannot \(operation) \(path): \(reason); free some space, dld looks again by itself")
+            return TransferFailure(
+                .transient(.diskSpace), .diskFull, "cannot \(operation) \(path): \(reason); free some space, dld looks again by itself")
         }
         return TransferFailure(.permanent, .fileError, "cannot \(operation) \(path): \(reason)")
     }

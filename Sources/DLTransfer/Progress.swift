@@ -100,10 +100,12 @@ public final class TransferProgress: Sendable {
     /// Asks the admission once (it is cleared after): throws `TransferParked` when the
     /// transfer must stop and wait for a bulk slot.
     func admit(remaining: Int64?, received: Int64) async throws {
-        guard let (lanes, decide) = admission.withLock({ value -> (Lanes, @Sendable (Int64?, Int64) async -> Bool)? in
-            defer { value = nil }
-            return value
-        }) else { return }
+        guard
+            let (lanes, decide) = admission.withLock({ value -> (Lanes, @Sendable (Int64?, Int64) async -> Bool)? in
+                defer { value = nil }
+                return value
+            })
+        else { return }
         if lanes.isLight(remaining: remaining, received: received) { return }
         if await !decide(remaining, received) { throw TransferParked() }
     }

@@ -45,7 +45,8 @@ public struct ProxyServer: Sendable, Hashable, CustomStringConvertible {
         case "http": kind = .http
         case "socks5", "socks5h": kind = .socks5
         case "https":
-            throw ProxyError("\(ProxyServer.redacted(trimmed)): a proxy reached over TLS (https://) is not supported; use http:// or socks5://")
+            throw ProxyError(
+                "\(ProxyServer.redacted(trimmed)): a proxy reached over TLS (https://) is not supported; use http:// or socks5://")
         case "socks4", "socks4a":
             throw ProxyError("\(ProxyServer.redacted(trimmed)): SOCKS4 is not supported; use socks5://")
         default:
@@ -59,7 +60,9 @@ public struct ProxyServer: Sendable, Hashable, CustomStringConvertible {
         let user = components.percentEncodedUser.flatMap { $0.removingPercentEncoding }
         let password = components.percentEncodedPassword.flatMap { $0.removingPercentEncoding }
         if kind == .socks5, user != nil || password != nil {
-            throw ProxyError("\(ProxyServer.redacted(trimmed)): SOCKS5 with a user name and password is not supported (AsyncHTTPClient does not speak it); use a SOCKS5 proxy without login, or an HTTP proxy")
+            throw ProxyError(
+                "\(ProxyServer.redacted(trimmed)): SOCKS5 with a user name and password is not supported (AsyncHTTPClient does not speak it); use a SOCKS5 proxy without login, or an HTTP proxy"
+            )
         }
         // URLComponents keeps an IPv6 host in brackets.
         let bare = host.hasPrefix("[") && host.hasSuffix("]") ? String(host.dropFirst().dropLast()) : host
@@ -68,7 +71,9 @@ public struct ProxyServer: Sendable, Hashable, CustomStringConvertible {
 
     /// `http://user:***@host:port`: what logs and `--print-config` show.
     public var description: String {
-        let login = user.map { ($0.addingPercentEncoding(withAllowedCharacters: .urlUserAllowed) ?? $0) + (password == nil ? "" : ":***") + "@" } ?? ""
+        let login =
+            user.map { ($0.addingPercentEncoding(withAllowedCharacters: .urlUserAllowed) ?? $0) + (password == nil ? "" : ":***") + "@" }
+            ?? ""
         let shownHost = host.contains(":") ? "[\(host)]" : host
         return "\(kind.rawValue)://\(login)\(shownHost):\(port)"
     }
@@ -211,7 +216,9 @@ public struct NoProxy: Sendable, Hashable {
             }
             if let hostAddress {
                 let parts = pattern.split(separator: "/", maxSplits: 1)
-                guard let first = parts.first, let network = ipAddressBytes(String(first)), network.count == hostAddress.count else { continue }
+                guard let first = parts.first, let network = ipAddressBytes(String(first)), network.count == hostAddress.count else {
+                    continue
+                }
                 let bits = parts.count == 2 ? Int(parts[1]) ?? -1 : network.count * 8
                 if (0...network.count * 8).contains(bits), Self.samePrefix(hostAddress, network, bits: bits) { return true }
                 continue

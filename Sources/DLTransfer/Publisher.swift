@@ -41,7 +41,8 @@ public enum Publisher {
     static func syncNames(_ paths: [String]) async -> [String: TransferFailure] {
         guard !paths.isEmpty else { return [:] }
         let folders = Dictionary(grouping: paths) { ($0 as NSString).deletingLastPathComponent }
-        let codes = (try? await DiskPool.shared.runIfActive { folders.keys.map { ($0, PartialFile.syncFolder($0)) } })
+        let codes =
+            (try? await DiskPool.shared.runIfActive { folders.keys.map { ($0, PartialFile.syncFolder($0)) } })
             ?? folders.keys.map { ($0, ECANCELED) }
         var failures: [String: TransferFailure] = [:]
         for (folder, code) in codes where code != 0 {
@@ -53,7 +54,8 @@ public enum Publisher {
     /// `syncFilesystems`, when `wholeFilesystem` and `slowSyncfs` allow it now; nil otherwise.
     static func syncIfCheap(_ paths: [String]) -> WholeFilesystemSync? {
         guard wholeFilesystem(files: paths.count, unwritten: unwrittenBytes()),
-              slowSyncfs.withLock({ $0.allows(at: .now) }) else { return nil }
+            slowSyncfs.withLock({ $0.allows(at: .now) })
+        else { return nil }
         let synced = syncFilesystems(of: paths)
         slowSyncfs.withLock { $0.record(synced.longestSync, at: .now) }
         return synced
@@ -194,12 +196,13 @@ public enum Publisher {
             var next = paths.makeIterator()
             func add(_ path: String) {
                 group.addTask {
-                    let code = (try? await DiskPool.shared.runIfActive { () -> Int32 in
-                        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
-                        guard fd >= 0 else { return errno }
-                        defer { close(fd) }
-                        return fdatasync(fd) == 0 ? 0 : errno
-                    }) ?? ECANCELED
+                    let code =
+                        (try? await DiskPool.shared.runIfActive { () -> Int32 in
+                            let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+                            guard fd >= 0 else { return errno }
+                            defer { close(fd) }
+                            return fdatasync(fd) == 0 ? 0 : errno
+                        }) ?? ECANCELED
                     return (path, code == 0 ? nil : PartialFile.failure("sync", path, code))
                 }
             }
@@ -215,8 +218,10 @@ public enum Publisher {
     /// The name a finished file takes: its target (the server's proposed name when the job's
     /// name is automatic), else the job's path; with `renameIfTaken`, `name (N).ext` when
     /// those are taken. Without `overwrite`, a name that is taken is never chosen.
-    public static func chooseName(path: String, target: String?, overwrite: Bool, renameIfTaken: Bool,
-                                  taken: (String) -> Bool = { access($0, F_OK) == 0 }) -> Result<String, TransferFailure> {
+    public static func chooseName(
+        path: String, target: String?, overwrite: Bool, renameIfTaken: Bool,
+        taken: (String) -> Bool = { access($0, F_OK) == 0 }
+    ) -> Result<String, TransferFailure> {
         // A name the server chose never replaces a file: if it is taken, it is numbered (when
         // the job takes `name (N)`), else the job's own name is used.
         if let target, target != path {
@@ -225,10 +230,14 @@ public enum Publisher {
         }
         if overwrite || !taken(path) { return .success(path) }
         guard renameIfTaken else {
-            return .failure(TransferFailure(.permanent, .destinationExists, "\(path) appeared while downloading; it was not replaced (the download is kept at \(path).part)"))
+            return .failure(
+                TransferFailure(
+                    .permanent, .destinationExists,
+                    "\(path) appeared while downloading; it was not replaced (the download is kept at \(path).part)"))
         }
         guard let numbered = firstFree(like: path, taken: taken) else {
-            return .failure(TransferFailure(.permanent, .destinationExists, "no free name like \(path) (the download is kept at \(path).part)"))
+            return .failure(
+                TransferFailure(.permanent, .destinationExists, "no free name like \(path) (the download is kept at \(path).part)"))
         }
         return .success(numbered)
     }

@@ -79,7 +79,8 @@ extension Downloader {
             return .failed(failure)
         } catch {
             logger.debug("revalidation error", metadata: ["error": "\(String(reflecting: error))"])
-            return .failed(Self.classify(error, target: state.target ?? Target(host: "the server", port: 0, isHTTPS: false), timeouts: configuration))
+            return .failed(
+                Self.classify(error, target: state.target ?? Target(host: "the server", port: 0, isHTTPS: false), timeouts: configuration))
         }
     }
 }

@@ -152,10 +152,14 @@ extension Downloader {
             try await withThrowingTaskGroup(of: Void.self) { group in
                 let firstSlot = first == nil ? nil : run.state.withLock { $0.planner.take(whole: true) }
                 for worker in 0..<max(1, workers) {
-                    let opened = worker == 0 ? firstSlot.flatMap { slot in first.map { OpenedRange(slot: slot, response: $0, end: firstEnd, check: firstCheck) } } : nil
+                    let opened =
+                        worker == 0
+                        ? firstSlot.flatMap { slot in first.map { OpenedRange(slot: slot, response: $0, end: firstEnd, check: firstCheck) }
+                        } : nil
                     group.addTask {
-                        try await self.work(opened, run: run, request: request, template: template, base: base,
-                                            progress: progress, checkpoint: checkpoint)
+                        try await self.work(
+                            opened, run: run, request: request, template: template, base: base,
+                            progress: progress, checkpoint: checkpoint)
                     }
                 }
                 try await group.waitForAll()
@@ -167,7 +171,8 @@ extension Downloader {
             // The digests start over below: nothing queued may feed them after that.
             try? await run.hashing?.drain()
             let reason = fallback.reason
-            logger.notice("the download falls back to one stream from the start", metadata: ["job": "\(request.jobID)", "reason": "\(reason)"])
+            logger.notice(
+                "the download falls back to one stream from the start", metadata: ["job": "\(request.jobID)", "reason": "\(reason)"])
             // Nothing written so far is trusted: the file starts over, and so do the digests.
             record(run, into: &state)
             startingOver(reason, state: &state, progress: progress, job: request.jobID)
@@ -185,7 +190,8 @@ extension Downloader {
             try expect200(response, host: hostName(state))
             take(response.headers, into: &state)
             if let expected = request.expectedSize, let announced = state.size, expected != announced {
-                throw TransferFailure(.permanent, .sizeMismatch, "\(hostName(state)) announces \(announced) bytes, expected \(expected) (size)")
+                throw TransferFailure(
+                    .permanent, .sizeMismatch, "\(hostName(state)) announces \(announced) bytes, expected \(expected) (size)")
             }
             progress.update(received: 0, size: state.size)
             progress.connections = 1
@@ -193,9 +199,10 @@ extension Downloader {
                 progress.hostConnections = [URLRules.hostKey(state.sourceURL ?? request.url): 1]
             }
             try reserveSpace(request, file: file, state: state)
-            try await stream(request, file: file, state: &state, digests: digests,
-                             layout: SegmentLayout(size: state.size ?? Int64.max, prefix: 0), workers: 1, first: response,
-                             progress: progress, checkpoint: checkpoint)
+            try await stream(
+                request, file: file, state: &state, digests: digests,
+                layout: SegmentLayout(size: state.size ?? Int64.max, prefix: 0), workers: 1, first: response,
+                progress: progress, checkpoint: checkpoint)
             return
         } catch {
             let inFlight = run.state.withLock { $0.inFlight }
@@ -226,7 +233,8 @@ extension Downloader {
         record(run, into: &state)
         let planner = run.planner
         if let size = state.size, !planner.isComplete || planner.hashed != size {
-            throw TransferFailure(.transient(.network), .truncated, "the connections to \(hostName(state)) ended after \(planner.written) of \(size) bytes")
+            throw TransferFailure(
+                .transient(.network), .truncated, "the connections to \(hostName(state)) ended after \(planner.written) of \(size) bytes")
         }
         if state.size == nil { state.size = planner.written }
         // The last chunk is sealed only now that the body has ended: the file is a whole age
@@ -380,7 +388,8 @@ extension Downloader {
         case 206:
             let range = ContentRange(response.headers.first(name: "content-range"))
             if overlap > 0, let size = run.size,
-               let refusal = OverlapResume.refusal(start: range?.start, total: range?.total, from: segment.done - overlap, size: size) {
+                let refusal = OverlapResume.refusal(start: range?.start, total: range?.total, from: segment.done - overlap, size: size)
+            {
                 throw SegmentFallback(response: nil, reason: refusal)
             }
             guard let range, range.start == segment.done - overlap, range.total == run.size else {
@@ -393,7 +402,8 @@ extension Downloader {
             let changed = answered.validators.ifRange != template.validators.ifRange
             throw SegmentFallback(
                 response: response,
-                reason: changed ? "the file on \(host) changed (its validators differ): starting over"
+                reason: changed
+                    ? "the file on \(host) changed (its validators differ): starting over"
                     : "\(host) stopped honouring ranges")
         case 416:
             throw SegmentFallback(response: nil, reason: "\(host) refused a range of the file (416): the file may have changed")
@@ -407,7 +417,9 @@ extension Downloader {
                     return true
                 }
                 if retired {
-                    logger.debug("a range worker stops: the server refused one more connection", metadata: ["job": "\(request.jobID)", "status": "\(response.status.code)"])
+                    logger.debug(
+                        "a range worker stops: the server refused one more connection",
+                        metadata: ["job": "\(request.jobID)", "status": "\(response.status.code)"])
                     return nil
                 }
             }
@@ -433,7 +445,8 @@ extension Downloader {
         case 200:
             let length = headers.first(name: "content-length").flatMap { Int64($0) }
             let answer = FileIdentity(size: length, etag: etag, lastModified: headers.first(name: "last-modified"))
-            return reference.disagreement(answer) ?? "it answered a range request with the whole file (200): it does not take ranges, or its validators differ"
+            return reference.disagreement(answer)
+                ?? "it answered a range request with the whole file (200): it does not take ranges, or its validators differ"
         case 416:
             return "it refused a range of the file (416): its file is another"
         default:
@@ -500,7 +513,8 @@ extension Downloader {
                 progress.update(received: written, size: run.size)
                 var due: TransferCheckpoint? = nil
                 if !state.checkpointing, state.failure == nil,
-                   request.checkpoints.isDue(elapsed: (now - state.lastCheckpoint).seconds, bytesSince: written - state.checkpointed) {
+                    request.checkpoints.isDue(elapsed: (now - state.lastCheckpoint).seconds, bytesSince: written - state.checkpointed)
+                {
                     state.checkpointing = true
                     state.lastCheckpoint = now
                     state.checkpointed = written
@@ -510,7 +524,10 @@ extension Downloader {
             }
             if let failure { throw failure }
             // Only the bytes of this range: the rest of the chunk may be past its end.
-            try hashContiguous(run, chunk: granted > 0 ? (offset: offset, buffer: chunk.getSlice(at: chunk.readerIndex, length: Int(granted)) ?? ByteBuffer()) : nil)
+            try hashContiguous(
+                run,
+                chunk: granted > 0
+                    ? (offset: offset, buffer: chunk.getSlice(at: chunk.readerIndex, length: Int(granted)) ?? ByteBuffer()) : nil)
             await run.hashing?.waitForRoom()
             if let due {
                 startCheckpoint(due, run: run, commit: checkpoint)
@@ -519,7 +536,9 @@ extension Downloader {
             if granted < count {
                 let end = run.state.withLock { $0.planner.segment(slot).end }
                 if let size = run.size, end == size {
-                    throw SourceFailure(underlying: TransferFailure(.transient(.retry), .lengthMismatch, "\(host) sent more than the \(size) bytes it announced"))
+                    throw SourceFailure(
+                        underlying: TransferFailure(
+                            .transient(.retry), .lengthMismatch, "\(host) sent more than the \(size) bytes it announced"))
                 }
                 // The rest of this answer is another range's: the server sent more than it was
                 // asked (the connection is closed, the other range asks for its own bytes).
@@ -527,13 +546,17 @@ extension Downloader {
             }
         }
         if checking > 0 {
-            throw SourceFailure(underlying: TransferFailure(.transient(.network), .truncated, "the connection to \(host) ended before the bytes to compare with the file had come"))
+            throw SourceFailure(
+                underlying: TransferFailure(
+                    .transient(.network), .truncated, "the connection to \(host) ended before the bytes to compare with the file had come"))
         }
         let segment = run.state.withLock { $0.planner.segment(slot) }
         if let announcedEnd, segment.done >= announcedEnd { return }
         if let size = run.size, !segment.isFinished {
             let written = run.state.withLock { $0.planner.written }
-            throw SourceFailure(underlying: TransferFailure(.transient(.network), .truncated, "the connection to \(host) ended after \(written) of \(size) bytes"))
+            throw SourceFailure(
+                underlying: TransferFailure(
+                    .transient(.network), .truncated, "the connection to \(host) ended after \(written) of \(size) bytes"))
         }
     }
 
@@ -557,7 +580,9 @@ extension Downloader {
     }
 
     /// Syncs then commits `due` off the cooperative threads, while the bodies keep streaming.
-    private func startCheckpoint(_ due: TransferCheckpoint, run: StreamRun, commit: @escaping @Sendable (TransferCheckpoint) async throws -> Void) {
+    private func startCheckpoint(
+        _ due: TransferCheckpoint, run: StreamRun, commit: @escaping @Sendable (TransferCheckpoint) async throws -> Void
+    ) {
         let file = run.file
         run.state.withLock { state in
             let previous = state.inFlight

@@ -29,7 +29,9 @@ extension Downloader {
     /// attempt fails with every reason.
     /// It asks from `from` (the committed offset unless an overlap is checked), to `end` when
     /// one is given (the first range of a segmented download).
-    func probe(_ request: TransferRequest, state: inout AttemptState, from: Int64? = nil, end: Int64? = nil) async throws -> HTTPClientResponse {
+    func probe(_ request: TransferRequest, state: inout AttemptState, from: Int64? = nil, end: Int64? = nil) async throws
+        -> HTTPClientResponse
+    {
         let from = from ?? state.received
         guard let book = state.sources else {
             return try await fetch(request, state: &state, rangeFrom: from, rangeEnd: end)
@@ -69,10 +71,12 @@ extension Downloader {
     func sourceFailed(_ index: Int, _ failure: TransferFailure, book: SourceBook, request: TransferRequest) throws -> Bool {
         let url = book.url(index)
         let outcome = book.state.withLock { $0.failed(index, reason: failure.error.message, permanent: failure.kind == .permanent) }
-        logger.notice("a source of the file failed", metadata: [
-            "job": "\(request.jobID)", "url": "\(URLRules.redacted(url))", "error": "\(failure.error.message)",
-            "permanent": "\(failure.kind == .permanent)",
-        ])
+        logger.notice(
+            "a source of the file failed",
+            metadata: [
+                "job": "\(request.jobID)", "url": "\(URLRules.redacted(url))", "error": "\(failure.error.message)",
+                "permanent": "\(failure.kind == .permanent)",
+            ])
         switch outcome {
         case .elsewhere: return true
         case .exhausted: throw noSourceLeft(book, last: failure)

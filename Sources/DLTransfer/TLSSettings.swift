@@ -51,7 +51,8 @@ public struct TLSSettings: Sendable, Hashable {
     public var clientCert: String?
     public var clientKey: String?
 
-    public init(insecure: Bool = false, caFiles: [String] = [], caDirs: [String] = [], clientCert: String? = nil, clientKey: String? = nil) {
+    public init(insecure: Bool = false, caFiles: [String] = [], caDirs: [String] = [], clientCert: String? = nil, clientKey: String? = nil)
+    {
         self.insecure = insecure
         self.caFiles = caFiles
         self.caDirs = caDirs
@@ -109,12 +110,16 @@ public struct TLSSettings: Sendable, Hashable {
         tls.additionalTrustRoots = additional
         if let clientCert, let clientKey {
             guard let chain = try? NIOSSLCertificate.fromPEMFile(clientCert), !chain.isEmpty else {
-                throw TransferFailure(.permanent, .tlsConfig, TLSFileCheck.certificates(clientCert, what: "client certificate")
-                    ?? "the client certificate \(clientCert) cannot be loaded")
+                throw TransferFailure(
+                    .permanent, .tlsConfig,
+                    TLSFileCheck.certificates(clientCert, what: "client certificate")
+                        ?? "the client certificate \(clientCert) cannot be loaded")
             }
             guard let key = try? NIOSSLPrivateKey(file: clientKey, format: .pem) else {
-                throw TransferFailure(.permanent, .tlsConfig, TLSFileCheck.privateKey(clientKey, what: "client key")
-                    ?? "the client key \(clientKey) cannot be loaded")
+                throw TransferFailure(
+                    .permanent, .tlsConfig,
+                    TLSFileCheck.privateKey(clientKey, what: "client key")
+                        ?? "the client key \(clientKey) cannot be loaded")
             }
             tls.certificateChain = chain.map { .certificate($0) }
             tls.privateKey = .privateKey(key)
@@ -180,7 +185,8 @@ public enum TLSFileCheck {
     public static func privateKey(_ path: String, what: String) -> String? {
         if let problem = problem(path, what: what) { return problem }
         guard (try? NIOSSLPrivateKey(file: path, format: .pem)) != nil else {
-            return "the \(what) \(path) holds no unencrypted PEM private key (an encrypted key cannot be used: dld has no way to ask for its passphrase)"
+            return
+                "the \(what) \(path) holds no unencrypted PEM private key (an encrypted key cannot be used: dld has no way to ask for its passphrase)"
         }
         return nil
     }

@@ -9,9 +9,13 @@ struct DLCtl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dlctl",
         abstract: "Control the dld download daemon.",
-        discussion: "Talks to dld over its Unix socket ($DLD_SOCKET, else the default path). --socket and --json may come before the command too (dlctl --socket S status). Exit status: 0 success, 1 the daemon refused, 64 a usage error, 69 no daemon answers; `wait` also 124 on timeout.",
+        discussion:
+            "Talks to dld over its Unix socket ($DLD_SOCKET, else the default path). --socket and --json may come before the command too (dlctl --socket S status). Exit status: 0 success, 1 the daemon refused, 64 a usage error, 69 no daemon answers; `wait` also 124 on timeout.",
         version: "dlctl \(DLDVersion.current) (protocol \(DLDVersion.protocolVersion))",
-        subcommands: [Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self, Speed.self, SetURL.self, Get.self, Unpin.self, CacheList.self, Version.self, Shutdown.self])
+        subcommands: [
+            Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self,
+            Speed.self, SetURL.self, Get.self, Unpin.self, CacheList.self, Version.self, Shutdown.self,
+        ])
 
     /// The options of every command are taken before the command too, as git and systemctl
     /// take theirs: `dlctl --socket S status` is `dlctl status --socket S`.
@@ -83,7 +87,9 @@ struct Common: ParsableArguments {
         } catch let error {
             switch error {
             case .unavailable(let path, let reason):
-                printError("no dld daemon is answering at \(path) (\(reason)). Start it with `dld` (or `systemctl --user start dld`), or point --socket / DLD_SOCKET at its socket.")
+                printError(
+                    "no dld daemon is answering at \(path) (\(reason)). Start it with `dld` (or `systemctl --user start dld`), or point --socket / DLD_SOCKET at its socket."
+                )
                 throw ExitCode(69)
             case .remote(let rpcError):
                 printError("\(rpcError.message) [\(rpcError.stableCode)]")
@@ -150,7 +156,10 @@ struct Enqueue: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Add downloads; prints each new job's id.")
 
     @Argument(help: "http(s) URLs.") var urls: [String] = []
-    @Option(name: [.customShort("i"), .customLong("input")], help: "Read URLs from a file (- for standard input): one per line, # comments, indented out=, dir=, checksum=ALGO=HEX, size= lines.") var input: String?
+    @Option(
+        name: [.customShort("i"), .customLong("input")],
+        help: "Read URLs from a file (- for standard input): one per line, # comments, indented out=, dir=, checksum=ALGO=HEX, size= lines."
+    ) var input: String?
     @Option(help: "Create a group of this name: its files appear in -d DIR only when all are complete.") var group: String?
     @Option(help: "Expected digest, ALGO:HEX (sha256, sha512, sha1, md5); one URL only.") var checksum: String?
     @Option(help: "Expected size in bytes; one URL only.") var size: Int64?
@@ -161,29 +170,41 @@ struct Enqueue: ParsableCommand {
     @Option(help: "Higher runs first (-1000...1000).") var priority: Int?
     @Option(help: "A unique key: enqueueing it again returns the existing job.") var key: String?
     @Option(help: "JSON kept with the job and returned as given.") var meta: String?
-    @Option(name: [.customShort("H"), .customLong("header")], help: "A request header, \"Name: value\" (repeatable).") var headers: [String] = []
+    @Option(name: [.customShort("H"), .customLong("header")], help: "A request header, \"Name: value\" (repeatable).") var headers:
+        [String] = []
     @Flag(help: "Replace an existing file at the destination.") var overwrite = false
     @Flag(help: "Add the job paused.") var paused = false
-    @Option(name: .customLong("ca-file"), help: "Also trust the certificates in this PEM file (an internal CA, a self-signed server).") var caFile: String?
-    @Option(name: .customLong("client-cert"), help: "A PEM client certificate for servers that ask for one (with --client-key).") var clientCert: String?
+    @Option(name: .customLong("ca-file"), help: "Also trust the certificates in this PEM file (an internal CA, a self-signed server).")
+    var caFile: String?
+    @Option(name: .customLong("client-cert"), help: "A PEM client certificate for servers that ask for one (with --client-key).")
+    var clientCert: String?
     @Option(name: .customLong("client-key"), help: "The unencrypted PEM private key of --client-cert.") var clientKey: String?
     @Option(name: .customLong("max-speed"), help: "This job's own speed limit, bytes per second (2M, 512K; 0: none).") var maxSpeed: String?
     @Option(help: "Byte ranges of a big file fetched at once (1...16; 1: one stream; default: the daemon's segments).") var segments: Int?
-    @Option(name: .customLong("mirror"), help: "Another URL of the same file; ranges spread across them (repeatable; one URL only).") var mirrors: [String] = []
-    @Option(name: .customLong("encrypt-to"), help: "Encrypt the file at rest to this age recipient (age1…; repeatable); it is published as NAME.age, to be read with age -d.")
+    @Option(name: .customLong("mirror"), help: "Another URL of the same file; ranges spread across them (repeatable; one URL only).")
+    var mirrors: [String] = []
+    @Option(
+        name: .customLong("encrypt-to"),
+        help: "Encrypt the file at rest to this age recipient (age1…; repeatable); it is published as NAME.age, to be read with age -d.")
     var encryptTo: [String] = []
-    @Flag(inversion: .prefixedNo, help: "Download on a metered connection, or wait while the connection is metered (default: the daemon's `metered`).")
+    @Flag(
+        inversion: .prefixedNo,
+        help: "Download on a metered connection, or wait while the connection is metered (default: the daemon's `metered`).")
     var metered: Bool?
     @OptionGroup var common: Common
 
     func validate() throws {
         if let maxSpeed, ByteRate.parse(maxSpeed) == nil { throw ValidationError("--max-speed must be a rate such as 2M, 512K or 100000") }
         if urls.isEmpty && input == nil { throw ValidationError("give URLs, or -i FILE") }
-        if (urls.count > 1 || input != nil) && (output != nil || name != nil || key != nil || checksum != nil || size != nil || !mirrors.isEmpty) {
+        if (urls.count > 1 || input != nil)
+            && (output != nil || name != nil || key != nil || checksum != nil || size != nil || !mirrors.isEmpty)
+        {
             throw ValidationError("-o, --name, --key, --checksum, --size and --mirror apply to one URL at a time")
         }
         if output != nil && (dir != nil || name != nil) { throw ValidationError("give -o, or -d/--name, not both") }
-        if group != nil && (dir == nil || output != nil || key != nil || !mirrors.isEmpty) { throw ValidationError("--group needs -d DIR (and no -o, --key or --mirror)") }
+        if group != nil && (dir == nil || output != nil || key != nil || !mirrors.isEmpty) {
+            throw ValidationError("--group needs -d DIR (and no -o, --key or --mirror)")
+        }
     }
 
     /// The input list's entries, or a usage error naming the line.
@@ -349,7 +370,9 @@ struct Status: ParsableCommand {
                 var head = "group \(g["id"]?.serializedString() ?? "?") \(g["name"]?.stringValue ?? "")  \(g["state"]?.stringValue ?? "")  "
                 head += "\(g["members_done"]?.serializedString() ?? "0")/\(g["members"]?.serializedString() ?? "0") files, "
                 head += "\(Format.bytes(g["bytes_done"]?.doubleValue ?? 0)) of \(total)  → \(g["dir"]?.stringValue ?? "")"
-                if let error = g["error"], !error.isNull { head += "\nerror: \(error["message"]?.stringValue ?? "") [\(error["code"]?.stringValue ?? "")]" }
+                if let error = g["error"], !error.isNull {
+                    head += "\nerror: \(error["message"]?.stringValue ?? "") [\(error["code"]?.stringValue ?? "")]"
+                }
                 return head + "\n" + Format.table(result["jobs"]?.arrayValue ?? [])
             }
             return
@@ -419,14 +442,17 @@ struct Cancel: SelectionCommand {
 struct Remove: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "rm", abstract: "Delete job records (a finished file stays unless --delete-file).",
-        discussion: "--finished (completed and canceled) and --failed, optionally with --older-than, take the records of jobs outside groups; a group goes whole with --group.")
+        discussion:
+            "--finished (completed and canceled) and --failed, optionally with --older-than, take the records of jobs outside groups; a group goes whole with --group."
+    )
     @Argument(help: "Job ids.", completion: .custom { words, _, _ in JobIDCompletion.candidates(words, states: nil) })
     var ids: [Int64] = []
     @Option(help: "A group (id or name).") var group: String?
     @Flag(help: "Every job.") var all = false
     @Flag(help: "Completed and canceled jobs.") var finished = false
     @Flag(help: "Failed jobs.") var failed = false
-    @Option(name: .customLong("older-than"), help: "Only jobs that finished at least this long ago: seconds, or 90s, 15m, 12h, 30d, 2w.") var olderThan: String?
+    @Option(name: .customLong("older-than"), help: "Only jobs that finished at least this long ago: seconds, or 90s, 15m, 12h, 30d, 2w.")
+    var olderThan: String?
     @Flag(name: .customLong("delete-file"), help: "Also delete the downloaded file of completed jobs.") var deleteFile = false
     @OptionGroup var common: Common
 
@@ -434,7 +460,9 @@ struct Remove: ParsableCommand {
         let byState = finished || failed
         if olderThan != nil && !byState { throw ValidationError("--older-than goes with --finished or --failed") }
         if byState {
-            if all || group != nil || !ids.isEmpty { throw ValidationError("--finished and --failed do not go with job ids, --group or --all") }
+            if all || group != nil || !ids.isEmpty {
+                throw ValidationError("--finished and --failed do not go with job ids, --group or --all")
+            }
             if deleteFile { throw ValidationError("--delete-file does not go with --finished or --failed: their files stay") }
             if let olderThan, DurationText.seconds(olderThan) == nil {
                 throw ValidationError("--older-than must be seconds, or a number with s, m, h, d or w (30d), got \(olderThan)")
@@ -466,7 +494,8 @@ struct Remove: ParsableCommand {
 }
 
 struct Stats: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Counts by state, active transfers, total speed; the live workers of a shared queue.")
+    static let configuration = CommandConfiguration(
+        abstract: "Counts by state, active transfers, total speed; the live workers of a shared queue.")
     @OptionGroup var common: Common
 
     func run() throws {
@@ -480,8 +509,8 @@ struct Stats: ParsableCommand {
                 table   \(Format.bytes(Double(result["database_bytes"]?.int64Value ?? 0)))
                 limit   \(Speed.describe(result["max_speed"] ?? .null))
                 """ + (result["accepting"]?.boolValue == false ? "\nshutting down" : "")
-                + (result["queue_paused_reason"]?.stringValue.map { "\nqueue   paused: \($0)" } ?? "")
-                + workers(result) + cache(result["cache"])
+                    + (result["queue_paused_reason"]?.stringValue.map { "\nqueue   paused: \($0)" } ?? "")
+                    + workers(result) + cache(result["cache"])
         }
     }
 
@@ -506,7 +535,9 @@ struct Stats: ParsableCommand {
 struct Queue: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Stop or restart the whole queue (jobs keep their states).",
-        discussion: "While the queue is paused no job starts; transfers already running go on. dld starts with it paused after three starts in a row that did not last.")
+        discussion:
+            "While the queue is paused no job starts; transfers already running go on. dld starts with it paused after three starts in a row that did not last."
+    )
 
     enum Action: String, ExpressibleByArgument, CaseIterable { case pause, resume }
     @Argument(help: "pause or resume; none to show the queue's state.") var action: Action?
@@ -580,7 +611,9 @@ enum EnqueueChunks {
 struct Get: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print the path of a local copy of URL, from the cache or downloaded into it first.",
-        discussion: "A fresh cached copy answers at once; a stale one is revalidated with the server (a 304 costs no body); otherwise the URL is downloaded as an ordinary job (see `dlctl status`) and the path is printed when it completes. The copy stays until the cache evicts it (cache_max_bytes, cache_max_age); --pin keeps it until `dlctl unpin URL`.")
+        discussion:
+            "A fresh cached copy answers at once; a stale one is revalidated with the server (a 304 costs no body); otherwise the URL is downloaded as an ordinary job (see `dlctl status`) and the path is printed when it completes. The copy stays until the cache evicts it (cache_max_bytes, cache_max_age); --pin keeps it until `dlctl unpin URL`."
+    )
     @Argument(help: "An http or https URL.") var url: String
     @Flag(help: "Keep the copy whatever the cache's budgets, until `dlctl unpin URL`.") var pin = false
     @OptionGroup var common: Common
@@ -615,7 +648,8 @@ struct CacheList: ParsableCommand {
             (result["entries"]?.arrayValue ?? []).map { entry in
                 let flags = [entry["pinned"]?.boolValue == true ? "pinned" : nil, entry["in_use"]?.boolValue == true ? "in use" : nil]
                     .compactMap { $0 }.joined(separator: ",")
-                return "\(Format.bytes(Double(entry["size"]?.int64Value ?? 0)))\t\(flags.isEmpty ? "-" : flags)\t\(entry["url"]?.stringValue ?? "")\t\(entry["path"]?.stringValue ?? "")"
+                return
+                    "\(Format.bytes(Double(entry["size"]?.int64Value ?? 0)))\t\(flags.isEmpty ? "-" : flags)\t\(entry["url"]?.stringValue ?? "")\t\(entry["path"]?.stringValue ?? "")"
             }.joined(separator: "\n")
         }
     }

@@ -53,8 +53,11 @@ enum Format {
         var eta = ""
         if speed > 0, let size = job["size"]?.doubleValue, let received = job["received"]?.doubleValue, size > received {
             let seconds = Int((size - received) / speed)
-            eta = "ETA " + (seconds >= 3600 ? String(format: "%d:%02d:%02d", seconds / 3600, seconds / 60 % 60, seconds % 60)
-                : String(format: "%d:%02d", seconds / 60, seconds % 60))
+            eta =
+                "ETA "
+                + (seconds >= 3600
+                    ? String(format: "%d:%02d:%02d", seconds / 3600, seconds / 60 % 60, seconds % 60)
+                    : String(format: "%d:%02d", seconds / 60, seconds % 60))
         }
         var stateText = state(job)
         if color {
@@ -69,7 +72,8 @@ enum Format {
         }
         let id = job["id"]?.int64Value.map(String.init) ?? "?"
         let name = String((job["name"]?.stringValue ?? "").prefix(30))
-        return "\(id.padding(toLength: 5, withPad: " ", startingAt: 0)) \(name.padding(toLength: 30, withPad: " ", startingAt: 0)) \(bar) \(progress(job).padding(toLength: 6, withPad: " ", startingAt: 0)) \(self.speed(speed).padding(toLength: 12, withPad: " ", startingAt: 0)) \(eta.padding(toLength: 11, withPad: " ", startingAt: 0)) \(stateText)"
+        return
+            "\(id.padding(toLength: 5, withPad: " ", startingAt: 0)) \(name.padding(toLength: 30, withPad: " ", startingAt: 0)) \(bar) \(progress(job).padding(toLength: 6, withPad: " ", startingAt: 0)) \(self.speed(speed).padding(toLength: 12, withPad: " ", startingAt: 0)) \(eta.padding(toLength: 11, withPad: " ", startingAt: 0)) \(stateText)"
     }
 
     /// One plain line per event, for logs and pipes.
@@ -126,11 +130,19 @@ enum Format {
         if let finished = job["finished_at"]?.stringValue { lines.append(("finished", finished)) }
         if let finalURL = job["final_url"]?.stringValue, finalURL != job["url"]?.stringValue { lines.append(("final url", finalURL)) }
         if let sha256 = job["sha256"]?.stringValue { lines.append(("sha256", sha256)) }
-        if let checksum = job["checksum"]?.stringValue { lines.append(("checksum", checksum + (job["digest"]?.stringValue == checksum.split(separator: ":").last.map(String.init) ? " (verified)" : ""))) }
+        if let checksum = job["checksum"]?.stringValue {
+            lines.append(
+                (
+                    "checksum",
+                    checksum + (job["digest"]?.stringValue == checksum.split(separator: ":").last.map(String.init) ? " (verified)" : "")
+                ))
+        }
         if let group = job["group"]?.int64Value { lines.append(("group", String(group))) }
         if let worker = job["worker"]?.stringValue { lines.append(("worker", worker)) }
         if job["insecure"] == true { lines.append(("tls", "NOT verified (insecure)")) }
-        if let metered = job["metered"]?.boolValue { lines.append(("metered", metered ? "may download on a metered connection" : "not on a metered connection")) }
+        if let metered = job["metered"]?.boolValue {
+            lines.append(("metered", metered ? "may download on a metered connection" : "not on a metered connection"))
+        }
         if let tls = job["tls"], !tls.isNull {
             for (key, label) in [("ca_file", "tls ca"), ("ca_dir", "tls ca dir"), ("client_cert", "tls cert"), ("client_key", "tls key")] {
                 if let path = tls[key]?.stringValue { lines.append((label, path)) }

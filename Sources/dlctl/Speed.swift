@@ -65,11 +65,15 @@ struct SetURL: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "set-url",
         abstract: "Give an unfinished job a new URL and/or headers (an expired signed URL, a new token).",
-        discussion: "The bytes already downloaded are kept when the server shows the same file (strong ETag, or Last-Modified and size); otherwise the download starts over and `dlctl status ID` says why. -H replaces all the job's headers; --clear-headers removes them.")
+        discussion:
+            "The bytes already downloaded are kept when the server shows the same file (strong ETag, or Last-Modified and size); otherwise the download starts over and `dlctl status ID` says why. -H replaces all the job's headers; --clear-headers removes them."
+    )
 
     @Argument(help: "The job.") var id: Int64
     @Argument(help: "The new http(s) URL.") var url: String?
-    @Option(name: [.customShort("H"), .customLong("header")], help: "A request header, \"Name: value\" (repeatable); replaces the job's headers.") var headers: [String] = []
+    @Option(
+        name: [.customShort("H"), .customLong("header")],
+        help: "A request header, \"Name: value\" (repeatable); replaces the job's headers.") var headers: [String] = []
     @Flag(name: .customLong("clear-headers"), help: "Remove the job's headers.") var clearHeaders = false
     @OptionGroup var common: Common
 

@@ -193,7 +193,8 @@ func waitFor(common: Common, ids: [Int64], group: String?, timeout: Double?, sho
             let ok = watched.allSatisfy { tracker.state($0) == "completed" }
             if !ok {
                 for id in watched where tracker.state(id) != "completed" {
-                    printError("job \(id) \(tracker.state(id))\(tracker.jobs[id]?["error"]?["message"]?.stringValue.map { ": \($0)" } ?? "")")
+                    printError(
+                        "job \(id) \(tracker.state(id))\(tracker.jobs[id]?["error"]?["message"]?.stringValue.map { ": \($0)" } ?? "")")
                 }
             }
             throw ExitCode(ok ? 0 : 1)
@@ -211,7 +212,8 @@ func waitFor(common: Common, ids: [Int64], group: String?, timeout: Double?, sho
             // group's status after every member's event made a 2000-file group quadratic.
             let state = message["params"]?["state"]?.stringValue ?? ""
             if message["method"] == "job.state", state == "failed" || state == "canceled" { memberFailed = true }
-            if message["method"] == "group.state" || (memberFailed && message["method"] == "job.state" && Tracker.finished.contains(state)) {
+            if message["method"] == "group.state" || (memberFailed && message["method"] == "job.state" && Tracker.finished.contains(state))
+            {
                 groupMayHaveChanged = true
             }
             if terminal { renderer.draw(tracker) }

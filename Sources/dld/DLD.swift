@@ -11,7 +11,8 @@ struct DLD: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "dld",
         abstract: "The dld download daemon.",
-        discussion: "Reads $XDG_CONFIG_HOME/dld/config.toml when it exists; flags override it. SIGHUP reads it again without stopping transfers. The keys are in dld.conf(5) and docs/configuration.md; running under systemd (Type=notify, dld.socket) in docs/operations.md.",
+        discussion:
+            "Reads $XDG_CONFIG_HOME/dld/config.toml when it exists; flags override it. SIGHUP reads it again without stopping transfers. The keys are in dld.conf(5) and docs/configuration.md; running under systemd (Type=notify, dld.socket) in docs/operations.md.",
         version: "dld \(DLDVersion.current) (protocol \(DLDVersion.protocolVersion))",
         subcommands: [Serve.self, Migrate.self],
         defaultSubcommand: Serve.self)
@@ -72,7 +73,8 @@ func bootstrapLogging(_ level: Logger.Level) -> Logger {
 
 /// `dld` (the default): runs the daemon until SIGTERM, SIGINT or a `shutdown` request.
 struct Serve: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "serve", abstract: "Run the daemon (what `dld` does without a subcommand).")
+    static let configuration = CommandConfiguration(
+        commandName: "serve", abstract: "Run the daemon (what `dld` does without a subcommand).")
 
     @OptionGroup var options: ConfigOptions
     @Flag(name: .customLong("print-config"), help: "Print the effective configuration and exit.") var printConfig = false
@@ -119,7 +121,9 @@ struct Migrate: AsyncParsableCommand {
         do {
             let summary = try await TableMigration.run(stateDir: effective.stateDir, to: to, logger: logger)
             print("copied \(summary.jobs) jobs, \(summary.groups) groups and \(summary.events) events to \(TableMigration.redacted(to))")
-            print("now set database = \"\(TableMigration.redacted(to))\" in \(effective.configFile ?? DaemonConfig.defaultConfigFile()) (with the password) and start dld")
+            print(
+                "now set database = \"\(TableMigration.redacted(to))\" in \(effective.configFile ?? DaemonConfig.defaultConfigFile()) (with the password) and start dld"
+            )
         } catch let error as DaemonError {
             FileHandle.standardError.write(Data("dld migrate: \(error.description)\n".utf8))
             throw ExitCode(1)

@@ -39,8 +39,9 @@ import Testing
         let serverNow = t0.addingTimeInterval(-3600)  // the server's clock is an hour behind
         let headers = CacheHeaders(expires: Self.httpDate(serverNow.addingTimeInterval(120)), date: Self.httpDate(serverNow))
         #expect(policy.freshnessLifetime(headers, receivedAt: t0) == 120)
-        #expect(policy.isFresh(headers, receivedAt: t0, now: t0.addingTimeInterval(100)) == false,
-                "the apparent age counts: Date is an hour before the arrival")
+        #expect(
+            policy.isFresh(headers, receivedAt: t0, now: t0.addingTimeInterval(100)) == false,
+            "the apparent age counts: Date is an hour before the arrival")
         let sameClock = CacheHeaders(expires: Self.httpDate(t0.addingTimeInterval(120)), date: Self.httpDate(t0))
         #expect(policy.isFresh(sameClock, receivedAt: t0, now: t0.addingTimeInterval(100)))
         #expect(!policy.isFresh(sameClock, receivedAt: t0, now: t0.addingTimeInterval(121)))
@@ -73,9 +74,10 @@ import Testing
         let stored = CacheHeaders(cacheControl: "max-age=10", date: "old", age: "5", etag: "\"a\"", lastModified: "lm")
         let updated = stored.updated(by: CacheHeaders(cacheControl: "max-age=99", date: "new"))
         #expect(updated == CacheHeaders(cacheControl: "max-age=99", date: "new", age: nil, etag: "\"a\"", lastModified: "lm"))
-        #expect(CachePolicy.conditionalHeaders(updated) == [
-            HeaderField(name: "If-None-Match", value: "\"a\""), HeaderField(name: "If-Modified-Since", value: "lm"),
-        ])
+        #expect(
+            CachePolicy.conditionalHeaders(updated) == [
+                HeaderField(name: "If-None-Match", value: "\"a\""), HeaderField(name: "If-Modified-Since", value: "lm"),
+            ])
         #expect(CachePolicy.conditionalHeaders(CacheHeaders(cacheControl: "max-age=1")).isEmpty)
     }
 

@@ -41,8 +41,10 @@ import Testing
 
     /// BIP 173's valid strings decode, its invalid ones do not.
     @Test func bech32Vectors() {
-        for valid in ["A12UEL5L", "a12uel5l", "abcdef1qpzry9x8gf2tvdw0s3jn54khce6mua7lmqqqxw",
-                      "split1checkupstagehandshakeupstreamerranterredcaperred2y9e3w"] {
+        for valid in [
+            "A12UEL5L", "a12uel5l", "abcdef1qpzry9x8gf2tvdw0s3jn54khce6mua7lmqqqxw",
+            "split1checkupstagehandshakeupstreamerranterredcaperred2y9e3w",
+        ] {
             guard case .success = Bech32.decode(valid) else {
                 Issue.record("\(valid) should decode")
                 continue

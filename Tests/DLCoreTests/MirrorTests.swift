@@ -9,10 +9,13 @@ import Testing
     /// against it.
     @Test func disagreementOnSizeAndValidators() {
         #expect(reference.disagreement(FileIdentity(size: 101, etag: "\"v1\"", lastModified: nil)) == "size differs: 101 vs 100")
-        #expect(reference.disagreement(FileIdentity(size: 100, etag: "\"v2\"", lastModified: nil))?.hasPrefix("validator differs: ETag") == true)
+        #expect(
+            reference.disagreement(FileIdentity(size: 100, etag: "\"v2\"", lastModified: nil))?.hasPrefix("validator differs: ETag") == true
+        )
         #expect(reference.disagreement(FileIdentity(size: 100, etag: "\"v1\"", lastModified: "Tue, 02 Jan 2024 00:00:00 GMT")) == nil)
-        #expect(reference.disagreement(FileIdentity(size: 100, etag: nil, lastModified: "Tue, 02 Jan 2024 00:00:00 GMT"))?
-            .hasPrefix("validator differs: Last-Modified") == true)
+        #expect(
+            reference.disagreement(FileIdentity(size: 100, etag: nil, lastModified: "Tue, 02 Jan 2024 00:00:00 GMT"))?
+                .hasPrefix("validator differs: Last-Modified") == true)
         #expect(reference.disagreement(FileIdentity(size: 100, etag: nil, lastModified: nil)) == nil)
         #expect(reference.disagreement(FileIdentity(size: nil, etag: "\"v1\"", lastModified: nil)) == nil)
     }
@@ -48,7 +51,9 @@ import Testing
         for _ in 0..<2 { #expect(set.failed(0, reason: "reset", permanent: false) == .elsewhere) }
         #expect(set.failed(0, reason: "reset", permanent: false) == .exhausted(permanent: false))
         // The record keeps drops for good, not what was set aside.
-        #expect(set.column == MirrorColumn(mirrors: [JobMirror(url: "http://b/f", dropped: "404"), JobMirror(url: "http://c/f")], urlDropped: nil))
+        #expect(
+            set.column
+                == MirrorColumn(mirrors: [JobMirror(url: "http://b/f", dropped: "404"), JobMirror(url: "http://c/f")], urlDropped: nil))
         #expect(set.reasons.contains("http://b/f: 404"))
     }
 
@@ -69,7 +74,8 @@ import Testing
     /// A mirror's first answer is checked once: a disagreeing one is dropped with the reason.
     @Test func firstAnswerIsChecked() {
         var set = MirrorSet(url: "http://a/f", urlDropped: nil, mirrors: [JobMirror(url: "http://b/f"), JobMirror(url: "http://c/f")])
-        #expect(set.check(1, answer: FileIdentity(size: 101, etag: nil, lastModified: nil), reference: reference) == "size differs: 101 vs 100")
+        #expect(
+            set.check(1, answer: FileIdentity(size: 101, etag: nil, lastModified: nil), reference: reference) == "size differs: 101 vs 100")
         #expect(set.sources[1].dropped == "size differs: 101 vs 100")
         #expect(set.check(2, answer: FileIdentity(size: 100, etag: "\"v1\"", lastModified: nil), reference: reference) == nil)
         #expect(set.sources[2].verified)

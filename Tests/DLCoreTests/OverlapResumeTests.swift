@@ -7,8 +7,9 @@ import Testing
     private let kib: Int64 = 1 << 10
 
     @Test func asksTheLast64KiBAgain() {
-        #expect(OverlapResume.plan(received: 1_000_000, size: 2_000_000, acceptsRanges: true)
-            == .check(from: 1_000_000 - 64 * kib, overlap: 64 * kib))
+        #expect(
+            OverlapResume.plan(received: 1_000_000, size: 2_000_000, acceptsRanges: true)
+                == .check(from: 1_000_000 - 64 * kib, overlap: 64 * kib))
     }
 
     /// Fewer bytes than the overlap on disk: all of them are compared.

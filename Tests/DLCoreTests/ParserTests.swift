@@ -24,11 +24,13 @@ private func inputError(_ text: String) -> InputListError? {
             http://example.com/b
             """
         let entries = try InputList.parse(text).get()
-        #expect(entries == [
-            InputEntry(url: "https://example.com/a.iso", name: "a.iso", dir: "/srv/isos",
-                       checksum: Checksum(algorithm: .sha256, hex: sha256Hex), size: 1_048_576, line: 2),
-            InputEntry(url: "http://example.com/b", line: 8),
-        ])
+        #expect(
+            entries == [
+                InputEntry(
+                    url: "https://example.com/a.iso", name: "a.iso", dir: "/srv/isos",
+                    checksum: Checksum(algorithm: .sha256, hex: sha256Hex), size: 1_048_576, line: 2),
+                InputEntry(url: "http://example.com/b", line: 8),
+            ])
     }
 
     /// An empty file, or one of only comments and blank lines, gives no entries and no error.
@@ -41,10 +43,11 @@ private func inputError(_ text: String) -> InputListError? {
     @Test func crlfAndBOM() throws {
         let text = "\u{FEFF}https://example.com/a\r\n  out=a.bin\r\n\r\nhttps://example.com/b\r\n"
         let entries = try InputList.parse(text).get()
-        #expect(entries == [
-            InputEntry(url: "https://example.com/a", name: "a.bin", line: 1),
-            InputEntry(url: "https://example.com/b", line: 4),
-        ])
+        #expect(
+            entries == [
+                InputEntry(url: "https://example.com/a", name: "a.bin", line: 1),
+                InputEntry(url: "https://example.com/b", line: 4),
+            ])
         #expect(inputError("\u{FEFF}https://example.com/a\r\n\r\n  nope\r\n")?.line == 3)
     }
 
@@ -88,8 +91,11 @@ private func inputError(_ text: String) -> InputListError? {
     /// The first bad line is the one reported, and nothing is returned with it.
     @Test func firstErrorWins() {
         let text = "https://example.com/a\n  out=a\nfile:///etc/passwd\n  bogus=1\n"
-        #expect(InputList.parse(text) == .failure(InputListError(
-            line: 3, message: "only http and https URLs can be downloaded, not file:")))
+        #expect(
+            InputList.parse(text)
+                == .failure(
+                    InputListError(
+                        line: 3, message: "only http and https URLs can be downloaded, not file:")))
     }
 
     /// Options after a comment or a blank line still belong to the URL above them.
@@ -110,11 +116,12 @@ private func inputError(_ text: String) -> InputListError? {
                 password "pass word"
             default login anon password guest
             """
-        #expect(Netrc.parse(text) == [
-            NetrcEntry(machine: "example.com", login: "alice", password: "s3cret"),
-            NetrcEntry(machine: "other.org", login: "bob", password: "pass word"),
-            NetrcEntry(machine: nil, login: "anon", password: "guest"),
-        ])
+        #expect(
+            Netrc.parse(text) == [
+                NetrcEntry(machine: "example.com", login: "alice", password: "s3cret"),
+                NetrcEntry(machine: "other.org", login: "bob", password: "pass word"),
+                NetrcEntry(machine: nil, login: "anon", password: "guest"),
+            ])
     }
 
     /// Hosts match without case; `default` is used only when no machine matches.
@@ -131,7 +138,8 @@ private func inputError(_ text: String) -> InputListError? {
 
     /// The first block for a host wins, and an incomplete one does not fall through to `default`.
     @Test func firstMatchAndIncompleteBlocks() throws {
-        let entries = Netrc.parse("""
+        let entries = Netrc.parse(
+            """
             machine h login first password one
             machine h login second password two
             machine k login only
@@ -149,43 +157,49 @@ private func inputError(_ text: String) -> InputListError? {
             #machine b login v password w
             machine c login "#x" password y
             """
-        #expect(Netrc.parse(text) == [
-            NetrcEntry(machine: "a", login: "u", password: "pa#ss"),
-            NetrcEntry(machine: "c", login: "#x", password: "y"),
-        ])
+        #expect(
+            Netrc.parse(text) == [
+                NetrcEntry(machine: "a", login: "u", password: "pa#ss"),
+                NetrcEntry(machine: "c", login: "#x", password: "y"),
+            ])
     }
 
     /// Quoted values keep spaces and take backslash escapes; a quoted keyword is a plain value.
     @Test func quoting() {
         let text = #"machine "h" login "a b" password "q\"u\\o\tt\ne" machine h2 login "machine" password x"#
-        #expect(Netrc.parse(text) == [
-            NetrcEntry(machine: "h", login: "a b", password: "q\"u\\o\tt\ne"),
-            NetrcEntry(machine: "h2", login: "machine", password: "x"),
-        ])
+        #expect(
+            Netrc.parse(text) == [
+                NetrcEntry(machine: "h", login: "a b", password: "q\"u\\o\tt\ne"),
+                NetrcEntry(machine: "h2", login: "machine", password: "x"),
+            ])
     }
 
     /// A macro body is skipped up to the first empty line, whatever words it holds.
     @Test func macdefSkipped() {
         let text = "machine a login u password p\nmacdef init\ncd /pub\nmachine evil login x password y\n\r\nmachine b login v password w\n"
-        #expect(Netrc.parse(text) == [
-            NetrcEntry(machine: "a", login: "u", password: "p"),
-            NetrcEntry(machine: "b", login: "v", password: "w"),
-        ])
+        #expect(
+            Netrc.parse(text) == [
+                NetrcEntry(machine: "a", login: "u", password: "p"),
+                NetrcEntry(machine: "b", login: "v", password: "w"),
+            ])
     }
 
     /// What cannot be read is skipped, never fatal: a broken quote drops only its own block.
     @Test func brokenInput() {
         #expect(Netrc.parse("").isEmpty)
         #expect(Netrc.parse("login x password y").isEmpty)
-        #expect(Netrc.parse("machine a login u password p\nmachine b login v password \"unterminated")
-            == [NetrcEntry(machine: "a", login: "u", password: "p")])
+        #expect(
+            Netrc.parse("machine a login u password p\nmachine b login v password \"unterminated")
+                == [NetrcEntry(machine: "a", login: "u", password: "p")])
         #expect(Netrc.parse("machine a login u password") == [])
-        #expect(Netrc.parse("machine a login u password p frobnicate machine") == [
-            NetrcEntry(machine: "a", login: "u", password: "p"),
-        ])
-        #expect(Netrc.parse("machine a login u password p\nmacdef m\nno end") == [
-            NetrcEntry(machine: "a", login: "u", password: "p"),
-        ])
+        #expect(
+            Netrc.parse("machine a login u password p frobnicate machine") == [
+                NetrcEntry(machine: "a", login: "u", password: "p")
+            ])
+        #expect(
+            Netrc.parse("machine a login u password p\nmacdef m\nno end") == [
+                NetrcEntry(machine: "a", login: "u", password: "p")
+            ])
     }
 }
 
@@ -310,8 +324,13 @@ private func inputError(_ text: String) -> InputListError? {
     @Test(arguments: ["\u{202E}gpj.exe", "a\u{200F}b", "a\u{2066}b\u{2069}", "a\u{061C}b"])
     func bidiControlsRemoved(_ raw: String) {
         let name = FileNames.sanitize(raw)
-        #expect(!name.unicodeScalars.contains { [0x061C, 0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E,
-            0x2066, 0x2067, 0x2068, 0x2069].contains($0.value) })
+        #expect(
+            !name.unicodeScalars.contains {
+                [
+                    0x061C, 0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E,
+                    0x2066, 0x2067, 0x2068, 0x2069,
+                ].contains($0.value)
+            })
     }
 
     /// C1 controls (U+0080–U+009F, e.g. U+009B, a terminal's CSI) are replaced too.
@@ -338,15 +357,19 @@ private func inputError(_ text: String) -> InputListError? {
     }
 
     /// Paths outside every root are refused, including prefix tricks and the root itself.
-    @Test(arguments: ["/etc/passwd", "/home/u/Downloads2/x", "/home/u/Download", "/home/u/Downloads",
-                      "/home/u/x", "/srv/database/x", "/srv/data", "/"])
+    @Test(arguments: [
+        "/etc/passwd", "/home/u/Downloads2/x", "/home/u/Download", "/home/u/Downloads",
+        "/home/u/x", "/srv/database/x", "/srv/data", "/",
+    ])
     func outside(_ path: String) {
         #expect(downloads.refusal(for: path) != nil)
     }
 
     /// `$HOME` as a root does not open its hidden folders or hidden files.
-    @Test(arguments: ["/home/u/.ssh/authorized_keys", "/home/u/.config/dld/x", "/home/u/.bashrc",
-                      "/home/u/.local/share/x"])
+    @Test(arguments: [
+        "/home/u/.ssh/authorized_keys", "/home/u/.config/dld/x", "/home/u/.bashrc",
+        "/home/u/.local/share/x",
+    ])
     func hiddenUnderHome(_ path: String) {
         let reason = homeRoot.refusal(for: path)
         #expect(reason != nil)
@@ -375,9 +398,11 @@ private func inputError(_ text: String) -> InputListError? {
     }
 
     /// Relative and unnormalized paths are refused whatever the roots.
-    @Test(arguments: ["x", "Downloads/x", "/home/u/Downloads/../.ssh/x", "/home/u/Downloads/./x",
-                      "/home/u/Downloads/..", "/home/u//Downloads/x", "/home/u/Downloads/x/", "",
-                      "/home/u/Downloads/a\u{0}b"])
+    @Test(arguments: [
+        "x", "Downloads/x", "/home/u/Downloads/../.ssh/x", "/home/u/Downloads/./x",
+        "/home/u/Downloads/..", "/home/u//Downloads/x", "/home/u/Downloads/x/", "",
+        "/home/u/Downloads/a\u{0}b",
+    ])
     func malformed(_ path: String) {
         #expect(PathPolicy(allowedRoots: ["/"], home: "/home/u").refusal(for: path) != nil)
     }

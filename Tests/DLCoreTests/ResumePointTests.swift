@@ -7,10 +7,13 @@ import Testing
     private let boot = "5b1c0f3e-2d7a-4c1b-9a55-0e8d1f2a3b4c"
     private let validators = Validators(etag: "\"v1\"", acceptsRanges: true)
 
-    private func record(_ received: Int64, segments: String? = nil, size: Int64? = 64 << 20, boot: String? = nil,
-                        validators: Validators? = nil) -> UnsyncedProgress {
-        UnsyncedProgress(bootID: boot ?? self.boot, received: received, segments: segments, size: size,
-                         validators: validators ?? self.validators, finalURL: "http://127.0.0.1/f")
+    private func record(
+        _ received: Int64, segments: String? = nil, size: Int64? = 64 << 20, boot: String? = nil,
+        validators: Validators? = nil
+    ) -> UnsyncedProgress {
+        UnsyncedProgress(
+            bootID: boot ?? self.boot, received: received, segments: segments, size: size,
+            validators: validators ?? self.validators, finalURL: "http://127.0.0.1/f")
     }
 
     /// Same boot, ahead of the synced offset, the file long enough: the unsynced bytes count.
@@ -24,10 +27,12 @@ import Testing
     /// synced offset counts, whatever the file's length.
     @Test func anotherBootIsNeverTrusted() {
         let unsynced = record(30 << 20)
-        #expect(ResumePoint.choose(synced: 10 << 20, unsynced: unsynced, bootID: "another-boot", fileLength: 64 << 20) == .synced(.otherBoot))
+        #expect(
+            ResumePoint.choose(synced: 10 << 20, unsynced: unsynced, bootID: "another-boot", fileLength: 64 << 20) == .synced(.otherBoot))
         #expect(ResumePoint.choose(synced: 10 << 20, unsynced: unsynced, bootID: nil, fileLength: 64 << 20) == .synced(.otherBoot))
         #expect(ResumePoint.choose(synced: 10 << 20, unsynced: unsynced, bootID: "", fileLength: 64 << 20) == .synced(.otherBoot))
-        #expect(ResumePoint.choose(synced: 0, unsynced: record(30 << 20, boot: ""), bootID: "", fileLength: 64 << 20) == .synced(.otherBoot))
+        #expect(
+            ResumePoint.choose(synced: 0, unsynced: record(30 << 20, boot: ""), bootID: "", fileLength: 64 << 20) == .synced(.otherBoot))
     }
 
     /// A file shorter than the record (cut, or gone) proves the bytes are not there.

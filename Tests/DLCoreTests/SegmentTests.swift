@@ -107,7 +107,8 @@ import Testing
 
     /// `whole` takes the range an open answer covers as it is.
     @Test func theFirstAnswersRangeIsTakenWhole() throws {
-        var planner = SegmentPlanner(SegmentLayout(size: 64 * mib, prefix: 0, piece: 4 * mib, firstEnd: 16 * mib), minPiece: mib, workers: 4)
+        var planner = SegmentPlanner(
+            SegmentLayout(size: 64 * mib, prefix: 0, piece: 4 * mib, firstEnd: 16 * mib), minPiece: mib, workers: 4)
         let whole = planner.take(whole: true)
         let first = try #require(whole)
         #expect(planner.segment(first) == Segment(start: 0, done: 0, end: 16 * mib))
@@ -158,11 +159,14 @@ import Testing
 
     /// Resumed ranges are taken again in file order; ranges in flight are never split.
     @Test func resumedRangesComeFirst() throws {
-        let layout = try #require(SegmentLayout(size: 12 * mib, segments: [
-            Segment(start: 0, done: 4 * mib, end: 4 * mib),
-            Segment(start: 4 * mib, done: 5 * mib, end: 8 * mib),
-            Segment(start: 8 * mib, done: 10 * mib, end: 12 * mib),
-        ]))
+        let layout = try #require(
+            SegmentLayout(
+                size: 12 * mib,
+                segments: [
+                    Segment(start: 0, done: 4 * mib, end: 4 * mib),
+                    Segment(start: 4 * mib, done: 5 * mib, end: 8 * mib),
+                    Segment(start: 8 * mib, done: 10 * mib, end: 12 * mib),
+                ]))
         var planner = SegmentPlanner(layout, minPiece: mib)
         #expect(planner.hashed == 5 * mib)
         let first = planner.take()
@@ -200,12 +204,15 @@ import Testing
     /// The stored form round-trips, compacts finished ranges, and rejects anything that is not
     /// a layout of the file.
     @Test func encodingRoundTripsAndRejectsGarbage() throws {
-        let layout = try #require(SegmentLayout(size: 100, segments: [
-            Segment(start: 0, done: 25, end: 25),
-            Segment(start: 25, done: 40, end: 50),
-            Segment(start: 50, done: 75, end: 75),
-            Segment(start: 75, done: 80, end: 100),
-        ]))
+        let layout = try #require(
+            SegmentLayout(
+                size: 100,
+                segments: [
+                    Segment(start: 0, done: 25, end: 25),
+                    Segment(start: 25, done: 40, end: 50),
+                    Segment(start: 50, done: 75, end: 75),
+                    Segment(start: 75, done: 80, end: 100),
+                ]))
         #expect(layout.encoded == "0-40-50,50-80-100")
         let decoded = try #require(SegmentLayout(encoded: layout.encoded, size: 100))
         #expect(decoded.written == layout.written)
@@ -219,9 +226,12 @@ import Testing
 
     /// After a crash, ranges cannot claim bytes past the end of the file.
     @Test func clampedToTheFile() throws {
-        let layout = try #require(SegmentLayout(size: 100, segments: [
-            Segment(start: 0, done: 30, end: 50), Segment(start: 50, done: 90, end: 100),
-        ]))
+        let layout = try #require(
+            SegmentLayout(
+                size: 100,
+                segments: [
+                    Segment(start: 0, done: 30, end: 50), Segment(start: 50, done: 90, end: 100),
+                ]))
         let clamped = layout.clamped(toFileSize: 60)
         #expect(clamped.segments.map(\.done) == [30, 60])
         #expect(layout.clamped(toFileSize: 10).segments.map(\.done) == [10, 50])

@@ -23,7 +23,9 @@ private func simulate(
 }
 
 /// Bytes that went on in every window [start, start + length) from `from` to `to`, by steps of 0.5 s.
-private func windows(_ passed: [(at: Double, job: JobID, bytes: Int64)], length: Double, from: Double, to: Double, job: JobID? = nil) -> [Int64] {
+private func windows(_ passed: [(at: Double, job: JobID, bytes: Int64)], length: Double, from: Double, to: Double, job: JobID? = nil)
+    -> [Int64]
+{
     var out: [Int64] = []
     var start = from
     while start + length <= to {
@@ -160,8 +162,10 @@ private func windows(_ passed: [(at: Double, job: JobID, bytes: Int64)], length:
 
     /// Bad schedules are refused with a reason: overlaps, bad times, bad rates.
     @Test func badSchedulesRefused() {
-        for bad in ["08:00-18:00 2M, 17:00-19:00 1M", "8:00-18:00 2M", "08:00-24:00 1M", "08:00-18:00", "08:00-18:00 fast",
-                    "08:00-18:00 1M,", "08:00 18:00 1M", "23:00-01:00 1M, 00:30-02:00 2M"] {
+        for bad in [
+            "08:00-18:00 2M, 17:00-19:00 1M", "8:00-18:00 2M", "08:00-24:00 1M", "08:00-18:00", "08:00-18:00 fast",
+            "08:00-18:00 1M,", "08:00 18:00 1M", "23:00-01:00 1M, 00:30-02:00 2M",
+        ] {
             if case .success = SpeedSchedule.parse(bad) { Issue.record("accepted \(bad)") }
         }
     }

@@ -9,7 +9,8 @@ struct TestClock {
 }
 
 func makeJob(_ state: JobState, attempts: Int = 0, clock: TestClock = TestClock()) -> Job {
-    Job(id: 1, url: "http://example.com/a", path: "/tmp/a", state: state, attempts: attempts,
+    Job(
+        id: 1, url: "http://example.com/a", path: "/tmp/a", state: state, attempts: attempts,
         createdAt: clock.now, updatedAt: clock.now)
 }
 
@@ -282,8 +283,9 @@ extension SchedulerPolicyTests {
         let clock = TestClock()
         let policy = BackoffPolicy(base: 2, cap: 600, maxAttempts: 3)
         let transient = TransferFailure(.transient(.network), .timeout, "timed out", retryAfter: 5)
-        #expect(RetryDecision.decide(transient, attempts: 1, policy: policy, now: clock.now, unit: 0.3)
-            == .wait(.network, until: clock.now.addingTimeInterval(5)))
+        #expect(
+            RetryDecision.decide(transient, attempts: 1, policy: policy, now: clock.now, unit: 0.3)
+                == .wait(.network, until: clock.now.addingTimeInterval(5)))
         guard case .fail(let error) = RetryDecision.decide(transient, attempts: 3, policy: policy, now: clock.now, unit: 0.3) else {
             Issue.record("expected a failure after max attempts")
             return
@@ -291,8 +293,9 @@ extension SchedulerPolicyTests {
         #expect(error.code == "retries_exhausted")
         #expect(error.message.contains("timed out"))
         let permanent = TransferFailure(.permanent, .httpStatus, "the server answered 404 Not Found")
-        #expect(RetryDecision.decide(permanent, attempts: 1, policy: policy, now: clock.now, unit: 0)
-            == .fail(JobError(code: "http_status", message: "the server answered 404 Not Found")))
+        #expect(
+            RetryDecision.decide(permanent, attempts: 1, policy: policy, now: clock.now, unit: 0)
+                == .fail(JobError(code: "http_status", message: "the server answered 404 Not Found")))
     }
 
     /// 408, 429 and 5xx are worth retrying; other statuses are not.
@@ -337,7 +340,9 @@ extension SchedulerPolicyTests {
 
     @Test func urlRules() throws {
         #expect(try URLRules.validate("https://example.com/x").get().host == "example.com")
-        for bad in ["ftp://example.com/x", "file:///etc/passwd", "example.com/x", "http:///x", "", "https://" + String(repeating: "a", count: 9000)] {
+        for bad in [
+            "ftp://example.com/x", "file:///etc/passwd", "example.com/x", "http:///x", "", "https://" + String(repeating: "a", count: 9000),
+        ] {
             guard case .failure(let error) = URLRules.validate(bad) else {
                 Issue.record("accepted \(bad.prefix(40))")
                 continue
@@ -353,7 +358,8 @@ extension SchedulerPolicyTests {
 
     @Test func sweepsFollowTheKeeps() {
         let policy = RetentionPolicy(keepFinished: 86_400, keepFailed: 0)
-        #expect(policy.sweeps(now: now) == [RetentionPolicy.Sweep(states: [.completed, .canceled], before: now.addingTimeInterval(-86_400))])
+        #expect(
+            policy.sweeps(now: now) == [RetentionPolicy.Sweep(states: [.completed, .canceled], before: now.addingTimeInterval(-86_400))])
         #expect(policy.interval == 3600, "a quarter of a day, capped at an hour")
         #expect(RetentionPolicy(keepFinished: 2, keepFailed: 8).interval == 1, "never faster than a second")
         #expect(RetentionPolicy(keepFinished: 400, keepFailed: 0).interval == 100)
@@ -395,7 +401,8 @@ extension SchedulerPolicyTests {
     @Test func aDefaultOrConnectedRouteIsANetwork() {
         #expect(Routes.hasNetwork(ipv4: header + "eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n", ipv6: ""))
         #expect(Routes.hasNetwork(ipv4: header + "veth1\t00004D0A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n", ipv6: ""))
-        let v6 = "fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n"
+        let v6 =
+            "fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n"
         #expect(Routes.hasNetwork(ipv4: header, ipv6: v6))
     }
 

@@ -43,13 +43,27 @@ import Testing
         }
         // What the answers are, so that both sides being wrong the same way shows too.
         let many = Destination(downloadDir: root, policy: nil, jobs: 100)
-        #expect(try many.resolve(url: "http://h/x", path: nil, dir: root, name: "f.bin", overwrite: false, onExists: .error).path == root + "/f.bin")
-        #expect(throws: DLError.self) { try many.resolve(url: "http://h/x", path: nil, dir: root, name: "a.bin", overwrite: false, onExists: .error) }
-        #expect(throws: DLError.self) { try many.resolve(url: "http://h/x", path: nil, dir: root, name: "b.bin", overwrite: true, onExists: .error) }
-        #expect(throws: DLError.self) { try many.resolve(url: "http://h/x", path: nil, dir: root, name: "d.bin", overwrite: true, onExists: .rename) }
-        #expect(try many.resolve(url: "http://h/x", path: nil, dir: root, name: "a.bin", overwrite: true, onExists: .error).path == root + "/a.bin")
-        #expect(try many.resolve(url: "http://h/x", path: nil, dir: root, name: "c.bin", overwrite: false, onExists: .rename).path == root + "/" + FileNames.numbered("c.bin", 3))
-        #expect(try many.resolve(url: "http://h/x", path: nil, dir: root, name: "e.bin", overwrite: false, onExists: .rename).path == root + "/" + FileNames.numbered("e.bin", 2))
+        #expect(
+            try many.resolve(url: "http://h/x", path: nil, dir: root, name: "f.bin", overwrite: false, onExists: .error).path == root
+                + "/f.bin")
+        #expect(throws: DLError.self) {
+            try many.resolve(url: "http://h/x", path: nil, dir: root, name: "a.bin", overwrite: false, onExists: .error)
+        }
+        #expect(throws: DLError.self) {
+            try many.resolve(url: "http://h/x", path: nil, dir: root, name: "b.bin", overwrite: true, onExists: .error)
+        }
+        #expect(throws: DLError.self) {
+            try many.resolve(url: "http://h/x", path: nil, dir: root, name: "d.bin", overwrite: true, onExists: .rename)
+        }
+        #expect(
+            try many.resolve(url: "http://h/x", path: nil, dir: root, name: "a.bin", overwrite: true, onExists: .error).path == root
+                + "/a.bin")
+        #expect(
+            try many.resolve(url: "http://h/x", path: nil, dir: root, name: "c.bin", overwrite: false, onExists: .rename).path == root + "/"
+                + FileNames.numbered("c.bin", 3))
+        #expect(
+            try many.resolve(url: "http://h/x", path: nil, dir: root, name: "e.bin", overwrite: false, onExists: .rename).path == root + "/"
+                + FileNames.numbered("e.bin", 2))
     }
 
     /// A folder with more names than the limit is not listed; its names are asked one by one.
@@ -75,7 +89,10 @@ import Testing
             var parts: [Substring] = []
             for part in path.split(separator: "/", omittingEmptySubsequences: true) {
                 if part == "." { continue }
-                if part == ".." { if !parts.isEmpty { parts.removeLast() }; continue }
+                if part == ".." {
+                    if !parts.isEmpty { parts.removeLast() }
+                    continue
+                }
                 parts.append(part)
             }
             #expect(Destination.normalized(path) == "/" + parts.joined(separator: "/"), "seed \(seed): \(path)")
@@ -87,7 +104,10 @@ import Testing
 /// would tell it.
 @Suite struct PartSuffixTests {
     @Test func asLowercased() {
-        let names = ["a.part", "a.PART", "a.PaRt", ".part", "part", "a.par", "a\u{0E}part", "a.pert", "a.pārt", "a.ｐart", "a.part ", "a.parts", "日本.Part", ""]
+        let names = [
+            "a.part", "a.PART", "a.PaRt", ".part", "part", "a.par", "a\u{0E}part", "a.pert", "a.pārt", "a.ｐart", "a.part ", "a.parts",
+            "日本.Part", "",
+        ]
         for name in names {
             #expect(Destination.hasPartSuffix(name) == name.lowercased().hasSuffix(".part"), "\(name)")
         }
@@ -104,8 +124,10 @@ import Testing
             PathPolicy(allowedRoots: ["/"], home: home),
             PathPolicy(allowedRoots: [], home: nil),
         ]
-        let folders = ["/", "/home", "/home/u", "/home/u/Downloads", "/home/u/Downloads/x", "/home/u/.ssh", "/home/u/.local/share",
-                       "/home/u/.local/share/a", "/home/u/Downloads2", "/tmp"]
+        let folders = [
+            "/", "/home", "/home/u", "/home/u/Downloads", "/home/u/Downloads/x", "/home/u/.ssh", "/home/u/.local/share",
+            "/home/u/.local/share/a", "/home/u/Downloads2", "/tmp",
+        ]
         let names = ["a", ".a", ".", "..", "", "a/b", ".ssh/k", "a\u{0}b", "é", ".."]
         let seed = SplitMix64.testSeed()
         var rng = SplitMix64(state: seed)

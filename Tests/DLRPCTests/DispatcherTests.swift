@@ -92,8 +92,10 @@ extension JSONValue {
         try await DispatcherFixture.with { f in
             #expect(await f.request("version", id: "abc")?["id"] == "abc")
             #expect(await f.send(#"{"jsonrpc":"2.0","method":"version"}"#) == nil)
-            let batch = try #require(await f.send(
-                #"[{"jsonrpc":"2.0","method":"version","id":1},{"jsonrpc":"2.0","method":"stats"},5,{"jsonrpc":"2.0","method":"nope","id":2}]"#))
+            let batch = try #require(
+                await f.send(
+                    #"[{"jsonrpc":"2.0","method":"version","id":1},{"jsonrpc":"2.0","method":"stats"},5,{"jsonrpc":"2.0","method":"nope","id":2}]"#
+                ))
             let items = try #require(batch.arrayValue)
             #expect(items.count == 3)
             #expect(items[0]["result"]?["version"] == .string(DLDVersion.current))
@@ -147,9 +149,10 @@ extension JSONValue {
     @Test func largeEnqueueNamesTheFirstJobInError() async throws {
         try await DispatcherFixture.with { f in
             func jobs(badAt bad: Set<Int>) -> JSONValue {
-                .array((0..<1500).map { n in
-                    bad.contains(n) ? ["url": "gopher://x"] : ["url": .string("http://127.0.0.1:9/\(n)"), "paused": true]
-                })
+                .array(
+                    (0..<1500).map { n in
+                        bad.contains(n) ? ["url": "gopher://x"] : ["url": .string("http://127.0.0.1:9/\(n)"), "paused": true]
+                    })
             }
             for (bad, named) in [([1200, 1400], 1200), ([10, 1200], 10), ([749], 749), ([750], 750), ([1499], 1499)] {
                 let response = try #require(await f.request("enqueue", ["jobs": jobs(badAt: Set(bad))]))
@@ -173,7 +176,8 @@ extension JSONValue {
             #expect(refused.stableCode == "destination_exists")
             #expect(try String(contentsOfFile: existing, encoding: .utf8) == "mine")
 
-            let first = try #require(await f.request("enqueue", ["url": "http://127.0.0.1:9/a%20b.bin", "key": "k", "paused": true, "meta": ["page": 1]]))
+            let first = try #require(
+                await f.request("enqueue", ["url": "http://127.0.0.1:9/a%20b.bin", "key": "k", "paused": true, "meta": ["page": 1]]))
             #expect(first["result"]?["created"] == true)
             #expect(first["result"]?["job"]?["path"] == .string(f.downloads + "/a b.bin"))
             #expect(first["result"]?["job"]?["meta"] == ["page": 1])
@@ -182,12 +186,19 @@ extension JSONValue {
             #expect(again["result"]?["created"] == false)
             #expect(again["result"]?["job"]?["id"] == first["result"]?["job"]?["id"])
 
-            let clash = try #require(await f.request("enqueue", ["url": "http://127.0.0.1:9/x", "path": .string(f.downloads + "/a b.bin")]))
+            let clash = try #require(
+                await f.request("enqueue", ["url": "http://127.0.0.1:9/x", "path": .string(f.downloads + "/a b.bin")]))
             #expect(clash.stableCode == "destination_exists")
 
-            let many = try #require(await f.request("enqueue", ["jobs": [
-                ["url": "http://127.0.0.1:9/1", "paused": true], ["url": "http://127.0.0.1:9/2", "dir": .string(f.downloads), "name": "two", "paused": true],
-            ]]))
+            let many = try #require(
+                await f.request(
+                    "enqueue",
+                    [
+                        "jobs": [
+                            ["url": "http://127.0.0.1:9/1", "paused": true],
+                            ["url": "http://127.0.0.1:9/2", "dir": .string(f.downloads), "name": "two", "paused": true],
+                        ]
+                    ]))
             let results = try #require(many["result"]?["results"]?.arrayValue)
             #expect(results.map { $0["path"] } == [.string(f.downloads + "/1"), .string(f.downloads + "/two")])
             #expect(results.map { $0["created"] } == [true, true])
@@ -237,9 +248,12 @@ extension JSONValue {
     @Test func groupMembersInStatusAndList() async throws {
         try await DispatcherFixture.with { f in
             let jobs: [JSONValue] = (1...3).map { n in ["url": .string("http://127.0.0.1:9/\(n)"), "name": .string("p\(n).jpg")] }
-            let created = try #require(await f.request("enqueue", [
-                "group": ["name": "book", "dir": .string(f.downloads + "/book")], "jobs": .array(jobs), "paused": true,
-            ])?["result"])
+            let created = try #require(
+                await f.request(
+                    "enqueue",
+                    [
+                        "group": ["name": "book", "dir": .string(f.downloads + "/book")], "jobs": .array(jobs), "paused": true,
+                    ])?["result"])
             let ids = try #require(created["results"]?.arrayValue?.compactMap { $0["id"]?.int64Value ?? $0["job"]?["id"]?.int64Value })
             #expect(ids.count == 3)
             _ = try #require(await f.request("cancel", ["id": .int(ids[1])])?["result"])
@@ -257,7 +271,8 @@ extension JSONValue {
             let all = try #require(await f.request("list", ["group": "book"])?["result"])
             #expect(all["jobs"]?.arrayValue?.map { $0["state"] } == ["paused", "canceled", "paused"])
 
-            let subscribe = await f.dispatcher.handle(line: Data(#"{"jsonrpc":"2.0","id":5,"method":"subscribe","params":{"group":"book"}}"#.utf8))
+            let subscribe = await f.dispatcher.handle(
+                line: Data(#"{"jsonrpc":"2.0","id":5,"method":"subscribe","params":{"group":"book"}}"#.utf8))
             let group = try #require(status["group"]?["id"]?.int64Value)
             #expect(subscribe.subscription?.filter.group == group)
         }
@@ -268,10 +283,13 @@ extension JSONValue {
     /// as the control server sends them).
     @Test func secretsAreRedacted() async throws {
         try await DispatcherFixture.with { f in
-            let response = try #require(await f.request("enqueue", [
-                "url": "http://user:hunter2@127.0.0.1:9/f", "paused": true,
-                "headers": ["Authorization": "Bearer s3cret", "X-Trace": "visible"],
-            ]))
+            let response = try #require(
+                await f.request(
+                    "enqueue",
+                    [
+                        "url": "http://user:hunter2@127.0.0.1:9/f", "paused": true,
+                        "headers": ["Authorization": "Bearer s3cret", "X-Trace": "visible"],
+                    ]))
             let id = try #require(response["result"]?["job"]?["id"]?.int64Value)
             // A change of state, so that there are events beyond the creation.
             _ = try #require(await f.request("cancel", ["id": .int(id)])?["result"])
@@ -279,14 +297,17 @@ extension JSONValue {
             let list = try #require(await f.request("list")?["result"])
             #expect(list["jobs"]?.arrayValue?.count == 1)
 
-            let subscribe = await f.dispatcher.handle(line: Data(#"{"jsonrpc":"2.0","id":5,"method":"subscribe","params":{"since":0}}"#.utf8))
+            let subscribe = await f.dispatcher.handle(
+                line: Data(#"{"jsonrpc":"2.0","id":5,"method":"subscribe","params":{"since":0}}"#.utf8))
             #expect(subscribe.subscription?.since == 0)
             let events = try await f.engine.events(after: 0)
             #expect(events.map(\.state) == ["paused", "canceled"], "\(events)")
             let streamed = events.map { JobJSON.encodeEvent($0).serializedString() }.joined(separator: "\n")
 
-            for (name, text) in [("enqueue", response.serializedString()), ("status", status.serializedString()),
-                                 ("list", list.serializedString()), ("events", streamed)] {
+            for (name, text) in [
+                ("enqueue", response.serializedString()), ("status", status.serializedString()),
+                ("list", list.serializedString()), ("events", streamed),
+            ] {
                 #expect(!text.contains("hunter2"), "\(name): \(text)")
                 #expect(!text.contains("s3cret"), "\(name): \(text)")
             }
@@ -326,7 +347,8 @@ extension JSONValue {
 @Suite struct ConfigTests {
     /// The TOML subset: strings, numbers, booleans, arrays, comments; errors name the line.
     @Test func tomlSubset() throws {
-        let entries = try TOMLLite.parse("""
+        let entries = try TOMLLite.parse(
+            """
             # comment
             a = "x\\ty" # trailing
             b = 'raw\\n'
@@ -379,7 +401,9 @@ extension JSONValue {
     /// The download folder from xdg-user-dirs' file; a folder equal to $HOME is not taken
     /// (xdg-user-dirs writes that when the folder was disabled).
     @Test func userDirs() {
-        #expect(DaemonConfig.downloadDir(inUserDirs: "# c\nXDG_DOWNLOAD_DIR=\"$HOME/Téléchargements\"\n", home: "/home/u") == "/home/u/Téléchargements")
+        #expect(
+            DaemonConfig.downloadDir(inUserDirs: "# c\nXDG_DOWNLOAD_DIR=\"$HOME/Téléchargements\"\n", home: "/home/u")
+                == "/home/u/Téléchargements")
         #expect(DaemonConfig.downloadDir(inUserDirs: "XDG_DOWNLOAD_DIR=\"/srv/dl\"", home: "/home/u") == "/srv/dl")
         #expect(DaemonConfig.downloadDir(inUserDirs: "XDG_DOWNLOAD_DIR=\"$HOME/\"", home: "/home/u") == nil)
         #expect(DaemonConfig.downloadDir(inUserDirs: "XDG_MUSIC_DIR=\"$HOME/Music\"", home: "/home/u") == nil)
@@ -398,13 +422,16 @@ extension JSONValue {
     private func stagedGroup(_ store: SQLiteJobStore, dir: String, now: Date) async throws -> (JobGroup, [Job]) {
         let (group, members) = try await store.insertGroup(
             name: "book", dir: dir, priority: 0,
-            members: [NewJob(url: "http://127.0.0.1:9/a", path: dir + "/a.txt", state: .paused),
-                      NewJob(url: "http://127.0.0.1:9/b", path: dir + "/sub/b.txt", state: .paused)],
+            members: [
+                NewJob(url: "http://127.0.0.1:9/a", path: dir + "/a.txt", state: .paused),
+                NewJob(url: "http://127.0.0.1:9/b", path: dir + "/sub/b.txt", state: .paused),
+            ],
             now: now)
         var done: [Job] = []
         for var member in members {
             let staged = try #require(member.stagingPath)
-            try FileManager.default.createDirectory(atPath: (staged as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+            try FileManager.default.createDirectory(
+                atPath: (staged as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
             try Data(member.name.utf8).write(to: URL(fileURLWithPath: staged))
             member.state = .completed
             member.received = Int64(member.name.utf8.count)
@@ -426,7 +453,8 @@ extension JSONValue {
         try await store.save(done)
         let logger = Logger(label: "test")
         let downloader = Downloader(logger: logger)
-        let engine = Engine(store: store, downloader: downloader, configuration: EngineConfiguration(downloadDir: folder + "/dl"), logger: logger)
+        let engine = Engine(
+            store: store, downloader: downloader, configuration: EngineConfiguration(downloadDir: folder + "/dl"), logger: logger)
         try await engine.start()
         let (after, summary, _) = try await engine.groupStatus(.id(group.id))
         #expect(summary.state == .completed)
@@ -452,14 +480,17 @@ extension JSONValue {
         group.closed = .completed
         try await store.saveGroup(group, members: members)
         // A standalone job recorded completed, its complete bytes still in `.part`.
-        var single = try await store.insert([NewJob(url: "http://127.0.0.1:9/c", path: folder + "/dl/c.bin", state: .paused)], now: now)[0].job
+        var single = try await store.insert([NewJob(url: "http://127.0.0.1:9/c", path: folder + "/dl/c.bin", state: .paused)], now: now)[0]
+            .job
         try Data("ccc".utf8).write(to: URL(fileURLWithPath: single.partialPath))
         single.state = .completed
         single.received = 3
         try await store.save(single)
 
         let logger = Logger(label: "test")
-        let engine = Engine(store: store, downloader: Downloader(logger: logger), configuration: EngineConfiguration(downloadDir: folder + "/dl"), logger: logger)
+        let engine = Engine(
+            store: store, downloader: Downloader(logger: logger), configuration: EngineConfiguration(downloadDir: folder + "/dl"),
+            logger: logger)
         // Nothing below throws before the shutdown (a client left running would abort the run):
         // each failure is caught and recorded, so that it fails the test instead of passing it.
         do { try await engine.start() } catch { Issue.record(error, "the engine did not start") }

@@ -33,7 +33,8 @@ import Testing
         var bytes = input
         let interesting: [[UInt8]] = [
             Array("null".utf8), Array("1e400".utf8), Array("-0".utf8), Array("99999999999999999999999".utf8), Array("\"\\u0000\"".utf8),
-            Array("[".utf8), Array("{".utf8), Array("\"\\ud800\"".utf8), [0xFF], [0xC0, 0x80], Array(String(repeating: "[", count: 600).utf8),
+            Array("[".utf8), Array("{".utf8), Array("\"\\ud800\"".utf8), [0xFF], [0xC0, 0x80],
+            Array(String(repeating: "[", count: 600).utf8),
             Array("true".utf8), Array("\"\"".utf8), Array("{}".utf8), Array("[]".utf8),
         ]
         for _ in 0..<Int.random(in: 1...4, using: &rng) {
@@ -58,7 +59,8 @@ import Testing
     @Test func dispatcherSurvivesHostileRequests() async throws {
         let seed: UInt64 = 0xD1D_2026
         var rng = SplitMix64(state: seed)
-        let folder = (FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm/" : NSTemporaryDirectory()) + "dld-fuzz-\(UUID().uuidString)"
+        let folder =
+            (FileManager.default.fileExists(atPath: "/dev/shm") ? "/dev/shm/" : NSTemporaryDirectory()) + "dld-fuzz-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: folder) }
         let store = try SQLiteJobStore(path: folder + "/jobs.sqlite")
@@ -97,8 +99,14 @@ import Testing
             answered += 1
             let parsed = try? JSONValue.parse(data)
             let responses = parsed?.arrayValue ?? parsed.map { [$0] } ?? []
-            guard !responses.isEmpty, responses.allSatisfy({ $0["jsonrpc"] == "2.0" && ($0["result"] != nil || $0["error"]?["data"]?["code"]?.stringValue != nil) }) else {
-                Issue.record("seed \(seed) round \(round): bad answer \(String(decoding: data, as: UTF8.self).prefix(300)) to \(String(decoding: line, as: UTF8.self).prefix(300))")
+            guard !responses.isEmpty,
+                responses.allSatisfy({
+                    $0["jsonrpc"] == "2.0" && ($0["result"] != nil || $0["error"]?["data"]?["code"]?.stringValue != nil)
+                })
+            else {
+                Issue.record(
+                    "seed \(seed) round \(round): bad answer \(String(decoding: data, as: UTF8.self).prefix(300)) to \(String(decoding: line, as: UTF8.self).prefix(300))"
+                )
                 break
             }
         }

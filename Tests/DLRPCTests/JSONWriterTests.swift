@@ -7,7 +7,8 @@ import Testing
 /// `JSONValue.serialized()` writes JSON itself (for speed): it must give the bytes Foundation's
 /// encoder gives, and parse back to the same value.
 @Suite struct JSONWriterTests {
-    private static let alphabet: [Unicode.Scalar] = (0..<0x30).compactMap(Unicode.Scalar.init)
+    private static let alphabet: [Unicode.Scalar] =
+        (0..<0x30).compactMap(Unicode.Scalar.init)
         + ["\"", "\\", "/", "a", "Z", "é", "\u{7F}", "\u{80}", "\u{2028}", "\u{FEFF}", "日", "😀", "\u{202E}"]
 
     private func randomString(_ rng: inout SplitMix64) -> String {
@@ -65,7 +66,9 @@ import Testing
     @Test func timestampsAsFoundation() {
         let seed = SplitMix64.testSeed()
         var rng = SplitMix64(state: seed)
-        var dates = [Date(timeIntervalSince1970: 0), Date(timeIntervalSince1970: 1_800_000_000.999), Date(timeIntervalSince1970: 951_782_400)]
+        var dates = [
+            Date(timeIntervalSince1970: 0), Date(timeIntervalSince1970: 1_800_000_000.999), Date(timeIntervalSince1970: 951_782_400),
+        ]
         for _ in 0..<2000 { dates.append(Date(timeIntervalSince1970: Double.random(in: 0..<4_102_444_800, using: &rng))) }
         for date in dates {
             #expect(JobJSON.timestamp(date) == .string(date.formatted(.iso8601)), "seed \(seed): \(date.timeIntervalSince1970)")
@@ -143,9 +146,10 @@ import Testing
         var rng = SplitMix64(state: seed)
         func maybe<T>(_ value: T) -> T? { Bool.random(using: &rng) ? value : nil }
         for n in 0..<500 {
-            var job = Job(url: maybe("https://u:p@h/a\"b") ?? "http://h/é/\(n)", path: "/tmp/x/\(n) \\ \"q\"",
-                          state: JobState.allCases.randomElement(using: &rng) ?? .queued,
-                          createdAt: Date(timeIntervalSince1970: Double(n) * 1000.5), updatedAt: Date(timeIntervalSince1970: 1_800_000_000))
+            var job = Job(
+                url: maybe("https://u:p@h/a\"b") ?? "http://h/é/\(n)", path: "/tmp/x/\(n) \\ \"q\"",
+                state: JobState.allCases.randomElement(using: &rng) ?? .queued,
+                createdAt: Date(timeIntervalSince1970: Double(n) * 1000.5), updatedAt: Date(timeIntervalSince1970: 1_800_000_000))
             job.id = Int64(n + 1)
             job.priority = Int.random(in: -1000...1000, using: &rng)
             job.size = maybe(Int64.random(in: 0...1 << 40, using: &rng))
@@ -169,14 +173,18 @@ import Testing
             let expected = JobJSON.encode(job, live: live).serialized()
             #expect(Data(text.bytes) == expected, "seed \(seed): \(String(decoding: text.bytes, as: UTF8.self))")
             // Spliced into a reply as it is.
-            #expect(JSONValue.array([.raw(text), .raw(text)]).serialized() == Data("[".utf8) + expected + Data(",".utf8) + expected + Data("]".utf8))
+            #expect(
+                JSONValue.array([.raw(text), .raw(text)]).serialized() == Data("[".utf8) + expected + Data(",".utf8) + expected
+                    + Data("]".utf8))
         }
     }
 
     /// A job's `name` is the last part of its path, as NSString gives it.
     @Test func nameIsLastPathComponent() {
         for path in ["/a/b.txt", "/a/b c/é.bin", "/x", "/a/", "/", "", "b", "/a/b/", "//a//b"] {
-            #expect(Job(url: "http://h/", path: path, createdAt: Date(), updatedAt: Date()).name == (path as NSString).lastPathComponent, "\(path)")
+            #expect(
+                Job(url: "http://h/", path: path, createdAt: Date(), updatedAt: Date()).name == (path as NSString).lastPathComponent,
+                "\(path)")
         }
     }
 }

@@ -20,16 +20,18 @@ struct SchedulingClock {
 
 func queuedJob(_ id: JobID, host: String = "a.example", group: GroupID? = nil, size: Int64? = nil) -> Job {
     let created = SchedulingClock().now
-    return Job(id: id, url: "http://\(host)/f\(id)", path: "/tmp/f\(id)", state: .queued, size: size,
-               createdAt: created, updatedAt: created, groupID: group)
+    return Job(
+        id: id, url: "http://\(host)/f\(id)", path: "/tmp/f\(id)", state: .queued, size: size,
+        createdAt: created, updatedAt: created, groupID: group)
 }
 
 extension Book {
     init(maxActive: Int = 3, maxLight: Int = 4, groupParallel: Int = 2, maxPerHost: Int = 6) {
-        self.init(limits: SchedulingLimits(
-            lanes: Lanes(maxActive: maxActive, maxLight: maxLight),
-            groupLanes: Lanes(maxActive: groupParallel, maxLight: 0),
-            hosts: HostLimits(maxPerHost: maxPerHost)))
+        self.init(
+            limits: SchedulingLimits(
+                lanes: Lanes(maxActive: maxActive, maxLight: maxLight),
+                groupLanes: Lanes(maxActive: groupParallel, maxLight: 0),
+                hosts: HostLimits(maxPerHost: maxPerHost)))
     }
 
     /// Starts `job`'s transfer, as the engine does once its claim is committed or it was
@@ -91,7 +93,8 @@ extension Book {
         let one = book.run(queuedJob(1, host: "a.example"), long: true)
         book.run(queuedJob(2, host: "a.example"), long: true)
         book.run(queuedJob(3, host: "b.example"))
-        book.turnRead(ready: [queuedJob(4, host: "a.example"), queuedJob(5, host: "b.example"), queuedJob(6, host: "b.example")], members: [:])
+        book.turnRead(
+            ready: [queuedJob(4, host: "a.example"), queuedJob(5, host: "b.example"), queuedJob(6, host: "b.example")], members: [:])
         // Every light slot is taken: nothing starts before a transfer ends.
         let handed1 = book.handOff(at: clock)
         #expect(handed1 == nil)

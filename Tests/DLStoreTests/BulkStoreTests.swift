@@ -122,7 +122,8 @@ import Testing
     @Test(arguments: Backend.allCases)
     func bulkEventsReachTheSinkInPages(_ backend: Backend) async throws {
         try await withStore(backend) { store, _ in
-            let jobs = try await store.insert((0..<2500).map { NewJob(url: "https://e.com/\($0)", path: "/tmp/sink/\($0)") }, now: t0).map(\.job)
+            let jobs = try await store.insert((0..<2500).map { NewJob(url: "https://e.com/\($0)", path: "/tmp/sink/\($0)") }, now: t0).map(
+                \.job)
             let listening = Flag()
             let delivered = Collected()
             let pages = Counter()
@@ -185,8 +186,9 @@ import Testing
     func optionsAndHeadersRoundTrip(_ backend: Backend) async throws {
         try await withStore(backend) { store, _ in
             for bits in 0..<8 {
-                var new = NewJob(url: "https://e.com/\(bits)", path: "/tmp/options/\(bits)",
-                                 headers: bits == 0 ? [] : [HeaderField(name: "X-N", value: "\(bits) \"q\"")])
+                var new = NewJob(
+                    url: "https://e.com/\(bits)", path: "/tmp/options/\(bits)",
+                    headers: bits == 0 ? [] : [HeaderField(name: "X-N", value: "\(bits) \"q\"")])
                 new.options = JobOptions(automaticName: bits & 1 != 0, renameIfTaken: bits & 2 != 0, insecure: bits & 4 != 0)
                 let job = try await store.insert([new], now: t0)[0].job
                 let back = try #require(try await store.fetch(job.id))
@@ -224,7 +226,9 @@ import Testing
         let sink = EventSink()
         let delivered = Collected()
         sink.set(wanted: { true }) { delivered.add($0) }
-        func event(_ seq: Int64) -> StoredEvent { StoredEvent(seq: seq, at: t0, kind: .jobState, jobID: seq, groupID: nil, state: "running") }
+        func event(_ seq: Int64) -> StoredEvent {
+            StoredEvent(seq: seq, at: t0, kind: .jobState, jobID: seq, groupID: nil, state: "running")
+        }
         sink.publish([event(1)])
         sink.hold()
         sink.publish([event(4)])

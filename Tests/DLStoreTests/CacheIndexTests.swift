@@ -12,10 +12,13 @@ import Testing
     @Test func rowsRoundTrip() async throws {
         let folder = try TempFolder()
         let path = folder.path + "/index.sqlite"
-        let headers = CacheHeaders(cacheControl: "max-age=60", expires: nil, date: "Sun, 06 Nov 1994 08:49:37 GMT", etag: "W/\"x\"", lastModified: "lm")
-        let a = CacheEntry(key: "aa", url: "https://example.com/a", path: "/c/files/aa", ready: true, bytes: 10, sha256: "ff",
-                           headers: headers, receivedAt: t0, lastUsed: t0, pinned: false, jobID: nil, generation: 1)
-        let b = CacheEntry(key: "bb", url: "https://example.com/b", path: "/c/files/bb", receivedAt: t0, lastUsed: t0, jobID: 7, generation: 3)
+        let headers = CacheHeaders(
+            cacheControl: "max-age=60", expires: nil, date: "Sun, 06 Nov 1994 08:49:37 GMT", etag: "W/\"x\"", lastModified: "lm")
+        let a = CacheEntry(
+            key: "aa", url: "https://example.com/a", path: "/c/files/aa", ready: true, bytes: 10, sha256: "ff",
+            headers: headers, receivedAt: t0, lastUsed: t0, pinned: false, jobID: nil, generation: 1)
+        let b = CacheEntry(
+            key: "bb", url: "https://example.com/b", path: "/c/files/bb", receivedAt: t0, lastUsed: t0, jobID: 7, generation: 3)
         do {
             let index = try CacheIndex(path: path)
             try await index.save(a)

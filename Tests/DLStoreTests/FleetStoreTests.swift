@@ -184,8 +184,10 @@ import Testing
             let short = try await store.claim(limit: 2, worker: "w1", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
             let long = try await store.claim(limit: 1, worker: "w2", leaseUntil: t0.addingTimeInterval(90), excludingHosts: [], now: t0)
             try #require(short.count == 2 && long.count == 1)
-            #expect(try await store.checkpoint(short[0].id, received: 500, size: 1000, validators: Validators(), finalURL: nil,
-                                               now: t0.addingTimeInterval(5), owner: "w1"))
+            #expect(
+                try await store.checkpoint(
+                    short[0].id, received: 500, size: 1000, validators: Validators(), finalURL: nil,
+                    now: t0.addingTimeInterval(5), owner: "w1"))
             #expect(try await store.requeueExpired(now: t0.addingTimeInterval(29)).isEmpty)
             let before = try await store.lastEventSeq()
             let requeued = try await store.requeueExpired(now: t0.addingTimeInterval(31))
@@ -200,7 +202,8 @@ import Testing
             let events = try await store.events(after: before)
             #expect(events.map(\.jobID) == requeued.map(Optional.init))
             #expect(events.allSatisfy { $0.state == "queued" })
-            let again = try await store.claim(limit: 5, worker: "w3", leaseUntil: t0.addingTimeInterval(99), excludingHosts: [], now: t0.addingTimeInterval(32))
+            let again = try await store.claim(
+                limit: 5, worker: "w3", leaseUntil: t0.addingTimeInterval(99), excludingHosts: [], now: t0.addingTimeInterval(32))
             #expect(again.map(\.id) == short.map(\.id))
             #expect(again.allSatisfy { $0.attempts == 2 && $0.worker == "w3" })
         }
@@ -215,7 +218,8 @@ import Testing
             let jobs = try await store.insert((1...2).map { new($0) }, now: t0).map(\.job)
             let old = try await store.claim(limit: 2, worker: "w1", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
             _ = try await store.requeueExpired(now: t0.addingTimeInterval(31))
-            let taken = try await store.claim(limit: 1, worker: "w2", leaseUntil: t0.addingTimeInterval(90), excludingHosts: [], now: t0.addingTimeInterval(32))
+            let taken = try await store.claim(
+                limit: 1, worker: "w2", leaseUntil: t0.addingTimeInterval(90), excludingHosts: [], now: t0.addingTimeInterval(32))
             try #require(taken.map(\.id) == [jobs[0].id])
 
             // w1 finishes both late: one is w2's now, the other queued (no one's).
@@ -234,12 +238,16 @@ import Testing
             #expect(try await store.lastEventSeq() == before)
             #expect(try await store.fetch(jobs[0].id) == taken[0], "the new owner's row is untouched")
             #expect(try await store.fetch(jobs[1].id)?.state == .queued)
-            #expect(!(try await store.checkpoint(jobs[0].id, received: 999, size: nil, validators: Validators(), finalURL: nil,
-                                                 now: t0.addingTimeInterval(34), owner: "w1")))
+            #expect(
+                !(try await store.checkpoint(
+                    jobs[0].id, received: 999, size: nil, validators: Validators(), finalURL: nil,
+                    now: t0.addingTimeInterval(34), owner: "w1")))
             #expect(try await store.fetch(jobs[0].id)?.received == 0)
 
-            #expect(try await store.checkpoint(jobs[0].id, received: 400, size: 1000, validators: Validators(), finalURL: nil,
-                                               now: t0.addingTimeInterval(34), owner: "w2"))
+            #expect(
+                try await store.checkpoint(
+                    jobs[0].id, received: 400, size: 1000, validators: Validators(), finalURL: nil,
+                    now: t0.addingTimeInterval(34), owner: "w2"))
             var finished = try #require(try await store.fetch(jobs[0].id))
             finished.state = .completed
             finished.received = 1000
@@ -284,10 +292,13 @@ import Testing
         let claimed = try await withThrowingTaskGroup(of: (String, [JobID]).self) { group in
             for (worker, store) in [("w1", a), ("w2", b)] {
                 group.addTask {
-                    var mine = try await store.claim(limit: 3, worker: worker, leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0).map(\.id)
+                    var mine = try await store.claim(
+                        limit: 3, worker: worker, leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0
+                    ).map(\.id)
                     await barrier.arrive()
                     while true {
-                        let jobs = try await store.claim(limit: 3, worker: worker, leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
+                        let jobs = try await store.claim(
+                            limit: 3, worker: worker, leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
                         if jobs.isEmpty { return (worker, mine) }
                         mine += jobs.map(\.id)
                     }

@@ -131,7 +131,8 @@ import Testing
             await #expect(throws: StoreError.pathInUse(path: "/tmp/g/b/x", by: 1)) {
                 _ = try await store.insertGroup(
                     name: "b", dir: "/tmp/g/b", priority: 0,
-                    members: [NewJob(url: "https://e.com/w", path: "/tmp/g/b/w"), NewJob(url: "https://e.com/x", path: "/tmp/g/b/x")], now: t0)
+                    members: [NewJob(url: "https://e.com/w", path: "/tmp/g/b/w"), NewJob(url: "https://e.com/x", path: "/tmp/g/b/x")],
+                    now: t0)
             }
             #expect(try await store.fetchGroups(named: "b").isEmpty)
             #expect(try await store.list().count == 1)

@@ -12,9 +12,13 @@ import Testing
     func insertedRowsReadBackAsReturned(_ backend: Backend) async throws {
         try await withStore(backend) { store, _ in
             var news = [
-                NewJob(url: "https://example.com/a.bin", path: "/tmp/x/a.bin", meta: #"{"a":"\u0000"}"#, checksum: try Checksum.parse("sha256:" + String(repeating: "ab", count: 32)).get(), expectedSize: 1 << 40),
+                NewJob(
+                    url: "https://example.com/a.bin", path: "/tmp/x/a.bin", meta: #"{"a":"\u0000"}"#,
+                    checksum: try Checksum.parse("sha256:" + String(repeating: "ab", count: 32)).get(), expectedSize: 1 << 40),
                 NewJob(url: "https://example.com/é 日.bin", path: "/tmp/x/é 日😀.bin", priority: -1000, key: "k2", meta: ""),
-                NewJob(url: "http://127.0.0.1:8080/c", path: "/tmp/x/c", priority: 1000, headers: [HeaderField(name: "A", value: "")], overwrite: true, state: .paused),
+                NewJob(
+                    url: "http://127.0.0.1:8080/c", path: "/tmp/x/c", priority: 1000, headers: [HeaderField(name: "A", value: "")],
+                    overwrite: true, state: .paused),
             ]
             news[2].options = JobOptions(automaticName: true, renameIfTaken: true, insecure: true)
             news[1].host = "precomputed"
@@ -40,7 +44,8 @@ import Testing
         try await withStore(backend) { store, _ in
             _ = try await store.insert([NewJob(url: "https://h/a", path: "/tmp/x/a")], now: t0)
             await #expect(throws: StoreError.self) {
-                _ = try await store.insert([NewJob(url: "https://h/b", path: "/tmp/x/b"), NewJob(url: "https://h/a2", path: "/tmp/x/a")], now: t0)
+                _ = try await store.insert(
+                    [NewJob(url: "https://h/b", path: "/tmp/x/b"), NewJob(url: "https://h/a2", path: "/tmp/x/a")], now: t0)
             }
             #expect(try await store.list().map(\.path) == ["/tmp/x/a"])
             let after = try await store.insert([NewJob(url: "https://h/b", path: "/tmp/x/b")], now: t0)
@@ -100,7 +105,8 @@ import Testing
     @Test(arguments: Backend.allCases)
     func nulEndsAText(_ backend: Backend) async throws {
         try await withStore(backend) { store, _ in
-            let created = try await store.insert([NewJob(url: "https://h/n", path: "/tmp/x/n", key: "k\u{0}tail", meta: "{}\u{0}junk")], now: t0)
+            let created = try await store.insert(
+                [NewJob(url: "https://h/n", path: "/tmp/x/n", key: "k\u{0}tail", meta: "{}\u{0}junk")], now: t0)
             let job = try #require(try await store.fetch(created[0].job.id))
             #expect(job.key == "k")
             #expect(job.meta == "{}")

@@ -56,8 +56,11 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
     func roundTrip(_ backend: Backend) async throws {
         try await withStore(backend) { store, fixture in
             let outcomes = try await store.insert(
-                [NewJob(url: "https://example.com/a.bin", path: "/tmp/x/a.bin", priority: 5, key: "k1",
-                        meta: #"{"chapter":3}"#, headers: [HeaderField(name: "X-Token", value: "t")], overwrite: true)],
+                [
+                    NewJob(
+                        url: "https://example.com/a.bin", path: "/tmp/x/a.bin", priority: 5, key: "k1",
+                        meta: #"{"chapter":3}"#, headers: [HeaderField(name: "X-Token", value: "t")], overwrite: true)
+                ],
                 now: t0)
             #expect(outcomes.count == 1)
             #expect(outcomes[0].created)
@@ -127,7 +130,10 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
     @Test(arguments: Backend.allCases)
     func encryptionRecipientsRoundTrip(_ backend: Backend) async throws {
         try await withStore(backend) { store, fixture in
-            let recipients = ["age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p", "age1lggyhqrw2nlhcxprm67z43rta597azn8gknawjehu9d9dl0jq3yqqvfafg"]
+            let recipients = [
+                "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p",
+                "age1lggyhqrw2nlhcxprm67z43rta597azn8gknawjehu9d9dl0jq3yqqvfafg",
+            ]
             var new = NewJob(url: "https://e.com/secret.tar", path: "/tmp/x/secret.tar.age")
             new.options = JobOptions(automaticName: true, encryptTo: recipients)
             let plain = NewJob(url: "https://e.com/open.tar", path: "/tmp/x/open.tar")
@@ -165,7 +171,8 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
         try await withStore(backend) { store, _ in
             _ = try await store.insert([NewJob(url: "https://e.com/1", path: "/tmp/same")], now: t0)
             await #expect(throws: StoreError.pathInUse(path: "/tmp/same", by: 1)) {
-                try await store.insert([NewJob(url: "https://e.com/ok", path: "/tmp/ok"), NewJob(url: "https://e.com/2", path: "/tmp/same")], now: t0)
+                try await store.insert(
+                    [NewJob(url: "https://e.com/ok", path: "/tmp/ok"), NewJob(url: "https://e.com/2", path: "/tmp/same")], now: t0)
             }
             #expect(try await store.list().count == 1)
             #expect(try await store.isPathInUse("/tmp/same"))
@@ -216,7 +223,8 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
             var job = try #require(try await store.fetch(1))
             job.state = .running
             try await store.save(job)
-            try await store.checkpoint(1, received: 10, size: 100, validators: validators, finalURL: "https://x/1", now: t0.addingTimeInterval(5))
+            try await store.checkpoint(
+                1, received: 10, size: 100, validators: validators, finalURL: "https://x/1", now: t0.addingTimeInterval(5))
             let after = try #require(try await store.fetch(1))
             #expect(after.received == 10)
             #expect(after.size == 100)
@@ -244,8 +252,10 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
             try await store.save(job)
             let validators = Validators(etag: "\"v\"", acceptsRanges: true)
             let ranges = "0-40-50,50-80-100"
-            #expect(try await store.checkpoint(1, received: 70, size: 100, validators: validators, finalURL: nil, segments: ranges,
-                                               now: t0, owner: nil))
+            #expect(
+                try await store.checkpoint(
+                    1, received: 70, size: 100, validators: validators, finalURL: nil, segments: ranges,
+                    now: t0, owner: nil))
             var saved = try #require(try await store.fetch(1))
             #expect(saved.segments == ranges)
             #expect(saved.received == 70)
@@ -290,7 +300,10 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
             try await store.save(job)
             let reopened = try await fixture.open()
             let saved = try #require(try await reopened.fetch(job.id))
-            #expect(saved.mirrors == [JobMirror(url: "https://b.example/f"), JobMirror(url: "https://c.example:8443/f", dropped: "size differs: 11 vs 10")])
+            #expect(
+                saved.mirrors == [
+                    JobMirror(url: "https://b.example/f"), JobMirror(url: "https://c.example:8443/f", dropped: "size differs: 11 vs 10"),
+                ])
             #expect(saved.urlDropped == "the server answered 404")
             #expect(try await reopened.list(afterID: 0, limit: 10).first?.mirrors == saved.mirrors)
         }
@@ -323,8 +336,10 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
             #expect(try await store.fetch(1)?.unsynced == one)
             #expect(try await store.recordUnsynced([], owner: nil) == 0)
             // A checkpoint leaves it; it is still there for a store opened anew (a restart).
-            #expect(try await store.checkpoint(1, received: 40, size: 100, validators: validators, finalURL: nil, segments: nil,
-                                               now: t0, owner: "w1"))
+            #expect(
+                try await store.checkpoint(
+                    1, received: 40, size: 100, validators: validators, finalURL: nil, segments: nil,
+                    now: t0, owner: "w1"))
             let reopened = try await fixture.open()
             let read = try #require(try await reopened.fetch(1))
             #expect(read.unsynced == one)
@@ -372,8 +387,11 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
             let events = try await store.save([waiting, same, running], publish: false)
             #expect(events.map(\.seq) == [4, 5])
             #expect(events.map(\.jobID) == [jobs[0].id, jobs[2].id])
-            #expect(events[0] == StoredEvent(seq: 4, at: t0.addingTimeInterval(3), kind: .jobState, jobID: jobs[0].id, groupID: nil,
-                                             state: "waiting", waitReason: .retry, error: JobError(code: "http_status", message: "503")))
+            #expect(
+                events[0]
+                    == StoredEvent(
+                        seq: 4, at: t0.addingTimeInterval(3), kind: .jobState, jobID: jobs[0].id, groupID: nil,
+                        state: "waiting", waitReason: .retry, error: JobError(code: "http_status", message: "503")))
             #expect(delivered.events.isEmpty, "publish: false leaves publishing to the caller")
             store.publishEvents(events)
             #expect(delivered.events == events)

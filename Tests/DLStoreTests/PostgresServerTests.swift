@@ -55,7 +55,8 @@ import Testing
             let bin = folder.path + "/lib/\(version)/bin"
             try fm.createDirectory(atPath: bin, withIntermediateDirectories: true)
             for program in ["initdb", "postgres", "createdb", "dropdb", "psql"] {
-                #expect(fm.createFile(atPath: bin + "/" + program, contents: Data("#!/bin/sh\n".utf8), attributes: [.posixPermissions: 0o755]))
+                #expect(
+                    fm.createFile(atPath: bin + "/" + program, contents: Data("#!/bin/sh\n".utf8), attributes: [.posixPermissions: 0o755]))
             }
         }
         #expect(try PostgresServer.findBinaries(searchPath: "/nonexistent", libRoot: folder.path + "/lib") == folder.path + "/lib/15/bin")

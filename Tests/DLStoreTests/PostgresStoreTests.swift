@@ -102,7 +102,8 @@ import Testing
     @Test func aStatementOnAClosedConnectionFailsInsteadOfWaitingForever() async throws {
         let fixture = try StoreFixture(.postgres)
         let url = try #require(fixture.postgresURL)
-        let connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 1, logger: StoreFixture.logger)
+        let connection = try await PostgresConnection.connect(
+            configuration: try url.connectionConfiguration(), id: 1, logger: StoreFixture.logger)
         #expect(try await connection.rows("SELECT 1", logger: StoreFixture.logger).count == 1)
         #expect(ConnectionWatch.shared.watches(connection))
         try await connection.close()
@@ -172,7 +173,8 @@ final class Flag: @unchecked Sendable {
         #expect(PostgresURL.redacted("postgres://u:p@ss@host/db?sslmode=require") == "postgres://u:***@host/db?sslmode=require")
         #expect(PostgresURL.redacted("postgresql://u:@host/db") == "postgresql://u:***@host/db")
         #expect(PostgresURL.redacted("postgresql://dld@host/db") == "postgresql://dld@host/db")
-        #expect(PostgresURL.redacted("postgresql://host/db?user=u&password=s3cret&sslmode=disable")
+        #expect(
+            PostgresURL.redacted("postgresql://host/db?user=u&password=s3cret&sslmode=disable")
                 == "postgresql://host/db?user=u&password=***&sslmode=disable")
         #expect(PostgresURL.redacted("postgresql://host/db?PASSWORD=s3cret#x") == "postgresql://host/db?PASSWORD=***#x")
         #expect(PostgresURL.redacted("host=/run/postgresql password=s3cret dbname=jobs") == "host=/run/postgresql password=*** dbname=jobs")
@@ -207,10 +209,11 @@ final class Flag: @unchecked Sendable {
     }
 
     @Test func refusesWhatItCannotUseWithoutShowingThePassword() {
-        for bad in ["mysql://u:s3cret@h/db", "postgresql://u:s3cret@h/db?sslmode=verify-sometimes",
-                    "postgresql://u:s3cret@h/db?colour=blue", "postgresql://u:s3cret@h:99999/db",
-                    "postgresql://u:s3cret@/db?host=/run/pg&sslmode=require"]
-        {
+        for bad in [
+            "mysql://u:s3cret@h/db", "postgresql://u:s3cret@h/db?sslmode=verify-sometimes",
+            "postgresql://u:s3cret@h/db?colour=blue", "postgresql://u:s3cret@h:99999/db",
+            "postgresql://u:s3cret@/db?host=/run/pg&sslmode=require",
+        ] {
             do {
                 _ = try PostgresURL.parse(bad, defaultUser: "me")
                 Issue.record("accepted \(bad)")

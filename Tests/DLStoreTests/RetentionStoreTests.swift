@@ -15,12 +15,19 @@ import Testing
             var byName: [String: JobID] = [:]
             func add(_ name: String, _ state: JobState, finished: Date?, group: Bool = false) async throws {
                 let new = NewJob(url: "https://e.com/\(name)", path: "/tmp/ret/\(name)")
-                var job = group
-                    ? try #require(try await store.insertGroup(name: "g-\(name)", dir: "/tmp/ret/g-\(name)", priority: 0, members: [new], now: t0).1.first)
+                var job =
+                    group
+                    ? try #require(
+                        try await store.insertGroup(name: "g-\(name)", dir: "/tmp/ret/g-\(name)", priority: 0, members: [new], now: t0).1
+                            .first)
                     : try await store.insert([new], now: t0)[0].job
                 job.state = state
                 job.finishedAt = finished
-                if state == .failed { job.error = JobError(code: "http_status", message: "gone"); job.attempts = 1; job.received = 10 }
+                if state == .failed {
+                    job.error = JobError(code: "http_status", message: "gone")
+                    job.attempts = 1
+                    job.received = 10
+                }
                 try await store.save(job)
                 byName[name] = job.id
             }
@@ -50,7 +57,9 @@ import Testing
     /// SQLite, the file) is smaller. PostgreSQL leaves it to autovacuum.
     @Test func compactionShrinksTheFile() async throws {
         try await withStore(.sqlite) { store, _ in
-            let jobs = (0..<20_000).map { NewJob(url: "https://example.com/some/long/path/\($0)?token=abcdefghijklmnop", path: "/tmp/compact/\($0).bin") }
+            let jobs = (0..<20_000).map {
+                NewJob(url: "https://example.com/some/long/path/\($0)?token=abcdefghijklmnop", path: "/tmp/compact/\($0).bin")
+            }
             _ = try await store.insert(jobs, now: t0)
             let full = try await store.databaseBytes()
             #expect(try await store.compact(CompactionPolicy()) == 0, "nothing free yet")

@@ -37,17 +37,20 @@ private func sample(_ count: Int) -> [UInt8] {
         let alice = hex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
         let bobPublic = hex("de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f")
         #expect(try AgeCrypto.x25519Public(secret: alice) == hex("8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a"))
-        #expect(try AgeCrypto.x25519(secret: alice, peer: bobPublic) == hex("4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742"))
+        #expect(
+            try AgeCrypto.x25519(secret: alice, peer: bobPublic) == hex("4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742"))
         // RFC 5869 test case 1.
         let caseOne = try AgeCrypto.hkdfBytes(
-            ikm: [UInt8](repeating: 0x0b, count: 22), salt: hex("000102030405060708090a0b0c"), info: hex("f0f1f2f3f4f5f6f7f8f9"), length: 42)
+            ikm: [UInt8](repeating: 0x0b, count: 22), salt: hex("000102030405060708090a0b0c"), info: hex("f0f1f2f3f4f5f6f7f8f9"), length: 42
+        )
         #expect(caseOne == hex("3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865"))
         // RFC 5869 test case 3: no salt, no info.
         let caseThree = try AgeCrypto.hkdfBytes(ikm: [UInt8](repeating: 0x0b, count: 22), salt: [], info: [], length: 42)
         #expect(caseThree == hex("8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d9d201395faa4b61a96c8"))
         // RFC 4231 test case 2.
-        #expect(try AgeCrypto.hmacSHA256(key: Array("Jefe".utf8), Array("what do ya want for nothing?".utf8))
-            == hex("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"))
+        #expect(
+            try AgeCrypto.hmacSHA256(key: Array("Jefe".utf8), Array("what do ya want for nothing?".utf8))
+                == hex("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"))
     }
 
     /// ChaCha20-Poly1305 gives RFC 8439's §2.8.2 answer, and its seal opens again; a changed
@@ -55,7 +58,8 @@ private func sample(_ count: Int) -> [UInt8] {
     @Test func aead() throws {
         let key = hex("808182838485868788898a8b8c8d8e8f909192939495969798999a9b9c9d9e9f")
         let nonce = hex("070000004041424344454647")
-        let plaintext = Array("Ladies and Gentlemen of the class of '99: If I could offer you only one tip for the future, sunscreen would be it.".utf8)
+        let plaintext = Array(
+            "Ladies and Gentlemen of the class of '99: If I could offer you only one tip for the future, sunscreen would be it.".utf8)
         let cipher = try ChaChaPoly()
         var sealed: [UInt8] = []
         // The RFC's vector has additional data, which age never uses: its tag differs, so

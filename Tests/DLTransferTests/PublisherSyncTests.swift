@@ -71,14 +71,17 @@ import Testing
         defer { try? FileManager.default.removeItem(atPath: root) }
         let calls = Mutex(0)
         let checked = Mutex<[String]>([])
-        let outcome = Publisher.syncFilesystems(of: paths, type: { _ in 0xEF53 }, sync: { fd in
-            calls.withLock { $0 += 1 }
-            usleep(30_000)
-            return fsync(fd)
-        }, writtenBack: { path in
-            checked.withLock { $0.append(path) }
-            return dld_written_back(path)
-        })
+        let outcome = Publisher.syncFilesystems(
+            of: paths, type: { _ in 0xEF53 },
+            sync: { fd in
+                calls.withLock { $0 += 1 }
+                usleep(30_000)
+                return fsync(fd)
+            },
+            writtenBack: { path in
+                checked.withLock { $0.append(path) }
+                return dld_written_back(path)
+            })
         #expect(outcome.rest.isEmpty)
         #expect(outcome.failures.isEmpty)
         // Both folders are on one filesystem: one sync for the six files, then each file's
@@ -94,8 +97,9 @@ import Testing
         defer { try? FileManager.default.removeItem(atPath: root) }
         // syncfs said nothing (another program saw the filesystem's error first); the file's
         // own check did.
-        let outcome = Publisher.syncFilesystems(of: paths, type: { _ in 0xEF53 }, sync: { _ in 0 },
-                                                writtenBack: { $0 == paths[1] ? EIO : 0 })
+        let outcome = Publisher.syncFilesystems(
+            of: paths, type: { _ in 0xEF53 }, sync: { _ in 0 },
+            writtenBack: { $0 == paths[1] ? EIO : 0 })
         #expect(outcome.rest.isEmpty)
         #expect(Set(outcome.failures.keys) == [paths[1]])
         #expect(outcome.failures[paths[1]]?.error.code == "file_error")
@@ -108,19 +112,23 @@ import Testing
         // A sync that reports an error: every file of that filesystem is left over, unchecked
         // (its own fdatasync sees its own error).
         let checked = Mutex(0)
-        let failed = Publisher.syncFilesystems(of: paths, type: { _ in 0xEF53 }, sync: { _ in -1 }, writtenBack: { _ in
-            checked.withLock { $0 += 1 }
-            return 0
-        })
+        let failed = Publisher.syncFilesystems(
+            of: paths, type: { _ in 0xEF53 }, sync: { _ in -1 },
+            writtenBack: { _ in
+                checked.withLock { $0 += 1 }
+                return 0
+            })
         #expect(Set(failed.rest) == Set(paths))
         #expect(failed.failures.isEmpty)
         #expect(checked.withLock { $0 } == 0)
         // A filesystem whose syncfs is not trusted (here, NFS): not synced at all.
         let calls = Mutex(0)
-        let nfs = Publisher.syncFilesystems(of: paths, type: { _ in 0x6969 }, sync: { _ in
-            calls.withLock { $0 += 1 }
-            return 0
-        })
+        let nfs = Publisher.syncFilesystems(
+            of: paths, type: { _ in 0x6969 },
+            sync: { _ in
+                calls.withLock { $0 += 1 }
+                return 0
+            })
         #expect(Set(nfs.rest) == Set(paths))
         #expect(calls.withLock { $0 } == 0)
         // A file that is not there, in a folder that is or is not, and a symbolic link.

@@ -21,7 +21,10 @@ import Testing
             (Downloader.classify(CancellationError(), target: target), "network_error", "files.example"),
             (Downloader.classify(HTTPClientError.invalidURL, target: target), "invalid_url", "files.example"),
             (Downloader.classify(HTTPClientError.readTimeout, target: target), "timeout", "files.example"),
-            (Downloader.classify(IOError(errnoCode: ECONNREFUSED, reason: "connect"), target: target), "connection_refused", "files.example:443"),
+            (
+                Downloader.classify(IOError(errnoCode: ECONNREFUSED, reason: "connect"), target: target), "connection_refused",
+                "files.example:443"
+            ),
             (Downloader.classify(IOError(errnoCode: ENETUNREACH, reason: "connect"), target: target), "network_error", "files.example:443"),
         ]
         for (failure, code, name) in cases {

@@ -8,11 +8,17 @@ import Testing
     @Test func knownAnswers() throws {
         let abc = Array("abc".utf8)
         let expected: [(DigestAlgorithm, String, String)] = [
-            (.sha256, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+            (
+                .sha256, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+                "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+            ),
             (.sha1, "da39a3ee5e6b4b0d3255bfef95601890afd80709", "a9993e364706816aba3e25717850c26c9cd0d89d"),
             (.md5, "d41d8cd98f00b204e9800998ecf8427e", "900150983cd24fb0d6963f7d28e17f72"),
-            (.sha512, "cf83e1357eefb8bdf1542850d66d8007d620e4050b5715dc83f4a921d36ce9ce47d0d13c5d85f2b0ff8318d2877eec2f63b931bd47417a81a538327af927da3e",
-             "ddaf35a193617abacc417349ae20413112e6fa4e89a97ea20a9eeee64b55d39a2192992a274fc1a836ba3c23a3feebbd454d4423643ce80e2a9ac94fa54ca49f"),
+            (
+                .sha512,
+                "cf83e1357eefb8bdf1542850d66d8007d620e4050b5715dc83f4a921d36ce9ce47d0d13c5d85f2b0ff8318d2877eec2f63b931bd47417a81a538327af927da3e",
+                "ddaf35a193617abacc417349ae20413112e6fa4e89a97ea20a9eeee64b55d39a2192992a274fc1a836ba3c23a3feebbd454d4423643ce80e2a9ac94fa54ca49f"
+            ),
         ]
         for (algorithm, empty, ofABC) in expected {
             let digest = try #require(StreamingDigest(algorithm))
@@ -71,16 +77,19 @@ import Testing
         let now = Date(timeIntervalSince1970: 1_800_000_000)
         let policy = BackoffPolicy(base: 2, cap: 600, maxAttempts: 3, giveUpAfter: 3600, diskRecheck: 30)
         let disk = TransferFailure(.transient(.diskSpace), .diskSpace, "full")
-        #expect(RetryDecision.decide(disk, attempts: 99, sinceProgress: 99_999, policy: policy, now: now, unit: 0.5)
-            == .wait(.diskSpace, until: now.addingTimeInterval(30)))
+        #expect(
+            RetryDecision.decide(disk, attempts: 99, sinceProgress: 99_999, policy: policy, now: now, unit: 0.5)
+                == .wait(.diskSpace, until: now.addingTimeInterval(30)))
         let flaky = TransferFailure(.transient(.network), .networkError, "reset")
-        guard case .fail(let error) = RetryDecision.decide(flaky, attempts: 1, sinceProgress: 3600, policy: policy, now: now, unit: 0.5) else {
+        guard case .fail(let error) = RetryDecision.decide(flaky, attempts: 1, sinceProgress: 3600, policy: policy, now: now, unit: 0.5)
+        else {
             Issue.record("expected give-up after give_up_after")
             return
         }
         #expect(error.code == "retries_exhausted")
-        #expect(RetryDecision.decide(flaky, attempts: 2, sinceProgress: 10, policy: policy, now: now, unit: 0.5)
-            == .wait(.network, until: now.addingTimeInterval(2)))
+        #expect(
+            RetryDecision.decide(flaky, attempts: 2, sinceProgress: 10, policy: policy, now: now, unit: 0.5)
+                == .wait(.network, until: now.addingTimeInterval(2)))
     }
 
     /// Redirects: relative locations resolve; other schemes and https → http are refused.

@@ -52,12 +52,17 @@ import Testing
         environment["PATH"] = BuiltProducts.folder + ":" + (environment["PATH"] ?? "/usr/bin:/bin")
         func complete(_ words: [String]) throws -> ProgramOutput {
             let quoted = words.map { "'\($0)'" }.joined(separator: " ")
-            return try runProgram("/bin/bash", ["-c", """
-                source '\(scriptPath)' || exit 3
-                COMP_WORDS=(\(quoted)); COMP_CWORD=\(words.count - 1); COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}
-                _dlctl
-                printf '%s\\n' "${COMPREPLY[@]}"
-                """], environment: environment)
+            return try runProgram(
+                "/bin/bash",
+                [
+                    "-c",
+                    """
+                    source '\(scriptPath)' || exit 3
+                    COMP_WORDS=(\(quoted)); COMP_CWORD=\(words.count - 1); COMP_LINE="${COMP_WORDS[*]}"; COMP_POINT=${#COMP_LINE}
+                    _dlctl
+                    printf '%s\\n' "${COMPREPLY[@]}"
+                    """,
+                ], environment: environment)
         }
         let pause = try complete(["dlctl", "pause", ""])
         #expect(pause.status == 0, "\(pause.stderr)")

@@ -98,13 +98,17 @@ struct FaultyDisk {
     func startBig(_ disk: FaultyDisk, origin: TestOrigin) throws -> Int64 {
         let id = try disk.daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(Self.size)?rate=12000000"), "name": "big.bin"])
         // Some bytes are committed before the fault.
-        try disk.daemon.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 4_000_000 || $0["state"] != "running" && $0["state"] != "queued" }
+        try disk.daemon.waitForJob(id) {
+            ($0["received"]?.int64Value ?? 0) > 4_000_000 || $0["state"] != "running" && $0["state"] != "queued"
+        }
         return id
     }
 
     /// A big download meets the fault (`kinds` of its `.part` fail with `code`, `count` times,
     /// 0: until cleared), stops in `state` with `error`, and recovers.
-    func bigDownloadMeets(_ kinds: String, errno code: Int32, count: Int = 0, stops state: String, error: String, reason: String? = nil) async throws {
+    func bigDownloadMeets(_ kinds: String, errno code: Int32, count: Int = 0, stops state: String, error: String, reason: String? = nil)
+        async throws
+    {
         try await withOrigin { origin in
             var disk = try FaultyDisk(origin: origin)
             let id = try startBig(disk, origin: origin)
@@ -155,7 +159,10 @@ struct FaultyDisk {
             var disk = try FaultyDisk(origin: origin)
             try disk.fs.fail("fdatasync", "f03.bin.part", errno: EIO, count: 1)
             let jobs = (0..<8).map { n -> JSONValue in
-                .object(["url": .string("\(origin.baseURL)/bytes/\(PowerCutTests.smallSize)?n=\(n)"), "name": .string(String(format: "f%02d.bin", n))])
+                .object([
+                    "url": .string("\(origin.baseURL)/bytes/\(PowerCutTests.smallSize)?n=\(n)"),
+                    "name": .string(String(format: "f%02d.bin", n)),
+                ])
             }
             let result = try disk.daemon.call("enqueue", ["jobs": .array(jobs)])
             let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value }

@@ -31,7 +31,7 @@ import Testing
             let path = folder + "/" + name
             var isDirectory: ObjCBool = false
             guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory), !isDirectory.boolValue,
-                  let data = FileManager.default.contents(atPath: path)
+                let data = FileManager.default.contents(atPath: path)
             else { continue }
             names.append(name)
             for probe in probes where data.range(of: probe) != nil {
@@ -113,7 +113,9 @@ import Testing
             let mistyped = try daemon.callError("enqueue", ["url": url, "encrypt_to": [.string(String(typo))]])
             #expect(mistyped.code == -32602)
             #expect(mistyped.message.contains("encrypt_to") && mistyped.message.contains("checksum"), "\(mistyped.message)")
-            let secret = try String(contentsOfFile: identity.path, encoding: .utf8).split(separator: "\n").first { $0.hasPrefix("AGE-SECRET-KEY-") }
+            let secret = try String(contentsOfFile: identity.path, encoding: .utf8).split(separator: "\n").first {
+                $0.hasPrefix("AGE-SECRET-KEY-")
+            }
             let identityGiven = try daemon.callError("enqueue", ["url": url, "encrypt_to": .string(String(try #require(secret)))])
             #expect(identityGiven.code == -32602)
             #expect(identityGiven.message.contains("secret identity"), "\(identityGiven.message)")
@@ -122,9 +124,11 @@ import Testing
             #expect(notString.code == -32602)
             let empty = try daemon.callError("enqueue", ["url": url, "encrypt_to": []])
             #expect(empty.message.contains("at least one"), "\(empty.message)")
-            let group = try daemon.callError("enqueue", [
-                "group": ["name": "g", "dir": .string(daemon.downloadDir + "/g")], "jobs": [["url": url]], "encrypt_to": "age1nope",
-            ])
+            let group = try daemon.callError(
+                "enqueue",
+                [
+                    "group": ["name": "g", "dir": .string(daemon.downloadDir + "/g")], "jobs": [["url": url]], "encrypt_to": "age1nope",
+                ])
             #expect(group.code == -32602)
             #expect(try daemon.call("list")["jobs"]?.arrayValue?.isEmpty == true)
         }
@@ -167,13 +171,15 @@ import Testing
             defer { daemon.stop() }
             let identity = try AgeTool.keygen(in: daemon.root)
             let dir = daemon.downloadDir + "/lesson"
-            let result = try daemon.call("enqueue", [
-                "group": ["name": "lesson", "dir": .string(dir)], "encrypt_to": [.string(identity.recipient)],
-                "jobs": [
-                    ["url": .string("\(origin.baseURL)/bytes/70000"), "name": "video.bin"],
-                    ["url": .string("\(origin.baseURL)/bytes/0"), "path": "notes/empty.json"],
-                ],
-            ])
+            let result = try daemon.call(
+                "enqueue",
+                [
+                    "group": ["name": "lesson", "dir": .string(dir)], "encrypt_to": [.string(identity.recipient)],
+                    "jobs": [
+                        ["url": .string("\(origin.baseURL)/bytes/70000"), "name": "video.bin"],
+                        ["url": .string("\(origin.baseURL)/bytes/0"), "path": "notes/empty.json"],
+                    ],
+                ])
             let groupID = try #require(result["group"]?["id"]?.int64Value)
             let paths = result["results"]?.arrayValue?.compactMap { $0["path"]?.stringValue } ?? []
             #expect(paths == [dir + "/video.bin.age", dir + "/notes/empty.json.age"])
@@ -209,7 +215,9 @@ import Testing
             #expect(paused["state"] == "paused")
             #expect((paused["received"]?.int64Value ?? 0) > 0, "\(paused.serializedString())")
             _ = try daemon.call("resume", ["id": .int(id)])
-            let over = try daemon.waitForJob(id) { $0["error"]?["code"] == "started_over" || $0["state"] == "completed" || $0["state"] == "failed" }
+            let over = try daemon.waitForJob(id) {
+                $0["error"]?["code"] == "started_over" || $0["state"] == "completed" || $0["state"] == "failed"
+            }
             #expect(over["error"]?["code"] == "started_over", "\(over.serializedString())")
             #expect(over["error"]?["message"]?.stringValue?.contains("encrypted") == true)
             let done = try daemon.waitForState(id, ["completed", "failed"])

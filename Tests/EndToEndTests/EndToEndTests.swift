@@ -35,7 +35,8 @@ func committedReceived(_ daemon: DaemonHarness, _ id: Int64, atLeast: Int64, tim
     let deadline = Date().addingTimeInterval(timeout)
     var last = ""
     repeat {
-        let read = try runProgram("/usr/bin/sqlite3", [table, "SELECT received FROM jobs WHERE id = \(id)"], environment: daemon.environment)
+        let read = try runProgram(
+            "/usr/bin/sqlite3", [table, "SELECT received FROM jobs WHERE id = \(id)"], environment: daemon.environment)
         last = read.stdout + read.stderr
         if read.status == 0, let value = Int64(read.stdout.trimmingCharacters(in: .whitespacesAndNewlines)), value >= atLeast {
             return value
@@ -138,7 +139,10 @@ func committedReceived(_ daemon: DaemonHarness, _ id: Int64, atLeast: Int64, tim
             try daemon.start()
             var ids: [Int64] = []
             for n in 1...3 {
-                ids.append(try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(n * 1000)"), "paused": true, "meta": ["n": .int(Int64(n))]]))
+                ids.append(
+                    try daemon.enqueue([
+                        "url": .string("\(origin.baseURL)/bytes/\(n * 1000)"), "paused": true, "meta": ["n": .int(Int64(n))],
+                    ]))
             }
             let before = try daemon.call("list")["jobs"]
             #expect(daemon.stop() == 0)
@@ -147,7 +151,9 @@ func committedReceived(_ daemon: DaemonHarness, _ id: Int64, atLeast: Int64, tim
 
             let size = 8 << 20
             // One stream (segments are SegmentedTests' subject): the resume is one range.
-            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?rate=2000000"), "name": "crash.bin", "segments": 1])
+            let id = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?rate=2000000"), "name": "crash.bin", "segments": 1,
+            ])
             // Wait for a checkpoint (every 2 s), seen in the job table itself (status shows live
             // counters), so that the crash has committed bytes to keep.
             try daemon.waitForJob(id, timeout: 30) { ($0["received"]?.int64Value ?? 0) > 0 && $0["state"] == "running" }
@@ -222,10 +228,11 @@ func committedReceived(_ daemon: DaemonHarness, _ id: Int64, atLeast: Int64, tim
         ]
         let responses = try daemon.exchange(lines)
         let codes = responses.map { $0["error"]?["data"]?["code"]?.stringValue ?? ($0.arrayValue.map { _ in "batch" } ?? "ok") }
-        #expect(codes == [
-            "parse_error", "invalid_request", "method_not_found", "invalid_params", "invalid_url",
-            "destination_invalid", "destination_exists", "job_not_found", "batch", "parse_error", "parse_error",
-        ])
+        #expect(
+            codes == [
+                "parse_error", "invalid_request", "method_not_found", "invalid_params", "invalid_url",
+                "destination_invalid", "destination_exists", "job_not_found", "batch", "parse_error", "parse_error",
+            ])
         #expect(responses[0]["error"]?["code"] == -32700)
         #expect(responses[2]["error"]?["code"] == -32601)
         #expect(responses[3]["error"]?["message"]?.stringValue?.contains("colour") == true)
@@ -355,7 +362,8 @@ func committedReceived(_ daemon: DaemonHarness, _ id: Int64, atLeast: Int64, tim
         let daemon = try DaemonHarness()
         let config = daemon.root + "/c.toml"
         try "max_active = 2\nlog_level = \"warning\"\n".write(toFile: config, atomically: true, encoding: .utf8)
-        let out = try runProgram(BuiltProducts.path("dld"), ["--config", config, "--max-active", "5", "--print-config"], environment: daemon.environment)
+        let out = try runProgram(
+            BuiltProducts.path("dld"), ["--config", config, "--max-active", "5", "--print-config"], environment: daemon.environment)
         #expect(out.status == 0)
         #expect(out.stdout.contains("max_active = 5"))
         #expect(out.stdout.contains("log_level = \"warning\""))

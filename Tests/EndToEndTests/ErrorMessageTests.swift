@@ -33,7 +33,8 @@ func documentedJobErrorCodes() throws -> Set<String> {
         let source = try String(contentsOf: Self.root.appendingPathComponent("Sources/DLCore/JobErrorCode.swift"), encoding: .utf8)
         let members = source.split(separator: "\n").compactMap { line -> String? in
             guard line.contains("public static let"), let open = line.range(of: "rawValue: \""),
-                  let close = line[open.upperBound...].firstIndex(of: "\"") else { return nil }
+                let close = line[open.upperBound...].firstIndex(of: "\"")
+            else { return nil }
             return String(line[open.upperBound..<close])
         }
         #expect(members.count > 30)
@@ -50,8 +51,10 @@ func documentedJobErrorCodes() throws -> Set<String> {
             for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
                 let code = line.trimmingCharacters(in: .whitespaces)
                 if code.hasPrefix("//") { continue }
-                if code.contains("JobError(code: \"") || code.range(of: #"TransferFailure\([^,\"]*,\s*\""#, options: .regularExpression) != nil
-                    || code.range(of: #"code != \"|code == \""#, options: .regularExpression) != nil {
+                if code.contains("JobError(code: \"")
+                    || code.range(of: #"TransferFailure\([^,\"]*,\s*\""#, options: .regularExpression) != nil
+                    || code.range(of: #"code != \"|code == \""#, options: .regularExpression) != nil
+                {
                     offenders.append("\(path):\(number + 1)")
                 }
             }
@@ -90,7 +93,8 @@ func closedPort() throws -> Int {
             #expect(problems.isEmpty, "\(code): \(problems): \(message)", sourceLocation: sourceLocation)
             seen[code] = message
         }
-        let daemon = try DaemonHarness(config: "retry_base = 3600\nretry_max_delay = 3600\nread_timeout = 1\nmin_free = 0\nconnect_timeout = 5\n")
+        let daemon = try DaemonHarness(
+            config: "retry_base = 3600\nretry_max_delay = 3600\nread_timeout = 1\nmin_free = 0\nconnect_timeout = 5\n")
         let tls = try TLSFiles.selfSigned(in: daemon.root)
         let host = "127.0.0.1"
         try await withTLSOrigin(tls) { secure in
@@ -102,21 +106,43 @@ func closedPort() throws -> Int {
                     try daemon.waitForJob(try daemon.enqueue(params), timeout: 60, until)
                 }
                 let failed: (JSONValue) -> Bool = { $0["state"] == "failed" }
-                func waiting(_ code: String) -> (JSONValue) -> Bool { { $0["state"] == "waiting" && $0["error"]?["code"]?.stringValue == code } }
+                func waiting(_ code: String) -> (JSONValue) -> Bool {
+                    { $0["state"] == "waiting" && $0["error"]?["code"]?.stringValue == code }
+                }
 
                 check(try run(["url": .string("\(base)/status/404"), "name": "a"], until: failed), "http_status", names: [host, "404"])
-                check(try run(["url": .string("\(base)/bytes/2000?stall_after=1000"), "name": "b"], until: waiting("timeout")), "timeout", names: [host])
-                check(try run(["url": .string("\(base)/close"), "name": "c"], until: waiting("connection_closed")), "connection_closed", names: [host])
-                check(try run(["url": "http://no-such-host.invalid/x", "name": "d"], until: waiting("dns_error")), "dns_error", names: ["no-such-host.invalid"])
+                check(
+                    try run(["url": .string("\(base)/bytes/2000?stall_after=1000"), "name": "b"], until: waiting("timeout")), "timeout",
+                    names: [host])
+                check(
+                    try run(["url": .string("\(base)/close"), "name": "c"], until: waiting("connection_closed")), "connection_closed",
+                    names: [host])
+                check(
+                    try run(["url": "http://no-such-host.invalid/x", "name": "d"], until: waiting("dns_error")), "dns_error",
+                    names: ["no-such-host.invalid"])
                 let port = try closedPort()
-                check(try run(["url": .string("http://127.0.0.1:\(port)/x"), "name": "e"], until: waiting("connection_refused")), "connection_refused", names: ["127.0.0.1:\(port)"])
+                check(
+                    try run(["url": .string("http://127.0.0.1:\(port)/x"), "name": "e"], until: waiting("connection_refused")),
+                    "connection_refused", names: ["127.0.0.1:\(port)"])
                 check(try run(["url": .string("\(base)/loop"), "name": "f"], until: failed), "too_many_redirects", names: [host])
-                check(try run(["url": .string("\(base)/redirect/0?to=ftp%3A%2F%2Fexample.com%2Fx"), "name": "g"], until: failed), "redirect_refused", names: ["ftp"])
-                check(try run(["url": .string("\(base)/bytes/1000"), "name": "h", "checksum": .string("sha256:" + String(repeating: "0", count: 64))], until: failed),
-                      "checksum_mismatch", names: [host, daemon.downloadDir + "/h.part"])
-                check(try run(["url": .string("\(base)/bytes/1000"), "name": "i", "size": 999], until: failed), "size_mismatch", names: [host])
-                check(try run(["url": .string("\(secure.baseURL)/bytes/1000"), "name": "j"], until: failed), "tls_untrusted", names: [host])
-                check(try run(["url": .string("https://127.0.0.1:\(origin.port)/bytes/1000"), "name": "k"], until: failed), "tls_handshake", names: [host])
+                check(
+                    try run(["url": .string("\(base)/redirect/0?to=ftp%3A%2F%2Fexample.com%2Fx"), "name": "g"], until: failed),
+                    "redirect_refused", names: ["ftp"])
+                check(
+                    try run(
+                        [
+                            "url": .string("\(base)/bytes/1000"), "name": "h",
+                            "checksum": .string("sha256:" + String(repeating: "0", count: 64)),
+                        ], until: failed),
+                    "checksum_mismatch", names: [host, daemon.downloadDir + "/h.part"])
+                check(
+                    try run(["url": .string("\(base)/bytes/1000"), "name": "i", "size": 999], until: failed), "size_mismatch", names: [host]
+                )
+                check(
+                    try run(["url": .string("\(secure.baseURL)/bytes/1000"), "name": "j"], until: failed), "tls_untrusted", names: [host])
+                check(
+                    try run(["url": .string("https://127.0.0.1:\(origin.port)/bytes/1000"), "name": "k"], until: failed), "tls_handshake",
+                    names: [host])
 
                 // Truncated, then (resumed) longer than announced.
                 let cut = try daemon.enqueue(["url": .string("\(base)/bytes/100000?drop_after=60000&overlong=1000"), "name": "l"])
@@ -127,7 +153,9 @@ func closedPort() throws -> Int {
                 // A TLS file that went away between enqueue and the transfer.
                 let copy = daemon.root + "/gone.pem"
                 try FileManager.default.copyItem(atPath: tls.certificatePath, toPath: copy)
-                let gone = try daemon.enqueue(["url": .string("\(secure.baseURL)/bytes/1000"), "name": "m", "ca_file": .string(copy), "paused": true])
+                let gone = try daemon.enqueue([
+                    "url": .string("\(secure.baseURL)/bytes/1000"), "name": "m", "ca_file": .string(copy), "paused": true,
+                ])
                 try FileManager.default.removeItem(atPath: copy)
                 _ = try daemon.call("resume", ["id": .int(gone)])
                 check(try daemon.waitForJob(gone, failed), "tls_config", names: [copy])
@@ -163,9 +191,13 @@ func closedPort() throws -> Int {
             try strict.start()
             defer { strict.stop() }
             let port = try closedPort()
-            let exhausted = try strict.waitForJob(try strict.enqueue(["url": .string("http://127.0.0.1:\(port)/x"), "name": "q"])) { $0["state"] == "failed" }
+            let exhausted = try strict.waitForJob(try strict.enqueue(["url": .string("http://127.0.0.1:\(port)/x"), "name": "q"])) {
+                $0["state"] == "failed"
+            }
             check(exhausted, "retries_exhausted", names: ["127.0.0.1:\(port)", "connection_refused"])
-            let full = try strict.waitForJob(try strict.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": "r"])) { $0["state"] == "waiting" }
+            let full = try strict.waitForJob(try strict.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": "r"])) {
+                $0["state"] == "waiting"
+            }
             check(full, "disk_space", names: [strict.downloadDir])
         }
 

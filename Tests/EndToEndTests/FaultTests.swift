@@ -45,7 +45,9 @@ func sha256sum(_ path: String) throws -> String {
             // kept: a resume refetches at most a chunk in flight, where one that kept nothing
             // would refetch up to `dropAfter` per drop.
             let refetchPerDrop: Int64 = 128 << 10
-            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?drop_after=\(dropAfter)&linger=300"), "name": "drop.bin"])
+            let id = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?drop_after=\(dropAfter)&linger=300"), "name": "drop.bin",
+            ])
             // The committed offset each time the job stopped on a drop.
             var committed: [Int64] = []
             var job = try daemon.waitForJob(id) { ["completed", "failed", "waiting"].contains($0["state"]?.stringValue ?? "") }
@@ -83,8 +85,9 @@ func sha256sum(_ path: String) throws -> String {
                 }
             }
             #expect(origin.bytesServed == served)
-            #expect(origin.bytesServed <= size + refetchPerDrop * Int64(committed.count),
-                    "\(origin.bytesServed) bytes served for \(size) with \(committed.count) drops: \(committed)")
+            #expect(
+                origin.bytesServed <= size + refetchPerDrop * Int64(committed.count),
+                "\(origin.bytesServed) bytes served for \(size) with \(committed.count) drops: \(committed)")
         }
     }
 
@@ -210,8 +213,10 @@ func sha256sum(_ path: String) throws -> String {
             defer { daemon.stop() }
             let size = 600_000
             let digest = try originDigest(.sha256, count: size)
-            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?rate=600000"), "name": "blocked.bin",
-                                         "checksum": .string("sha256:\(digest)")])
+            let id = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?rate=600000"), "name": "blocked.bin",
+                "checksum": .string("sha256:\(digest)"),
+            ])
             try daemon.waitForJob(id) { $0["state"] == "running" }
             let target = daemon.downloadDir + "/blocked.bin"
             try Data("someone else's".utf8).write(to: URL(fileURLWithPath: target))
@@ -255,7 +260,9 @@ func sha256sum(_ path: String) throws -> String {
             let daemon = try DaemonHarness(config: quickRetries + "\ncheckpoint_interval = 0.25\n")
             try daemon.start()
             let size = 32 << 20
-            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?rate=4000000"), "name": "killed.bin", "segments": 1])
+            let id = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?rate=4000000"), "name": "killed.bin", "segments": 1,
+            ])
             var kills = 0
             var lastCommitted: Int64 = 0
             while kills < 10 {
@@ -340,13 +347,18 @@ func sha256sum(_ path: String) throws -> String {
     @Test func floorIsCheckedWhileStreaming() async throws {
         try await withOrigin { origin in
             // 8 MiB filesystem, 2 MiB floor: a 2 MiB file fits at the start.
-            let daemon = try DaemonHarness(config: "retry_base = 0.05\nretry_max_delay = 0.2\nread_timeout = 1\nmin_free = 2097152\ndisk_recheck = 3\ncheckpoint_interval = 0.1\n")
+            let daemon = try DaemonHarness(
+                config:
+                    "retry_base = 0.05\nretry_max_delay = 0.2\nread_timeout = 1\nmin_free = 2097152\ndisk_recheck = 3\ncheckpoint_interval = 0.1\n"
+            )
             let small = daemon.downloadDir + "/small"
             try await withTmpfs(small, size: "8m") {
                 try daemon.start()
                 defer { daemon.stop() }
                 let size = 2 << 20
-                let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?rate=500000"), "dir": .string(small), "name": "floor.bin"])
+                let id = try daemon.enqueue([
+                    "url": .string("\(origin.baseURL)/bytes/\(size)?rate=500000"), "dir": .string(small), "name": "floor.bin",
+                ])
                 try daemon.waitForJob(id) { $0["state"] == "running" && ($0["received"]?.int64Value ?? 0) > 0 }
                 // Another program takes 5 MiB: the space reserved for the file stays, but less
                 // than the floor is left.

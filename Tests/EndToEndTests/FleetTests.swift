@@ -11,7 +11,9 @@ import Testing
 @Suite(.serialized) struct FleetTests {
     /// The workers' common config: the database, a short lease so that a dead worker's jobs
     /// come back within seconds, and the shared folder as an allowed root.
-    private func workers(_ names: [String], database url: String, shared: String, maxActive: Int = 3, lease: Int = 3) throws -> [DaemonHarness] {
+    private func workers(_ names: [String], database url: String, shared: String, maxActive: Int = 3, lease: Int = 3) throws
+        -> [DaemonHarness]
+    {
         try names.map { name in
             let config = """
                 database = "\(url)"
@@ -28,7 +30,9 @@ import Testing
     /// A fresh database on the shared PostgreSQL server (its name and URL), a shared download
     /// folder and the test origin, for `body`; the database and folder are removed after it.
     /// With `server`, on that one (a test that stops it has a server of its own).
-    private func withFleet(on own: PostgresServer? = nil, _ body: (PostgresServer, String, String, String, TestOrigin) async throws -> Void) async throws {
+    private func withFleet(on own: PostgresServer? = nil, _ body: (PostgresServer, String, String, String, TestOrigin) async throws -> Void)
+        async throws
+    {
         let server = try own ?? PostgresServer.shared()
         let name = try server.createDatabase()
         defer { server.dropDatabase(name) }
@@ -53,10 +57,14 @@ import Testing
             let count = 2000
             let size = 4096
             for part in 0..<4 {
-                let jobs = JSONValue.array((0..<count / 4).map { n in
-                    let index = part * count / 4 + n
-                    return ["url": .string("\(origin.baseURL)/bytes/\(size)?file=\(index)"), "dir": .string(shared), "name": .string("f\(index).bin")]
-                })
+                let jobs = JSONValue.array(
+                    (0..<count / 4).map { n in
+                        let index = part * count / 4 + n
+                        return [
+                            "url": .string("\(origin.baseURL)/bytes/\(size)?file=\(index)"), "dir": .string(shared),
+                            "name": .string("f\(index).bin"),
+                        ]
+                    })
                 let reply = try fleet[0].call("enqueue", ["jobs": jobs])
                 #expect(reply["count"]?.int64Value == Int64(count / 4))
             }
@@ -85,9 +93,10 @@ import Testing
             }
             #expect(!victim.isRunning, "w3 never ran jobs")
             // Its rows stay as they were until its lease runs out (seconds from now).
-            let orphaned = Set(try server.psql(database: name, runningOnVictim).split(separator: "\n").map {
-                String($0.dropFirst(origin.baseURL.count))
-            })
+            let orphaned = Set(
+                try server.psql(database: name, runningOnVictim).split(separator: "\n").map {
+                    String($0.dropFirst(origin.baseURL.count))
+                })
             #expect(!orphaned.isEmpty)
 
             // Everything completes on the two that are left.
@@ -102,7 +111,8 @@ import Testing
 
             // Once each: one `completed` event per job, in the one numbered stream.
             let events = try server.psql(
-                database: name, "SELECT count(*) || ':' || count(DISTINCT job_id) FROM events WHERE kind = 'job.state' AND state = 'completed'")
+                database: name,
+                "SELECT count(*) || ':' || count(DISTINCT job_id) FROM events WHERE kind = 'job.state' AND state = 'completed'")
             #expect(events.trimmingCharacters(in: .whitespacesAndNewlines) == "\(count):\(count)")
             let expected = TestOrigin.bytes(count: size)
             for index in 0..<count {
@@ -135,7 +145,9 @@ import Testing
             // killed worker ran are fetched twice.
             let fences = try fleet[0...1].map { try $0.call("stats")["lease"]?["fences"]?.int64Value } + [victimFences]
             if fences.allSatisfy({ $0 == 0 }) {
-                #expect(Set(twice.keys).isSubset(of: orphaned), "fetched whole twice: \(twice.keys.sorted()); the victim ran \(orphaned.sorted())")
+                #expect(
+                    Set(twice.keys).isSubset(of: orphaned),
+                    "fetched whole twice: \(twice.keys.sorted()); the victim ran \(orphaned.sorted())")
             }
             // The survivors took the victim's jobs once its lease ran out.
             #expect(fleet[0].log.contains("leases ran out") || fleet[1].log.contains("leases ran out"))
@@ -213,7 +225,9 @@ import Testing
             let y = try second.enqueue(["url": .string("\(origin.baseURL)/bytes/2000"), "dir": .string(shared), "name": "y.bin"])
             try second.waitForState(y, ["completed"])
             #expect(rename(shared + "/y.bin", shared + "/y.bin.part") == 0)
-            let z = try second.enqueue(["url": .string("\(origin.baseURL)/bytes/3000"), "dir": .string(shared), "name": "z.bin", "paused": true])
+            let z = try second.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/3000"), "dir": .string(shared), "name": "z.bin", "paused": true,
+            ])
             _ = try server.psql(database: name, "UPDATE jobs SET state = 'running', worker = 'gone/dead', lease_until = 1 WHERE id = \(z)")
             let deadline = Date().addingTimeInterval(30)
             while !FileManager.default.fileExists(atPath: shared + "/y.bin"), Date() < deadline { usleep(50_000) }
@@ -232,7 +246,8 @@ import Testing
 
     /// `stats.lease` of each worker until `condition` holds for every one (each asked in
     /// turn, a bounded wait); returns the last replies.
-    private func waitForLeases(_ fleet: [DaemonHarness], timeout: TimeInterval = 60, _ condition: (JSONValue) -> Bool) throws -> [JSONValue] {
+    private func waitForLeases(_ fleet: [DaemonHarness], timeout: TimeInterval = 60, _ condition: (JSONValue) -> Bool) throws -> [JSONValue]
+    {
         let deadline = Date().addingTimeInterval(timeout)
         var last: [JSONValue] = []
         repeat {
@@ -242,20 +257,26 @@ import Testing
         } while Date() < deadline
         // What each worker said lately, without the lines of a server that is away.
         let logs = fleet.map { worker in
-            worker.log.split(separator: "\n").filter { !$0.contains("cannot connect") && !$0.contains("creation failed") && !$0.contains("requestCancelled") }
-                .suffix(40).joined(separator: "\n")
+            worker.log.split(separator: "\n").filter {
+                !$0.contains("cannot connect") && !$0.contains("creation failed") && !$0.contains("requestCancelled")
+            }
+            .suffix(40).joined(separator: "\n")
         }
-        throw HarnessError("the workers' stats did not come to the expected state within \(timeout) s: \(last.map { $0.serializedString() })\n"
-            + logs.joined(separator: "\n----\n"))
+        throw HarnessError(
+            "the workers' stats did not come to the expected state within \(timeout) s: \(last.map { $0.serializedString() })\n"
+                + logs.joined(separator: "\n----\n"))
     }
 
     /// Enqueues `count` files of `size` bytes at `rate` (one stream each) through `worker`,
     /// into `shared`; returns their URIs.
-    private func enqueueFiles(_ worker: DaemonHarness, origin: TestOrigin, shared: String, prefix: String, count: Int, size: Int, rate: Int) throws -> [String] {
+    private func enqueueFiles(_ worker: DaemonHarness, origin: TestOrigin, shared: String, prefix: String, count: Int, size: Int, rate: Int)
+        throws -> [String]
+    {
         let uris = (0..<count).map { "/bytes/\(size)?rate=\(rate)&file=\(prefix)\($0)" }
-        let jobs = JSONValue.array(uris.enumerated().map { n, uri in
-            ["url": .string(origin.baseURL + uri), "dir": .string(shared), "name": .string("\(prefix)\(n).bin"), "segments": 1]
-        })
+        let jobs = JSONValue.array(
+            uris.enumerated().map { n, uri in
+                ["url": .string(origin.baseURL + uri), "dir": .string(shared), "name": .string("\(prefix)\(n).bin"), "segments": 1]
+            })
         let reply = try worker.call("enqueue", ["jobs": jobs])
         guard reply["count"]?.int64Value == Int64(count) else { throw HarnessError("enqueue: \(reply.serializedString())") }
         return uris
@@ -278,7 +299,9 @@ import Testing
         #expect(counts == "completed:\(files.count)", "\(counts)", sourceLocation: sourceLocation)
         let events = try server.psql(
             database: name, "SELECT count(*) || ':' || count(DISTINCT job_id) FROM events WHERE kind = 'job.state' AND state = 'completed'")
-        #expect(events.trimmingCharacters(in: .whitespacesAndNewlines) == "\(files.count):\(files.count)", "completed events", sourceLocation: sourceLocation)
+        #expect(
+            events.trimmingCharacters(in: .whitespacesAndNewlines) == "\(files.count):\(files.count)", "completed events",
+            sourceLocation: sourceLocation)
         let twice = origin.mostConcurrentBodiesByURI.filter { $0.value > 1 }
         #expect(twice.isEmpty, "streamed by two transfers at once: \(twice)", sourceLocation: sourceLocation)
         for file in files {
@@ -326,7 +349,8 @@ import Testing
             let fenced = try waitForLeases(fleet, timeout: Double(lease) * 5) { $0["lease"]?["fenced"] == true && $0["active"] == 0 }
             for stats in fenced {
                 #expect(stats["table_unreachable"]?.stringValue != nil, "\(stats.serializedString())")
-                #expect(stats["lease"]?["fences"] == 1 && stats["lease"]?["fenced_since"]?.stringValue != nil, "\(stats.serializedString())")
+                #expect(
+                    stats["lease"]?["fences"] == 1 && stats["lease"]?["fenced_since"]?.stringValue != nil, "\(stats.serializedString())")
             }
             for worker in fleet {
                 #expect(worker.waitForLog("this worker is fenced"), "\(worker.log.suffix(3000))")
@@ -391,7 +415,8 @@ import Testing
             }
             _ = try waitForLeases(fleet) { $0["lease"]?["fenced"] == false && $0["table_unreachable"] == .null }
             _ = try fleet[0].call("resume", ["all": true])
-            try expectAllCompleteOnce(server, name, origin: origin, shared: shared, files: (0..<300).map { (name: "d\($0).bin", size: size) })
+            try expectAllCompleteOnce(
+                server, name, origin: origin, shared: shared, files: (0..<300).map { (name: "d\($0).bin", size: size) })
         }
     }
 

@@ -26,14 +26,18 @@ func originDigest(_ algorithm: DigestAlgorithm, count: Int) throws -> String {
             let url = "\(origin.baseURL)/bytes/\(size)"
             for algorithm in DigestAlgorithm.allCases {
                 let hex = try originDigest(algorithm, count: size)
-                let good = try daemon.enqueue(["url": .string(url), "name": .string("good-\(algorithm)"), "checksum": .string("\(algorithm.rawValue):\(hex)")])
+                let good = try daemon.enqueue([
+                    "url": .string(url), "name": .string("good-\(algorithm)"), "checksum": .string("\(algorithm.rawValue):\(hex)"),
+                ])
                 let done = try daemon.waitForState(good, ["completed", "failed"])
                 #expect(done["state"] == "completed", "\(algorithm): \(done.serializedString())")
                 #expect(done["digest"]?.stringValue == hex)
                 #expect(done["sha256"]?.stringValue == (try originDigest(.sha256, count: size)))
 
                 let wrongHex = String(hex.reversed())
-                let bad = try daemon.enqueue(["url": .string(url), "name": .string("bad-\(algorithm)"), "checksum": .string("\(algorithm.rawValue):\(wrongHex)")])
+                let bad = try daemon.enqueue([
+                    "url": .string(url), "name": .string("bad-\(algorithm)"), "checksum": .string("\(algorithm.rawValue):\(wrongHex)"),
+                ])
                 let failed = try daemon.waitForState(bad, ["completed", "failed"])
                 #expect(failed["state"] == "failed")
                 #expect(failed["error"]?["code"] == "checksum_mismatch")
@@ -128,11 +132,16 @@ func originDigest(_ algorithm: DigestAlgorithm, count: Int) throws -> String {
             try daemon.start()
             defer { daemon.stop() }
             let dir = daemon.root + "/dl/lesson"
-            let result = try daemon.call("enqueue", ["group": ["name": "lesson", "dir": .string(dir)], "jobs": [
-                ["url": .string("\(origin.baseURL)/bytes/5000"), "name": "a.bin"],
-                ["url": .string("\(origin.baseURL)/bytes/6000"), "name": "b.bin"],
-                ["url": .string("\(origin.baseURL)/fail_first/1/bytes/7000"), "name": "c.bin"],
-            ]])
+            let result = try daemon.call(
+                "enqueue",
+                [
+                    "group": ["name": "lesson", "dir": .string(dir)],
+                    "jobs": [
+                        ["url": .string("\(origin.baseURL)/bytes/5000"), "name": "a.bin"],
+                        ["url": .string("\(origin.baseURL)/bytes/6000"), "name": "b.bin"],
+                        ["url": .string("\(origin.baseURL)/fail_first/1/bytes/7000"), "name": "c.bin"],
+                    ],
+                ])
             let groupID = try #require(result["group"]?["id"]?.int64Value)
             var status: JSONValue = .null
             for _ in 0..<300 {
@@ -158,7 +167,8 @@ func originDigest(_ algorithm: DigestAlgorithm, count: Int) throws -> String {
             // `enqueue --group --wait` ends with 1 once a member failed for good and the last
             // one still running stops, not when the failure happens, and not with a timeout.
             let list = daemon.root + "/failing.txt"
-            try "\(origin.baseURL)/status/404\n\(origin.baseURL)/bytes/6000?rate=3000\n".write(toFile: list, atomically: true, encoding: .utf8)
+            try "\(origin.baseURL)/status/404\n\(origin.baseURL)/bytes/6000?rate=3000\n".write(
+                toFile: list, atomically: true, encoding: .utf8)
             let failing = try daemon.dlctl(["enqueue", "--group", "broken", "-d", daemon.root + "/dl/broken", "-i", list, "--wait"])
             #expect(failing.status == 1, "\(failing.stdout) \(failing.stderr)")
             let broken = try daemon.call("status", ["group": "broken"])
@@ -288,36 +298,41 @@ func originDigest(_ algorithm: DigestAlgorithm, count: Int) throws -> String {
             // Written aside and renamed, so that the test never reads a half-written file.
             let recorder = out + "/record.py"
             try """
-                #!/usr/bin/python3
-                import json, os, sys
-                env = {k: v for k, v in os.environ.items() if k.startswith("DLD_")}
-                name = "%s-j%s-g%s" % (env["DLD_STATE"], env["DLD_JOB_ID"], env["DLD_GROUP"])
-                path = os.path.join(sys.argv[1], name)
-                with open(path + ".tmp", "w") as f:
-                    json.dump({"argv": sys.argv[2:], "env": env}, f)
-                os.rename(path + ".tmp", path)
-                print("hook-output: recorded " + name, flush=True)
-                sys.exit(3)
-                """.write(toFile: recorder, atomically: true, encoding: .utf8)
+            #!/usr/bin/python3
+            import json, os, sys
+            env = {k: v for k, v in os.environ.items() if k.startswith("DLD_")}
+            name = "%s-j%s-g%s" % (env["DLD_STATE"], env["DLD_JOB_ID"], env["DLD_GROUP"])
+            path = os.path.join(sys.argv[1], name)
+            with open(path + ".tmp", "w") as f:
+                json.dump({"argv": sys.argv[2:], "env": env}, f)
+            os.rename(path + ".tmp", path)
+            print("hook-output: recorded " + name, flush=True)
+            sys.exit(3)
+            """.write(toFile: recorder, atomically: true, encoding: .utf8)
             // Never exits, and ignores SIGTERM: only the SIGKILL after it ends it.
             let hanger = out + "/hang.py"
             try """
-                #!/usr/bin/python3
-                import os, signal, sys, time
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                with open(os.path.join(sys.argv[1], "hang-%s.pid" % os.environ["DLD_JOB_ID"]), "w") as f:
-                    f.write(str(os.getpid()))
-                print("hook-output: hanging", flush=True)
-                while True:
-                    time.sleep(3600)
-                """.write(toFile: hanger, atomically: true, encoding: .utf8)
+            #!/usr/bin/python3
+            import os, signal, sys, time
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            with open(os.path.join(sys.argv[1], "hang-%s.pid" % os.environ["DLD_JOB_ID"]), "w") as f:
+                f.write(str(os.getpid()))
+            print("hook-output: hanging", flush=True)
+            while True:
+                time.sleep(3600)
+            """.write(toFile: hanger, atomically: true, encoding: .utf8)
             chmod(recorder, 0o755)
             chmod(hanger, 0o755)
             let hostile = ["$DLD_PATH", "`touch \(out)/pwned1`", "$(touch \(out)/pwned2)", "a b; touch \(out)/pwned3", "*", "'q'\"", ""]
             func toml(_ items: [String]) -> String {
-                "[" + items.map { "\"" + $0.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\"" }.joined(separator: ", ") + "]"
+                "["
+                    + items.map {
+                        "\"" + $0.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""
+                    }.joined(separator: ", ") + "]"
             }
-            let daemon = try DaemonHarness(config: quickRetries + "\non_complete = \(toml([recorder, out] + hostile))\non_error = \(toml([hanger, out]))\nhook_timeout = 1\n")
+            let daemon = try DaemonHarness(
+                config: quickRetries
+                    + "\non_complete = \(toml([recorder, out] + hostile))\non_error = \(toml([hanger, out]))\nhook_timeout = 1\n")
             try daemon.start()
             defer { daemon.stop() }
             let url = "http://alice:hooksecret@127.0.0.1:\(origin.port)/bytes/1000"
@@ -369,7 +384,9 @@ func originDigest(_ algorithm: DigestAlgorithm, count: Int) throws -> String {
             #expect(try daemon.job(ok)["state"] == "completed")
             #expect(try daemon.job(bad)["state"] == "failed")
             // The group hook names the group.
-            let group = try daemon.call("enqueue", ["group": ["name": "g", "dir": .string(daemon.root + "/dl/g")], "jobs": [["url": .string("\(origin.baseURL)/bytes/10")]]])
+            let group = try daemon.call(
+                "enqueue",
+                ["group": ["name": "g", "dir": .string(daemon.root + "/dl/g")], "jobs": [["url": .string("\(origin.baseURL)/bytes/10")]]])
             let groupID = try #require(group["group"]?["id"]?.int64Value)
             let groupEnv = try record("completed-j-g\(groupID)").env
             #expect(groupEnv["DLD_GROUP"] == "\(groupID)")

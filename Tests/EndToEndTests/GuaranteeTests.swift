@@ -6,8 +6,10 @@ import Testing
 
 /// Polls a group's status until `condition` holds; returns the status.
 @discardableResult
-func waitForGroup(_ daemon: DaemonHarness, _ reference: JSONValue, timeout: TimeInterval = 60,
-                  _ condition: (JSONValue) -> Bool) throws -> JSONValue {
+func waitForGroup(
+    _ daemon: DaemonHarness, _ reference: JSONValue, timeout: TimeInterval = 60,
+    _ condition: (JSONValue) -> Bool
+) throws -> JSONValue {
     let deadline = Date().addingTimeInterval(timeout)
     var last: JSONValue = .null
     while Date() < deadline {
@@ -119,7 +121,9 @@ func stagingFolders(in folder: String) throws -> [String] {
             // The first answer drops after 60 kB; the resume's 206 says "…/100000" and sends
             // 1000 bytes more than that.
             let size: Int64 = 100_000
-            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?drop_after=60000&overlong=1000"), "name": "long.bin"])
+            let id = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?drop_after=60000&overlong=1000"), "name": "long.bin",
+            ])
             var job = try daemon.waitForJob(id) { $0["state"] != "queued" && $0["state"] != "running" }
             var rounds = 0
             while job["error"]?["code"] == "truncated" && rounds < 10 {
@@ -161,13 +165,17 @@ func stagingFolders(in folder: String) throws -> [String] {
                 let refused = try daemon.waitForJob(verified) { $0["state"] != "queued" && $0["state"] != "running" }
                 #expect(refused["state"] == "failed", "\(refused.serializedString())")
                 #expect(refused["error"]?["code"] == "tls_untrusted")
-                #expect(refused["error"]?["message"]?.stringValue?.lowercased().contains("certificate") == true, "\(refused.serializedString())")
+                #expect(
+                    refused["error"]?["message"]?.stringValue?.lowercased().contains("certificate") == true, "\(refused.serializedString())"
+                )
                 #expect(secure.requests.isEmpty, "a request went out over an unverified connection")
                 #expect(!FileManager.default.fileExists(atPath: daemon.downloadDir + "/verified.bin"))
                 _ = try daemon.call("cancel", ["id": .int(verified)])
 
                 let size = 300_000
-                let insecure = try daemon.enqueue(["url": .string("\(secure.baseURL)/bytes/\(size)"), "name": "insecure.bin", "insecure": true])
+                let insecure = try daemon.enqueue([
+                    "url": .string("\(secure.baseURL)/bytes/\(size)"), "name": "insecure.bin", "insecure": true,
+                ])
                 let done = try daemon.waitForState(insecure, ["completed", "failed", "waiting"])
                 #expect(done["state"] == "completed", "\(done.serializedString())")
                 #expect(done["insecure"] == true)
@@ -177,7 +185,9 @@ func stagingFolders(in folder: String) throws -> [String] {
 
                 let target = "\(plain.baseURL)/bytes/500"
                 let escaped = target.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? target
-                let downgrade = try daemon.enqueue(["url": .string("\(secure.baseURL)/redirect/0?to=\(escaped)"), "name": "down.bin", "insecure": true])
+                let downgrade = try daemon.enqueue([
+                    "url": .string("\(secure.baseURL)/redirect/0?to=\(escaped)"), "name": "down.bin", "insecure": true,
+                ])
                 let failed = try daemon.waitForState(downgrade, ["completed", "failed", "waiting"])
                 #expect(failed["state"] == "failed", "\(failed.serializedString())")
                 #expect(failed["error"]?["code"] == "redirect_refused")
@@ -203,10 +213,15 @@ func stagingFolders(in folder: String) throws -> [String] {
             let dir = daemon.downloadDir + "/book"
             try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
             try Data("mine".utf8).write(to: URL(fileURLWithPath: dir + "/notes.txt"))
-            _ = try daemon.call("enqueue", ["group": ["name": "book", "dir": .string(dir)], "jobs": [
-                ["url": .string("\(origin.baseURL)/bytes/1000"), "name": "a.bin"],
-                ["url": .string("\(origin.baseURL)/bytes/2000"), "path": "sub/b.bin"],
-            ]])
+            _ = try daemon.call(
+                "enqueue",
+                [
+                    "group": ["name": "book", "dir": .string(dir)],
+                    "jobs": [
+                        ["url": .string("\(origin.baseURL)/bytes/1000"), "name": "a.bin"],
+                        ["url": .string("\(origin.baseURL)/bytes/2000"), "path": "sub/b.bin"],
+                    ],
+                ])
             let published = try waitForGroup(daemon, "book") { $0["group"]?["state"] == "completed" || $0["group"]?["error"] != .null }
             #expect(published["group"]?["state"] == "completed", "\(published.serializedString())")
             try expectOriginBytes(at: dir + "/a.bin", count: 1000)
@@ -218,10 +233,15 @@ func stagingFolders(in folder: String) throws -> [String] {
             // while a slow member keeps the group from publishing for a couple of seconds.
             let clashDir = daemon.downloadDir + "/clash"
             try FileManager.default.createDirectory(atPath: clashDir, withIntermediateDirectories: true)
-            _ = try daemon.call("enqueue", ["group": ["name": "clash", "dir": .string(clashDir)], "jobs": [
-                ["url": .string("\(origin.baseURL)/bytes/3000"), "name": "c.bin"],
-                ["url": .string("\(origin.baseURL)/bytes/4000?rate=2000"), "name": "d.bin"],
-            ]])
+            _ = try daemon.call(
+                "enqueue",
+                [
+                    "group": ["name": "clash", "dir": .string(clashDir)],
+                    "jobs": [
+                        ["url": .string("\(origin.baseURL)/bytes/3000"), "name": "c.bin"],
+                        ["url": .string("\(origin.baseURL)/bytes/4000?rate=2000"), "name": "d.bin"],
+                    ],
+                ])
             try Data("mine".utf8).write(to: URL(fileURLWithPath: clashDir + "/c.bin"))
             let clash = try waitForGroup(daemon, "clash") { $0["group"]?["state"] == "completed" || $0["group"]?["error"] != .null }
             #expect(clash["group"]?["error"]?["code"] == "destination_exists", "\(clash.serializedString())")
@@ -268,10 +288,15 @@ func stagingFolders(in folder: String) throws -> [String] {
             defer { daemon.stop() }
             // One member done and staged, one still downloading (slowly).
             let slowDir = daemon.downloadDir + "/slow"
-            _ = try daemon.call("enqueue", ["group": ["name": "slow", "dir": .string(slowDir)], "jobs": [
-                ["url": .string("\(origin.baseURL)/bytes/1000"), "name": "fast.bin"],
-                ["url": .string("\(origin.baseURL)/bytes/\(4 << 20)?rate=500000"), "name": "slow.bin"],
-            ]])
+            _ = try daemon.call(
+                "enqueue",
+                [
+                    "group": ["name": "slow", "dir": .string(slowDir)],
+                    "jobs": [
+                        ["url": .string("\(origin.baseURL)/bytes/1000"), "name": "fast.bin"],
+                        ["url": .string("\(origin.baseURL)/bytes/\(4 << 20)?rate=500000"), "name": "slow.bin"],
+                    ],
+                ])
             try waitForGroup(daemon, "slow") { ($0["group"]?["members_done"]?.int64Value ?? 0) >= 1 }
             let staging = try stagingFolders(in: daemon.downloadDir)
             #expect(staging.count == 1)
@@ -290,10 +315,15 @@ func stagingFolders(in folder: String) throws -> [String] {
 
             // remove without delete_file: the published files stay; with it: they go.
             for name in ["keep", "drop"] {
-                _ = try daemon.call("enqueue", ["group": ["name": .string(name), "dir": .string(daemon.downloadDir + "/" + name)], "jobs": [
-                    ["url": .string("\(origin.baseURL)/bytes/1000"), "name": "x.bin"],
-                    ["url": .string("\(origin.baseURL)/bytes/2000"), "path": "sub/y.bin"],
-                ]])
+                _ = try daemon.call(
+                    "enqueue",
+                    [
+                        "group": ["name": .string(name), "dir": .string(daemon.downloadDir + "/" + name)],
+                        "jobs": [
+                            ["url": .string("\(origin.baseURL)/bytes/1000"), "name": "x.bin"],
+                            ["url": .string("\(origin.baseURL)/bytes/2000"), "path": "sub/y.bin"],
+                        ],
+                    ])
                 try waitForGroup(daemon, .string(name)) { $0["group"]?["state"] == "completed" }
             }
             _ = try daemon.call("remove", ["group": "keep"])

@@ -8,7 +8,8 @@ import Testing
 /// The binaries of this build are installed (`make install-files BIN=…`, the part of
 /// `make install` after its release build).
 @Suite(.serialized) struct InstallTests {
-    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        .path
 
     static let files: [(path: String, mode: Int)] = [
         ("bin/dld", 0o755), ("bin/dlctl", 0o755),
@@ -46,17 +47,23 @@ import Testing
         #expect(unit.contains("ExecStart=/usr/bin/dld\n") && !unit.contains(dest) && !unit.contains("@BINDIR@"), "\(unit)")
 
         for page in ["man1/dld.1", "man1/dlctl.1", "man5/dld.conf.5"] {
-            let rendered = try runProgram("/usr/bin/man", ["-l", dest + "/usr/share/man/" + page], environment: ["MANWIDTH": "100", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"])
+            let rendered = try runProgram(
+                "/usr/bin/man", ["-l", dest + "/usr/share/man/" + page],
+                environment: ["MANWIDTH": "100", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"])
             #expect(rendered.status == 0 && rendered.stderr.isEmpty, "\(page): \(rendered.stderr)")
             #expect(rendered.stdout.contains("NAME") && rendered.stdout.contains("DESCRIPTION"), "\(page)")
         }
-        let dlctlPage = try runProgram("/usr/bin/man", ["-l", dest + "/usr/share/man/man1/dlctl.1"], environment: ["MANWIDTH": "100", "PATH": "/usr/bin:/bin"])
-        #expect(dlctlPage.stdout.contains("enqueue") && dlctlPage.stdout.contains("--socket"), "the page is not generated from the commands")
-        let confPage = try runProgram("/usr/bin/man", ["-l", dest + "/usr/share/man/man5/dld.conf.5"], environment: ["MANWIDTH": "100", "PATH": "/usr/bin:/bin"])
+        let dlctlPage = try runProgram(
+            "/usr/bin/man", ["-l", dest + "/usr/share/man/man1/dlctl.1"], environment: ["MANWIDTH": "100", "PATH": "/usr/bin:/bin"])
+        #expect(
+            dlctlPage.stdout.contains("enqueue") && dlctlPage.stdout.contains("--socket"), "the page is not generated from the commands")
+        let confPage = try runProgram(
+            "/usr/bin/man", ["-l", dest + "/usr/share/man/man5/dld.conf.5"], environment: ["MANWIDTH": "100", "PATH": "/usr/bin:/bin"])
         #expect(confPage.stdout.contains("max_active") && confPage.stdout.contains("no_proxy"), "dld.conf(5) lacks the keys")
 
         for tool in ["dld", "dlctl"] {
-            let loaded = try runProgram("/bin/bash", ["-c", "source '\(dest)/usr/share/bash-completion/completions/\(tool)' && complete -p \(tool)"])
+            let loaded = try runProgram(
+                "/bin/bash", ["-c", "source '\(dest)/usr/share/bash-completion/completions/\(tool)' && complete -p \(tool)"])
             #expect(loaded.status == 0 && loaded.stdout.contains("-F _\(tool) \(tool)"), "\(tool): \(loaded.stdout)\(loaded.stderr)")
         }
 

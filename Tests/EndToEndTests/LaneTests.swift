@@ -81,7 +81,8 @@ import Testing
                 let jobs = (0..<40).map { n in
                     JSONValue.object(["url": .string("\(origin.baseURL)/bytes/\(20_000 + n)?rate=200000"), "name": .string("f\(n)")])
                 }
-                let ids = try daemon.call("enqueue", ["jobs": .array(jobs)])["results"]?.arrayValue?.compactMap { $0["id"]?.int64Value } ?? []
+                let ids =
+                    try daemon.call("enqueue", ["jobs": .array(jobs)])["results"]?.arrayValue?.compactMap { $0["id"]?.int64Value } ?? []
                 for id in ids {
                     let job = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
                     #expect(job["state"] == "completed", "\(job.serializedString())")
@@ -148,7 +149,9 @@ import Testing
             let daemon = try DaemonHarness(config: "ca_file = \"\(tls.certificatePath)\"\nhttp2 = false\n")
             try daemon.start()
             defer { daemon.stop() }
-            let jobs = (0..<20).map { n in JSONValue.object(["url": .string("\(origin.baseURL)/bytes/\(5000 + n)"), "name": .string("f\(n)")]) }
+            let jobs = (0..<20).map { n in
+                JSONValue.object(["url": .string("\(origin.baseURL)/bytes/\(5000 + n)"), "name": .string("f\(n)")])
+            }
             let ids = try daemon.call("enqueue", ["jobs": .array(jobs)])["results"]?.arrayValue?.compactMap { $0["id"]?.int64Value } ?? []
             for id in ids { #expect(try daemon.waitForState(id, ["completed", "failed"])["state"] == "completed") }
             #expect(origin.http2Streams == 0)
@@ -166,7 +169,9 @@ import Testing
             try daemon.start()
             defer { daemon.stop() }
             // About 2 s each: two of them hold both connections while the others are looked at.
-            let jobs = (0..<6).map { n in JSONValue.object(["url": .string("\(origin.baseURL)/bytes/\(4000 + n)?rate=2000"), "name": .string("f\(n)")]) }
+            let jobs = (0..<6).map { n in
+                JSONValue.object(["url": .string("\(origin.baseURL)/bytes/\(4000 + n)?rate=2000"), "name": .string("f\(n)")])
+            }
             let ids = try daemon.call("enqueue", ["jobs": .array(jobs)])["results"]?.arrayValue?.compactMap { $0["id"]?.int64Value } ?? []
             #expect(ids.count == 6)
             let streaming = Date().addingTimeInterval(3)

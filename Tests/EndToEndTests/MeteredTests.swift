@@ -14,10 +14,11 @@ import Testing
         let manager = try FakeNetworkManager.start(on: bus, metered: 1)
         defer { manager.stop() }
         try await withOrigin { origin in
-            let daemon = try DaemonHarness(config: """
-                min_free = 0
-                checkpoint_interval = 0.2
-                """)
+            let daemon = try DaemonHarness(
+                config: """
+                    min_free = 0
+                    checkpoint_interval = 0.2
+                    """)
             daemon.extraEnvironment["DBUS_SYSTEM_BUS_ADDRESS"] = bus.address
             try daemon.start()
             defer { daemon.stop() }
@@ -27,11 +28,13 @@ import Testing
             // request; a job that says nothing (the config's default allows it) completes.
             let held = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/100001"), "name": "held.bin", "metered": false])
             let free = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/100002"), "name": "free.bin"])
-            let group = try daemon.call("enqueue", [
-                "group": ["name": "lesson", "dir": .string(daemon.downloadDir + "/lesson")],
-                "jobs": [["url": .string("\(origin.baseURL)/bytes/3000")], ["url": .string("\(origin.baseURL)/bytes/4000")]],
-                "metered": false,
-            ])
+            let group = try daemon.call(
+                "enqueue",
+                [
+                    "group": ["name": "lesson", "dir": .string(daemon.downloadDir + "/lesson")],
+                    "jobs": [["url": .string("\(origin.baseURL)/bytes/3000")], ["url": .string("\(origin.baseURL)/bytes/4000")]],
+                    "metered": false,
+                ])
             let members = (group["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value }
             try #require(members.count == 2)
             let groupID = try #require(group["group"]?["id"]?.int64Value)

@@ -22,7 +22,8 @@ import Testing
     /// file is exact. `body` checks the rest (the daemon is still running).
     func mirrored(
         size: Int, name: String, url: (TestOrigin) -> String, mirror: (TestOrigin) -> String, extra: [String: JSONValue] = [:],
-        _ body: (_ first: TestOrigin, _ second: TestOrigin, _ daemon: DaemonHarness, _ url: String, _ mirror: String, _ done: JSONValue) async throws -> Void
+        _ body: (_ first: TestOrigin, _ second: TestOrigin, _ daemon: DaemonHarness, _ url: String, _ mirror: String, _ done: JSONValue)
+            async throws -> Void
     ) async throws {
         try await withOrigin { first in
             try await withStarted(try await TestOrigin.start()) { second in
@@ -92,7 +93,9 @@ import Testing
             #expect(!SegmentedTests.rangedRequests(second).isEmpty)
             #expect(daemon.log.contains("a source of the file failed"))
             // One attempt: the primary was asked from byte 0 once (its first range), never resumed.
-            #expect(first.requests.filter { $0.header("range")?.hasPrefix("bytes=0-") ?? true }.count == 1, "\(first.requests.map { $0.header("range") ?? "-" })")
+            #expect(
+                first.requests.filter { $0.header("range")?.hasPrefix("bytes=0-") ?? true }.count == 1,
+                "\(first.requests.map { $0.header("range") ?? "-" })")
             #expect(!daemon.log.contains("waiting"), "\(daemon.log)")
             #expect(Self.dropped(done) == [url: .null, flaky: .null], "\(done.serializedString())")
         }
@@ -145,16 +148,24 @@ import Testing
         #expect(!job.serializedString().contains("secret"), "\(job.serializedString())")
         #expect(job["mirrors"]?.arrayValue?.count == 2)
         // A group's member takes mirrors too.
-        let group = try daemon.call("enqueue", [
-            "group": ["name": "g", "dir": .string(daemon.downloadDir + "/g")], "paused": true,
-            "jobs": [["url": "http://127.0.0.1:9/m", "mirrors": ["http://127.0.0.1:9/n"]]],
-        ])
+        let group = try daemon.call(
+            "enqueue",
+            [
+                "group": ["name": "g", "dir": .string(daemon.downloadDir + "/g")], "paused": true,
+                "jobs": [["url": "http://127.0.0.1:9/m", "mirrors": ["http://127.0.0.1:9/n"]]],
+            ])
         let member = try daemon.job(try #require(group["results"]?[0]?["id"]?.int64Value))
         #expect(member["mirrors"]?.arrayValue?.compactMap { $0["url"]?.stringValue } == ["http://127.0.0.1:9/m", "http://127.0.0.1:9/n"])
         // dlctl: --mirror, repeatable.
-        let out = try daemon.dlctl(["enqueue", "--paused", "--name", "cli.bin", "http://127.0.0.1:9/c", "--mirror", "http://127.0.0.1:9/d", "--mirror", "http://127.0.0.1:9/e"])
+        let out = try daemon.dlctl([
+            "enqueue", "--paused", "--name", "cli.bin", "http://127.0.0.1:9/c", "--mirror", "http://127.0.0.1:9/d", "--mirror",
+            "http://127.0.0.1:9/e",
+        ])
         #expect(out.status == 0, "\(out.stderr)")
         let cli = try daemon.job(try #require(Int64(out.stdout.trimmingCharacters(in: .whitespacesAndNewlines))))
-        #expect(cli["mirrors"]?.arrayValue?.compactMap { $0["url"]?.stringValue } == ["http://127.0.0.1:9/c", "http://127.0.0.1:9/d", "http://127.0.0.1:9/e"])
+        #expect(
+            cli["mirrors"]?.arrayValue?.compactMap { $0["url"]?.stringValue } == [
+                "http://127.0.0.1:9/c", "http://127.0.0.1:9/d", "http://127.0.0.1:9/e",
+            ])
     }
 }

@@ -58,13 +58,14 @@ final class NetworkNamespace {
         defer { namespace.remove() }
         try await withStarted(try await TestOrigin.start(host: namespace.hostAddress)) { origin in
             // Retries an hour apart: only the route's return can queue the jobs again in time.
-            let daemon = try DaemonHarness(config: """
-                read_timeout = 2
-                retry_base = 3600
-                retry_max_delay = 3600
-                max_attempts = 3
-                min_free = 0
-                """)
+            let daemon = try DaemonHarness(
+                config: """
+                    read_timeout = 2
+                    retry_base = 3600
+                    retry_max_delay = 3600
+                    max_attempts = 3
+                    min_free = 0
+                    """)
             daemon.launcher = namespace.launcher
             try daemon.start()
             defer { daemon.stop() }
@@ -79,7 +80,8 @@ final class NetworkNamespace {
             #expect(waiting["attempts"]?.int64Value == 0, "an attempt without a network is not counted: \(waiting.serializedString())")
             let late = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": "late.bin"])
             let lateWaiting = try daemon.waitForJob(late, timeout: 60) { $0["state"] == "waiting" }
-            #expect(lateWaiting["wait_reason"] == "network" && lateWaiting["attempts"]?.int64Value == 0, "\(lateWaiting.serializedString())")
+            #expect(
+                lateWaiting["wait_reason"] == "network" && lateWaiting["attempts"]?.int64Value == 0, "\(lateWaiting.serializedString())")
 
             try namespace.setLink(up: true)
             for id in [slow, late] {

@@ -13,7 +13,8 @@ import Testing
     static let overlap: Int64 = 64 << 10
 
     /// The file's bytes equal the origin's stream from byte `variant` on.
-    static func expectVariantBytes(at path: String, count: Int64, variant: Int64, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    static func expectVariantBytes(at path: String, count: Int64, variant: Int64, sourceLocation: SourceLocation = #_sourceLocation) throws
+    {
         let data = try Data(contentsOf: URL(fileURLWithPath: path))
         #expect(data.count == Int(count), sourceLocation: sourceLocation)
         #expect(data == Data(TestOrigin.bytes(from: variant, count: Int(count))), "content differs", sourceLocation: sourceLocation)
@@ -94,7 +95,8 @@ import Testing
             let daemon = try DaemonHarness(config: quickRetries)
             try daemon.start()
             defer { daemon.stop() }
-            let (id, _) = try Self.pausedWithBytes(daemon, url: "\(origin.baseURL)/bytes/\(Self.size)?novalidators&rate=400000", name: "resized.bin")
+            let (id, _) = try Self.pausedWithBytes(
+                daemon, url: "\(origin.baseURL)/bytes/\(Self.size)?novalidators&rate=400000", name: "resized.bin")
             let bigger = Self.size + 4096
             _ = try daemon.call("change", ["id": .int(id), "url": .string("\(origin.baseURL)/bytes/\(bigger)?novalidators&rate=400000")])
             _ = try daemon.call("resume", ["id": .int(id)])

@@ -40,7 +40,9 @@ import Testing
             let second = try DaemonHarness(config: config)
             let refused = try runProgram(BuiltProducts.path("dld"), second.arguments, environment: second.environment)
             #expect(refused.status == 1)
-            #expect(refused.stderr.contains("another dld runs as worker") && refused.stderr.contains("/dld on the database"), "\(refused.stderr)")
+            #expect(
+                refused.stderr.contains("another dld runs as worker") && refused.stderr.contains("/dld on the database"),
+                "\(refused.stderr)")
 
             // The password never shows: not in the printed config, not in the log.
             let printed = try runProgram(BuiltProducts.path("dld"), second.arguments + ["--print-config"], environment: second.environment)
@@ -63,7 +65,8 @@ import Testing
     /// A database that cannot be used is a clear start-up error, never a hang.
     @Test func unusableDatabaseIsAClearError() throws {
         let server = try PostgresServer.shared()
-        let daemon = try DaemonHarness(config: "database = \"postgresql://\(server.user):pw@/no_such_db?host=\(server.socketFolder)&port=\(server.port)\"\n")
+        let daemon = try DaemonHarness(
+            config: "database = \"postgresql://\(server.user):pw@/no_such_db?host=\(server.socketFolder)&port=\(server.port)\"\n")
         let output = try runProgram(BuiltProducts.path("dld"), daemon.arguments, environment: daemon.environment)
         #expect(output.status == 1)
         #expect(output.stderr.contains("no_such_db") && output.stderr.contains("does not exist"), "\(output.stderr)")
@@ -82,29 +85,41 @@ import Testing
         try await withOrigin { origin in
             let daemon = try DaemonHarness()
             try daemon.start()
-            let done = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/4000"), "name": "done.bin", "key": "k-done", "meta": ["n": 1]])
-            #expect(try daemon.waitForState(done, ["completed", "failed"])["state"] == "completed")
-            let waiting = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/5000"), "name": "wait.bin", "paused": true, "priority": 7])
-            let group = try daemon.call("enqueue", [
-                "group": ["name": "chapter", "dir": .string(daemon.downloadDir + "/chapter")], "paused": true,
-                "jobs": [["url": .string("\(origin.baseURL)/bytes/100"), "name": "p1"], ["url": .string("\(origin.baseURL)/bytes/200"), "name": "p2"]],
+            let done = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/4000"), "name": "done.bin", "key": "k-done", "meta": ["n": 1],
             ])
+            #expect(try daemon.waitForState(done, ["completed", "failed"])["state"] == "completed")
+            let waiting = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/5000"), "name": "wait.bin", "paused": true, "priority": 7,
+            ])
+            let group = try daemon.call(
+                "enqueue",
+                [
+                    "group": ["name": "chapter", "dir": .string(daemon.downloadDir + "/chapter")], "paused": true,
+                    "jobs": [
+                        ["url": .string("\(origin.baseURL)/bytes/100"), "name": "p1"],
+                        ["url": .string("\(origin.baseURL)/bytes/200"), "name": "p2"],
+                    ],
+                ])
             let groupID = try #require(group["group"]?["id"]?.int64Value)
             let before = try daemon.call("list", [:])["jobs"]?.arrayValue ?? []
 
             // Not while the daemon runs: the state folder's lock says so.
-            let running = try runProgram(BuiltProducts.path("dld"), ["migrate", "--state-dir", daemon.stateDir, "--to", url], environment: daemon.environment)
+            let running = try runProgram(
+                BuiltProducts.path("dld"), ["migrate", "--state-dir", daemon.stateDir, "--to", url], environment: daemon.environment)
             #expect(running.status == 1)
             #expect(running.stderr.contains("stop dld before migrating"), "\(running.stderr)")
 
             #expect(daemon.stop() == 0)
-            let moved = try runProgram(BuiltProducts.path("dld"), ["migrate", "--state-dir", daemon.stateDir, "--to", url], environment: daemon.environment)
+            let moved = try runProgram(
+                BuiltProducts.path("dld"), ["migrate", "--state-dir", daemon.stateDir, "--to", url], environment: daemon.environment)
             #expect(moved.status == 0, "\(moved.stderr)")
             #expect(moved.stdout.contains("copied 4 jobs, 1 groups"), "\(moved.stdout)")
             #expect(!moved.stdout.contains("s3cret-pw") && !moved.stderr.contains("s3cret-pw"))
 
             // Into a table that is no longer empty: refused, nothing written.
-            let again = try runProgram(BuiltProducts.path("dld"), ["migrate", "--state-dir", daemon.stateDir, "--to", url], environment: daemon.environment)
+            let again = try runProgram(
+                BuiltProducts.path("dld"), ["migrate", "--state-dir", daemon.stateDir, "--to", url], environment: daemon.environment)
             #expect(again.status == 1)
             #expect(again.stderr.contains("not empty"), "\(again.stderr)")
 
@@ -113,11 +128,13 @@ import Testing
             defer { onPostgres.stop() }
             let after = try onPostgres.call("list", [:])["jobs"]?.arrayValue ?? []
             // The same jobs, field for field (speed and progress are live values).
-            let strip = { (jobs: [JSONValue]) in jobs.map { job -> JSONValue in
-                guard case .object(var object) = job else { return job }
-                object["speed"] = nil
-                return .object(object)
-            } }
+            let strip = { (jobs: [JSONValue]) in
+                jobs.map { job -> JSONValue in
+                    guard case .object(var object) = job else { return job }
+                    object["speed"] = nil
+                    return .object(object)
+                }
+            }
             #expect(strip(after) == strip(before))
             #expect(try onPostgres.call("status", ["group": .int(groupID)])["group"]?["name"] == "chapter")
             #expect(try onPostgres.call("enqueue", ["url": .string("\(origin.baseURL)/bytes/10"), "key": "k-done"])["created"] == false)

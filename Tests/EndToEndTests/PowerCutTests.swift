@@ -37,8 +37,9 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
     static func at(_ work: PowerCutWork, _ kinds: String, _ pattern: String?, _ counts: [Int], short: Set<Int> = []) -> [CutPoint] {
         counts.flatMap { count in
             [false, true].map { after in
-                CutPoint(work: work, kinds: kinds, pattern: pattern, count: count, after: after,
-                         short: short.contains(after ? count : -count))
+                CutPoint(
+                    work: work, kinds: kinds, pattern: pattern, count: count, after: after,
+                    short: short.contains(after ? count : -count))
             }
         }
     }
@@ -155,7 +156,9 @@ final class Answers: Sendable {
             daemon.crash()
             await work.value
             try fs.unmount()
-            #expect(frozeAt != nil, "the cut point was never reached: the workload ended first (\(answers.state.withLock { $0.error } ?? "no error"))")
+            #expect(
+                frozeAt != nil,
+                "the cut point was never reached: the workload ended first (\(answers.state.withLock { $0.error } ?? "no error"))")
 
             // Before dld starts again: the table opens, and no file has its final name early.
             let rows = try Self.offlineRows(fs: fs)
@@ -165,7 +168,9 @@ final class Answers: Sendable {
             for row in rows.values where row.received > 0 && !["completed", "canceled"].contains(row.state) {
                 let partial = fs.backing + row.path.dropFirst(fs.mountpoint.count) + ".part"
                 let length = (try? FileManager.default.attributesOfItem(atPath: partial)[.size] as? Int64) ?? nil
-                #expect((length ?? -1) >= row.received, "job \(row.id) committed \(row.received) bytes, its partial file has \(length.map(String.init) ?? "gone")")
+                #expect(
+                    (length ?? -1) >= row.received,
+                    "job \(row.id) committed \(row.received) bytes, its partial file has \(length.map(String.init) ?? "gone")")
             }
             if ProcessInfo.processInfo.environment["DLD_POWERCUT_LOG"] != nil {
                 print("frozen at", frozeAt ?? "-", rows.values.sorted { $0.id < $1.id }.map { "\($0.id) \($0.state) \($0.path)" })
@@ -206,9 +211,11 @@ final class Answers: Sendable {
             let jobs = (0..<groupCount).map { n -> JSONValue in
                 .object(["url": .string("\(base)/bytes/\(groupSize)?n=\(n)"), "name": .string("page\(n).bin")])
             }
-            let result = try daemon.call("enqueue", [
-                "group": ["name": "chapter", "dir": .string(daemon.downloadDir + "/chapter")], "jobs": .array(jobs),
-            ])
+            let result = try daemon.call(
+                "enqueue",
+                [
+                    "group": ["name": "chapter", "dir": .string(daemon.downloadDir + "/chapter")], "jobs": .array(jobs),
+                ])
             let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value }
             answers.state.withLock { $0.ids += ids }
             for id in ids { try daemon.waitForState(id, ["completed"], timeout: 60) }
@@ -253,14 +260,19 @@ final class Answers: Sendable {
         guard FileManager.default.fileExists(atPath: copy + "/jobs.sqlite") else { return [:] }
         let check = try runProgram("/usr/bin/sqlite3", [copy + "/jobs.sqlite", "PRAGMA integrity_check;"])
         #expect(check.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "integrity_check: \(check.stdout) \(check.stderr)")
-        let listed = try runProgram("/usr/bin/sqlite3", ["-separator", "\t", copy + "/jobs.sqlite",
-                                                         "SELECT id, state, path, coalesce(sha256, ''), received FROM jobs;"])
+        let listed = try runProgram(
+            "/usr/bin/sqlite3",
+            [
+                "-separator", "\t", copy + "/jobs.sqlite",
+                "SELECT id, state, path, coalesce(sha256, ''), received FROM jobs;",
+            ])
         #expect(listed.status == 0, "\(listed.stderr)")
         var rows: [Int64: Row] = [:]
         for line in listed.stdout.split(separator: "\n") {
             let fields = line.split(separator: "\t", omittingEmptySubsequences: false).map(String.init)
             guard fields.count == 5, let id = Int64(fields[0]) else { continue }
-            rows[id] = Row(id: id, state: fields[1], path: fields[2], sha256: fields[3].isEmpty ? nil : fields[3], received: Int64(fields[4]) ?? 0)
+            rows[id] = Row(
+                id: id, state: fields[1], path: fields[2], sha256: fields[3].isEmpty ? nil : fields[3], received: Int64(fields[4]) ?? 0)
         }
         return rows
     }
@@ -276,7 +288,9 @@ final class Answers: Sendable {
             guard FileManager.default.fileExists(atPath: full, isDirectory: &isDir), !isDir.boolValue else { continue }
             if relative.hasSuffix(".part") || relative.contains(".dld-staging-") { continue }
             let row = byPath[fs.mountpoint + "/dl/" + relative]
-            #expect(row?.state == "completed", "\(relative) is under its final name, its job is \(row.map { "\($0.id) \($0.state)" } ?? "unknown")")
+            #expect(
+                row?.state == "completed",
+                "\(relative) is under its final name, its job is \(row.map { "\($0.id) \($0.state)" } ?? "unknown")")
             if let row, row.state == "completed" {
                 #expect(row.sha256 == (try sha256sum(full)), "\(relative) under its final name does not match its job's digest")
             }
@@ -294,7 +308,9 @@ final class Answers: Sendable {
         switch work {
         case .enqueue:
             // One transaction: all or nothing; all once answered.
-            #expect(ids.count == 10_000 || (ids.isEmpty && !answered.enqueued), "\(ids.count) jobs after the cut, answered: \(answered.enqueued)")
+            #expect(
+                ids.count == 10_000 || (ids.isEmpty && !answered.enqueued),
+                "\(ids.count) jobs after the cut, answered: \(answered.enqueued)")
         case .pause:
             #expect(ids.count == 2000)
             let paused = jobs.filter { $0["state"] == "paused" }.count

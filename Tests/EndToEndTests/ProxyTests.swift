@@ -38,7 +38,9 @@ import Testing
             try expectOriginBytes(at: daemon.downloadDir + "/proxied.bin", count: 70000)
             #expect(proxy.forwarded(toPort: port), "tinyproxy did not forward the http job:\n\(proxy.log)")
 
-            let tunneled = try daemon.enqueue(["url": .string("\(secure.baseURL)/bytes/3000"), "name": "tunneled.bin", "ca_file": .string(tls.certificatePath)])
+            let tunneled = try daemon.enqueue([
+                "url": .string("\(secure.baseURL)/bytes/3000"), "name": "tunneled.bin", "ca_file": .string(tls.certificatePath),
+            ])
             let tunnelDone = try daemon.waitForState(tunneled, ["completed", "failed", "waiting"])
             #expect(tunnelDone["state"] == "completed", "\(tunnelDone.serializedString())")
             #expect(proxy.forwarded(toPort: securePort), "tinyproxy did not tunnel the https job:\n\(proxy.log)")
@@ -104,14 +106,17 @@ import Testing
         do {
             let anonymous = try DaemonHarness(config: slowRetries + "\nproxy = \"\(proxy.url)\"\n")
             try anonymous.start()
-            let refused = try anonymous.waitForState(try anonymous.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": "a.bin"]), ["completed", "failed", "waiting"])
+            let refused = try anonymous.waitForState(
+                try anonymous.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": "a.bin"]),
+                ["completed", "failed", "waiting"])
             anonymous.stop()
             #expect(refused["state"] == "failed" && refused["error"]?["code"] == "proxy_auth", "\(refused.serializedString())")
 
             let port = proxy.port
             let member = try DaemonHarness(config: slowRetries + "\nproxy = \"http://dld:pr0xy-secret@127.0.0.1:\(port)\"\n")
             try member.start()
-            let done = try member.waitForState(try member.enqueue(["url": .string("\(origin.baseURL)/bytes/5000"), "name": "b.bin"]), ["completed", "failed", "waiting"])
+            let done = try member.waitForState(
+                try member.enqueue(["url": .string("\(origin.baseURL)/bytes/5000"), "name": "b.bin"]), ["completed", "failed", "waiting"])
             member.stop()
             #expect(done["state"] == "completed", "\(done.serializedString())")
             #expect(member.log.contains("dld:***@127.0.0.1:\(port)"), "\(member.log)")
@@ -137,7 +142,8 @@ import Testing
         let fromEnvironment = try DaemonHarness()
         for name in Self.cleared { fromEnvironment.extraEnvironment[name] = "" }
         fromEnvironment.extraEnvironment["https_proxy"] = "http://u:hidden@10.1.1.1:8080"
-        let shown = try runProgram(try BuiltProducts.path("dld"), fromEnvironment.arguments + ["--print-config"], environment: fromEnvironment.environment)
+        let shown = try runProgram(
+            try BuiltProducts.path("dld"), fromEnvironment.arguments + ["--print-config"], environment: fromEnvironment.environment)
         #expect(shown.stdout.contains("# from the environment: https URLs through http://u:***@10.1.1.1:8080"), "\(shown.stdout)")
         #expect(!shown.stdout.contains("hidden"))
 

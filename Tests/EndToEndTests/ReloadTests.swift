@@ -24,18 +24,22 @@ import Testing
             // About 6 s at 100 kB/s: still running when the others are done.
             let slow = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/600000?rate=100000"), "name": "slow.bin"])
             try daemon.waitForState(slow, ["running"])
-            let quick = try (1...2).map { try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/2000"), "name": .string("quick\($0).bin")]) }
+            let quick = try (1...2).map {
+                try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/2000"), "name": .string("quick\($0).bin")])
+            }
             #expect(try daemon.job(quick[0])["state"] == "queued")
 
             try """
-                max_active = 3
-                worker_name = "renamed"
-                on_complete = ["/bin/sh", "-c", "echo new-$DLD_JOB_ID >> \(hookLog)"]
-                """.write(toFile: configFile, atomically: true, encoding: .utf8)
+            max_active = 3
+            worker_name = "renamed"
+            on_complete = ["/bin/sh", "-c", "echo new-$DLD_JOB_ID >> \(hookLog)"]
+            """.write(toFile: configFile, atomically: true, encoding: .utf8)
             daemon.send(SIGHUP)
             for id in quick { #expect(try daemon.waitForState(id, ["completed", "failed", "waiting"])["state"] == "completed") }
             let running = try daemon.job(slow)
-            #expect(running["state"] == "running" && running["attempts"] == 1, "the running transfer was disturbed: \(running.serializedString())")
+            #expect(
+                running["state"] == "running" && running["attempts"] == 1,
+                "the running transfer was disturbed: \(running.serializedString())")
             #expect(try daemon.call("stats")["max_active"] == 3)
             #expect(daemon.waitForLog("worker_name changed in the config file; it applies at the next start"), "\(daemon.log.suffix(2000))")
             #expect(daemon.waitForLog("configuration reloaded"))

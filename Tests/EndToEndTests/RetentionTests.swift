@@ -11,11 +11,12 @@ import Testing
     /// sweeps; the downloaded file stays, and a failed record stays (`keep_failed = 0`).
     @Test func oldRecordsGoFilesStay() async throws {
         try await withOrigin { origin in
-            let daemon = try DaemonHarness(config: """
-                keep_finished = "1s"
-                keep_failed = 0
-                max_attempts = 1
-                """)
+            let daemon = try DaemonHarness(
+                config: """
+                    keep_finished = "1s"
+                    keep_failed = 0
+                    max_attempts = 1
+                    """)
             try daemon.start()
             defer { daemon.stop() }
             let done = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/5000"), "name": "kept.bin"])
@@ -67,7 +68,9 @@ import Testing
         let daemon = try DaemonHarness()
         try daemon.start()
         defer { daemon.stop() }
-        let jobs: [JSONValue] = (0..<5000).map { .object(["url": .string("http://127.0.0.1:9/some/longer/path/\($0)?token=abcdefghijklmnopqrstuvwxyz"), "paused": true]) }
+        let jobs: [JSONValue] = (0..<5000).map {
+            .object(["url": .string("http://127.0.0.1:9/some/longer/path/\($0)?token=abcdefghijklmnopqrstuvwxyz"), "paused": true])
+        }
         _ = try daemon.call("enqueue", ["jobs": .array(jobs)])
         let full = try #require(try daemon.call("stats")["database_bytes"]?.int64Value)
         #expect(full > 1 << 20, "5000 jobs take over a MiB: \(full)")

@@ -32,9 +32,10 @@ import Testing
         _ = try daemon.call("queue", ["paused": true])
         let count = 6000
         for part in 0..<2 {
-            let jobs = JSONValue.array((0..<count / 2).map { n in
-                ["url": .string("http://127.0.0.1:9/p\(part)-\(n)"), "paused": true]
-            })
+            let jobs = JSONValue.array(
+                (0..<count / 2).map { n in
+                    ["url": .string("http://127.0.0.1:9/p\(part)-\(n)"), "paused": true]
+                })
             let reply = try daemon.call("enqueue", ["jobs": jobs])
             #expect(reply["count"]?.int64Value == Int64(count / 2))
         }
@@ -87,9 +88,10 @@ import Testing
             }
             _ = try daemon.call("enqueue", ["jobs": .array(slow)])
             for part in 0..<2 {
-                let jobs = JSONValue.array((0..<5000).map { n in
-                    ["url": .string("http://127.0.0.1:9/q\(part)-\(n)"), "paused": true]
-                })
+                let jobs = JSONValue.array(
+                    (0..<5000).map { n in
+                        ["url": .string("http://127.0.0.1:9/q\(part)-\(n)"), "paused": true]
+                    })
                 _ = try daemon.call("enqueue", ["jobs": jobs])
             }
             for id: Int64 in 1...3 {
@@ -133,14 +135,16 @@ import Testing
             let daemon = try DaemonHarness(config: "max_active = 8\n")
             try daemon.start()
             let files = 400
-            let jobs = JSONValue.array((0..<files).map { n in
-                ["url": .string("\(origin.baseURL)/bytes/\(1000 + n)"), "name": .string("f\(n)")]
-            })
+            let jobs = JSONValue.array(
+                (0..<files).map { n in
+                    ["url": .string("\(origin.baseURL)/bytes/\(1000 + n)"), "name": .string("f\(n)")]
+                })
             _ = try daemon.call("enqueue", ["jobs": jobs])
             let groupDir = daemon.downloadDir + "/chapter"
-            let members = JSONValue.array((0..<100).map { n in
-                ["url": .string("\(origin.baseURL)/bytes/\(3000 + n)"), "name": .string("p\(n)")]
-            })
+            let members = JSONValue.array(
+                (0..<100).map { n in
+                    ["url": .string("\(origin.baseURL)/bytes/\(3000 + n)"), "name": .string("p\(n)")]
+                })
             _ = try daemon.call("enqueue", ["group": ["name": "chapter", "dir": .string(groupDir)], "jobs": members])
 
             for threshold in [60, 200, 330] {
@@ -185,9 +189,13 @@ import Testing
             // transfers than the slots would overlap at the origin.
             // The first four bodies (two on each host) wait for each other at the origin
             // (`gate=4`): the limit is reached for certain, not by the luck of overlapping bodies.
-            let jobs = JSONValue.array((0..<files).map { n in
-                ["url": .string("\(n % 3 == 0 ? other : origin.baseURL)/bytes/\(2000 + n)?rate=40000\(n < 4 ? "&gate=4" : "")"), "name": .string("f\(n)")]
-            })
+            let jobs = JSONValue.array(
+                (0..<files).map { n in
+                    [
+                        "url": .string("\(n % 3 == 0 ? other : origin.baseURL)/bytes/\(2000 + n)?rate=40000\(n < 4 ? "&gate=4" : "")"),
+                        "name": .string("f\(n)"),
+                    ]
+                })
             _ = try daemon.call("enqueue", ["jobs": jobs])
             let deadline = Date().addingTimeInterval(120)
             while Date() < deadline, (try daemon.call("stats")["counts"]?["completed"]?.int64Value ?? 0) < 30 {
@@ -258,10 +266,11 @@ import Testing
             // About 1.5 s at 200 000 bytes/s: several checkpoints.
             let slow = 300_000
             let sizes = [2000, slow, 2001, 2002, 2003, 2004, 2005]
-            let jobs = JSONValue.array(sizes.enumerated().map { n, size in
-                let rate = size == slow ? "?rate=200000" : ""
-                return ["url": .string("\(origin.baseURL)/bytes/\(size)\(rate)"), "name": .string("f\(n)")]
-            })
+            let jobs = JSONValue.array(
+                sizes.enumerated().map { n, size in
+                    let rate = size == slow ? "?rate=200000" : ""
+                    return ["url": .string("\(origin.baseURL)/bytes/\(size)\(rate)"), "name": .string("f\(n)")]
+                })
             _ = try daemon.call("enqueue", ["jobs": jobs])
             var sawRunning = false
             let deadline = Date().addingTimeInterval(60)
@@ -289,9 +298,13 @@ import Testing
         try daemon.start()
         defer { daemon.stop() }
         let dir = daemon.downloadDir + "/chapter"
-        let members = JSONValue.array((0..<files).map { n in
-            ["url": .string("\(origin.baseURL)/bytes/\(2000 + n)\(query)\(n < gated ? "&gate=\(gated)" : "")"), "name": .string("p\(n)")]
-        })
+        let members = JSONValue.array(
+            (0..<files).map { n in
+                [
+                    "url": .string("\(origin.baseURL)/bytes/\(2000 + n)\(query)\(n < gated ? "&gate=\(gated)" : "")"),
+                    "name": .string("p\(n)"),
+                ]
+            })
         _ = try daemon.call("enqueue", ["group": ["name": "chapter", "dir": .string(dir)], "jobs": members])
         var state: String? = nil
         let deadline = Date().addingTimeInterval(120)

@@ -109,8 +109,12 @@ func mode(_ path: String) -> mode_t? {
         #expect(try daemon.callError("enqueue", ["url": .string(longURL)]).stableCode == "invalid_url")
         var headers: [String: JSONValue] = [:]
         for n in 0..<65 { headers["X-H\(n)"] = "v" }
-        #expect(try daemon.callError("enqueue", ["url": "http://127.0.0.1:9/h", "headers": .object(headers)]).stableCode == "invalid_params")
-        #expect(try daemon.callError("enqueue", ["url": "http://127.0.0.1:9/h", "headers": ["X-Big": .string(String(repeating: "v", count: 9000))]]).stableCode == "invalid_params")
+        #expect(
+            try daemon.callError("enqueue", ["url": "http://127.0.0.1:9/h", "headers": .object(headers)]).stableCode == "invalid_params")
+        #expect(
+            try daemon.callError(
+                "enqueue", ["url": "http://127.0.0.1:9/h", "headers": ["X-Big": .string(String(repeating: "v", count: 9000))]]
+            ).stableCode == "invalid_params")
     }
 
     /// Garbage, invalid UTF-8, NULs, deep nesting and huge numbers get errors, never a crash;
@@ -124,18 +128,22 @@ func mode(_ path: String) -> mode_t? {
             var generator = SplitMix64(state: seed)
             var lines: [Data] = [
                 Data([0xFF, 0xFE, 0xFD]), Data([0xC3, 0x28]), Data("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ver\u{0}sion\"}".utf8),
-                Data(("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"list\",\"params\":{\"limit\":" + String(repeating: "9", count: 400) + "}}").utf8),
+                Data(
+                    ("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"list\",\"params\":{\"limit\":" + String(repeating: "9", count: 400) + "}}")
+                        .utf8),
                 Data((String(repeating: "{\"a\":", count: 10_000) + "1" + String(repeating: "}", count: 10_000)).utf8),
                 Data("[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[".utf8),
                 Data("{\"jsonrpc\":\"2.0\",\"id\":1e999999,\"method\":\"version\"}".utf8),
             ]
             for _ in 0..<200 {
                 let count = Int.random(in: 1...300, using: &generator)
-                lines.append(Data((0..<count).map { _ in
-                    var byte = UInt8.random(in: 0...255, using: &generator)
-                    if byte == 0x0A { byte = 0x20 }
-                    return byte
-                }))
+                lines.append(
+                    Data(
+                        (0..<count).map { _ in
+                            var byte = UInt8.random(in: 0...255, using: &generator)
+                            if byte == 0x0A { byte = 0x20 }
+                            return byte
+                        }))
             }
             let client = RPCClient(socketPath: daemon.socket)
             defer { client.close() }
@@ -143,7 +151,9 @@ func mode(_ path: String) -> mode_t? {
                 try client.sendLine(line)
                 let response = try JSONValue.parse(Data(try client.readLine()))
                 #expect(response["jsonrpc"] == "2.0", "seed \(seed)")
-                #expect(response["error"]?["data"]?["code"]?.stringValue != nil || response.arrayValue != nil, "seed \(seed): \(response.serializedString())")
+                #expect(
+                    response["error"]?["data"]?["code"]?.stringValue != nil || response.arrayValue != nil,
+                    "seed \(seed): \(response.serializedString())")
             }
             #expect(daemon.isRunning)
             let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": "after.bin"])
@@ -189,8 +199,15 @@ func mode(_ path: String) -> mode_t? {
         let inHome = try daemon.enqueue(["url": .string(url), "dir": .string(home), "name": "notes.txt", "paused": true])
         #expect(try daemon.job(inHome)["path"] == .string(home + "/notes.txt"))
         // A group cannot reach out either.
-        #expect(try daemon.callError("enqueue", ["group": ["name": "g", "dir": .string(home + "/.ssh/keys")], "jobs": [["url": .string(url)]]]).stableCode == "destination_not_allowed")
-        #expect(try daemon.callError("enqueue", ["group": ["name": "g", "dir": .string(daemon.downloadDir + "/g")], "jobs": [["url": .string(url), "path": "../../x"]]]).stableCode == "invalid_params")
+        #expect(
+            try daemon.callError(
+                "enqueue", ["group": ["name": "g", "dir": .string(home + "/.ssh/keys")], "jobs": [["url": .string(url)]]]
+            ).stableCode == "destination_not_allowed")
+        #expect(
+            try daemon.callError(
+                "enqueue",
+                ["group": ["name": "g", "dir": .string(daemon.downloadDir + "/g")], "jobs": [["url": .string(url), "path": "../../x"]]]
+            ).stableCode == "invalid_params")
     }
 
     /// Names servers propose are sanitized and never replace a file; taken names get ` (N)`
@@ -252,11 +269,15 @@ func mode(_ path: String) -> mode_t? {
 
             let port = origin.port
             let withUser = try daemon.enqueue(["url": .string("http://alice:urlsecret@127.0.0.1:\(port)/bytes/100"), "name": "u.bin"])
-            let withHeader = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/100"), "name": "h.bin",
-                                                 "headers": ["Authorization": "Bearer headersecret", "Cookie": "session=cookiesecret"]])
+            let withHeader = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/100"), "name": "h.bin",
+                "headers": ["Authorization": "Bearer headersecret", "Cookie": "session=cookiesecret"],
+            ])
             let viaNetrc = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/101"), "name": "n.bin"])
-            let redirected = try daemon.enqueue(["url": .string("\(origin.baseURL)/redirect/0?to=http%3A%2F%2Flocalhost%3A\(port)%2Fbytes%2F102"),
-                                                 "name": "r.bin", "headers": ["Authorization": "Bearer redirectsecret"]])
+            let redirected = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/redirect/0?to=http%3A%2F%2Flocalhost%3A\(port)%2Fbytes%2F102"),
+                "name": "r.bin", "headers": ["Authorization": "Bearer redirectsecret"],
+            ])
             for id in [withUser, withHeader, viaNetrc, redirected] { try daemon.waitForState(id, ["completed"]) }
 
             let auth = origin.requests.map { ($0.uri, $0.header("authorization"), $0.header("host") ?? "") }
@@ -331,9 +352,12 @@ extension SecurityTests {
             let headers: JSONValue = [
                 "Authorization": "Bearer tok", "Cookie": "session=c", "Proxy-Authorization": "Basic cHJveHk6cA==", "X-Trace": "7",
             ]
-            let same = try daemon.enqueue(["url": .string("\(origin.baseURL)/redirect/0?to=%2Fbytes%2F103"), "name": "same.bin", "headers": headers])
+            let same = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/redirect/0?to=%2Fbytes%2F103"), "name": "same.bin", "headers": headers,
+            ])
             let other = try daemon.enqueue([
-                "url": .string("\(origin.baseURL)/redirect/0?to=http%3A%2F%2Flocalhost%3A\(port)%2Fbytes%2F104"), "name": "other.bin", "headers": headers,
+                "url": .string("\(origin.baseURL)/redirect/0?to=http%3A%2F%2Flocalhost%3A\(port)%2Fbytes%2F104"), "name": "other.bin",
+                "headers": headers,
             ])
             for id in [same, other] {
                 let job = try daemon.waitForState(id, ["completed", "failed"])
@@ -344,10 +368,13 @@ extension SecurityTests {
                 try #require(origin.requests.first { $0.uri == uri }, "\(origin.requests.map(\.uri))")
             }
             // The first hops and the same host's target: every header.
-            for hop in [try request("/redirect/0?to=%2Fbytes%2F103"), try request("/bytes/103"),
-                        try request("/redirect/0?to=http%3A%2F%2Flocalhost%3A\(port)%2Fbytes%2F104")] {
+            for hop in [
+                try request("/redirect/0?to=%2Fbytes%2F103"), try request("/bytes/103"),
+                try request("/redirect/0?to=http%3A%2F%2Flocalhost%3A\(port)%2Fbytes%2F104"),
+            ] {
                 #expect(hop.header("authorization") == "Bearer tok" && hop.header("cookie") == "session=c", "\(hop.uri) \(hop.headers)")
-                #expect(hop.header("proxy-authorization") == "Basic cHJveHk6cA==" && hop.header("x-trace") == "7", "\(hop.uri) \(hop.headers)")
+                #expect(
+                    hop.header("proxy-authorization") == "Basic cHJveHk6cA==" && hop.header("x-trace") == "7", "\(hop.uri) \(hop.headers)")
             }
             // Another host: no credential, the rest as given.
             let elsewhere = try request("/bytes/104")

@@ -125,8 +125,9 @@ import Testing
             #expect(done["sha256"]?.stringValue == (try sha256sum(path)))
             // Every request after the restart asks for a range, guarded by the validator.
             let after = origin.requests.dropFirst(requestsBefore)
-            #expect(!after.isEmpty && after.allSatisfy { $0.header("range") != nil && $0.header("if-range") == "\"v1-\(size)\"" },
-                    "\(after.map { $0.header("range") ?? "-" })")
+            #expect(
+                !after.isEmpty && after.allSatisfy { $0.header("range") != nil && $0.header("if-range") == "\"v1-\(size)\"" },
+                "\(after.map { $0.header("range") ?? "-" })")
             // Far less than the whole file again: what was not committed, plus the tails of
             // streams cut by splits.
             let servedAfter = origin.bytesServed - servedBefore
@@ -144,7 +145,9 @@ import Testing
             try daemon.start()
             defer { daemon.stop() }
             let size = 16 << 20
-            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?ranges_for=2&rate=8000000"), "name": "refused.bin"])
+            let id = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?ranges_for=2&rate=8000000"), "name": "refused.bin",
+            ])
             let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
             #expect(done["state"] == "completed", "\(done.serializedString())")
             let path = daemon.downloadDir + "/refused.bin"

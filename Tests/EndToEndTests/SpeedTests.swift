@@ -24,7 +24,7 @@ import Testing
             let daemon = try DaemonHarness()
             try daemon.start()
             defer { daemon.stop() }
-                        let limited = try daemon.enqueue([
+            let limited = try daemon.enqueue([
                 "url": .string("\(origin.baseURL)/bytes/\(Self.big)?job=limited"), "name": "limited.bin", "max_speed": 32768,
             ])
             #expect(try daemon.job(limited)["max_speed"] == 32768)
@@ -91,7 +91,8 @@ import Testing
             defer { daemon.stop() }
             let limit: Int64 = 512 << 10
             let id = try daemon.enqueue([
-                "url": .string("\(origin.baseURL)/bytes/\(Self.big)?job=measured"), "name": "measured.bin", "max_speed": .int(limit), "segments": 1,
+                "url": .string("\(origin.baseURL)/bytes/\(Self.big)?job=measured"), "name": "measured.bin", "max_speed": .int(limit),
+                "segments": 1,
             ])
             // About 4 s at the limit, past the bucket's first burst (a tenth of a second's worth).
             let own = try measuredRate(daemon, id, bytes: 2 << 20)
@@ -171,11 +172,14 @@ import Testing
         let bad = daemon.root + "/bad.toml"
         try "speed_schedule = \"08:00-18:00 2M, 17:00-19:00 1M\"\n".write(toFile: bad, atomically: true, encoding: .utf8)
         let refused = try runProgram(BuiltProducts.path("dld"), ["--config", bad, "--print-config"], environment: daemon.environment)
-        #expect(refused.status != 0 && refused.stderr.contains("line 1: speed_schedule: 17:00-19:00 overlaps 08:00-18:00"), "\(refused.stderr)")
+        #expect(
+            refused.status != 0 && refused.stderr.contains("line 1: speed_schedule: 17:00-19:00 overlaps 08:00-18:00"), "\(refused.stderr)")
         let good = daemon.root + "/good.toml"
         try "max_speed = \"512K\"\nspeed_schedule = \"08:00-18:00 2M\"\n".write(toFile: good, atomically: true, encoding: .utf8)
         let printed = try runProgram(BuiltProducts.path("dld"), ["--config", good, "--print-config"], environment: daemon.environment)
-        #expect(printed.stdout.contains("max_speed = \"512K\"\n") && printed.stdout.contains("speed_schedule = \"08:00-18:00 2M\"\n"), "\(printed.stdout)")
+        #expect(
+            printed.stdout.contains("max_speed = \"512K\"\n") && printed.stdout.contains("speed_schedule = \"08:00-18:00 2M\"\n"),
+            "\(printed.stdout)")
     }
 
     /// A running job gets a new URL whose server has the same strong ETag: the transfer starts
@@ -264,10 +268,12 @@ import Testing
             defer { daemon.stop() }
             let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/1000"), "name": "s.bin", "paused": true])
             let secretURL = "http://alice:hunter2@127.0.0.1:\(origin.port)/bytes/1000?k=v"
-            let changed = try daemon.call("change", [
-                "id": .int(id), "url": .string(secretURL),
-                "headers": ["Authorization": "Bearer tok-123", "X-Trace": "7"],
-            ])
+            let changed = try daemon.call(
+                "change",
+                [
+                    "id": .int(id), "url": .string(secretURL),
+                    "headers": ["Authorization": "Bearer tok-123", "X-Trace": "7"],
+                ])
             for job in [changed, try daemon.job(id)] {
                 #expect(job["url"]?.stringValue == "http://alice:***@127.0.0.1:\(origin.port)/bytes/1000?k=v")
                 let text = job.serializedString()

@@ -58,7 +58,9 @@ import Testing
                 seen += message.split(separator: "\n").map(String.init)
             }
         }
-        #expect(seen.contains { $0.hasPrefix("STATUS=") && $0.contains("1 waiting") }, "no STATUS= with the waiting job: \(seen)\n\(daemon.log)")
+        #expect(
+            seen.contains { $0.hasPrefix("STATUS=") && $0.contains("1 waiting") }, "no STATUS= with the waiting job: \(seen)\n\(daemon.log)"
+        )
     }
 
     /// Without `$NOTIFY_SOCKET` nothing is sent and nothing changes (checked by every other test);

@@ -68,7 +68,8 @@ func settled(_ daemon: DaemonHarness, _ id: Int64) throws -> JSONValue {
             #expect(plain.serializedString().contains("tls_untrusted"), "\(plain.serializedString())")
 
             let dir = daemon.root + "/dl/trusted"
-            let trusted = try daemon.dlctl(["enqueue", "--group", "trusted", "-d", dir, "--ca-file", tls.certificatePath] + urls + ["--wait"])
+            let trusted = try daemon.dlctl(
+                ["enqueue", "--group", "trusted", "-d", dir, "--ca-file", tls.certificatePath] + urls + ["--wait"])
             #expect(trusted.status == 0, "\(trusted.stdout) \(trusted.stderr)")
             try expectOriginBytes(at: dir + "/3000", count: 3000)
             try expectOriginBytes(at: dir + "/4000", count: 4000)
@@ -80,7 +81,8 @@ func settled(_ daemon: DaemonHarness, _ id: Int64) throws -> JSONValue {
     @Test func configAndEnvironmentTrust() async throws {
         let byConfig = try DaemonHarness(config: slowRetries)
         let tls = try TLSFiles.selfSigned(in: byConfig.root)
-        try (slowRetries + "\nca_file = \"\(tls.certificatePath)\"\n").write(toFile: byConfig.root + "/config.toml", atomically: true, encoding: .utf8)
+        try (slowRetries + "\nca_file = \"\(tls.certificatePath)\"\n").write(
+            toFile: byConfig.root + "/config.toml", atomically: true, encoding: .utf8)
         let byEnvironment = try DaemonHarness(config: slowRetries)
         byEnvironment.extraEnvironment = ["SSL_CERT_FILE": tls.certificatePath, "SSL_CERT_DIR": byEnvironment.root + "/no-such-folder"]
         try await withTLSOrigin(tls) { origin in
@@ -91,7 +93,9 @@ func settled(_ daemon: DaemonHarness, _ id: Int64) throws -> JSONValue {
                 let done = try daemon.waitForState(id, ["completed", "failed", "waiting"])
                 #expect(done["state"] == "completed", "\(done.serializedString())\n\(daemon.log.suffix(3000))")
             }
-            #expect(byEnvironment.log.contains("SSL_CERT_DIR entry \(byEnvironment.root)/no-such-folder does not exist"), "\(byEnvironment.log.suffix(3000))")
+            #expect(
+                byEnvironment.log.contains("SSL_CERT_DIR entry \(byEnvironment.root)/no-such-folder does not exist"),
+                "\(byEnvironment.log.suffix(3000))")
         }
     }
 
@@ -103,16 +107,27 @@ func settled(_ daemon: DaemonHarness, _ id: Int64) throws -> JSONValue {
         let day: TimeInterval = 86_400
         let cases: [(TLSFiles, String?, String)] = [
             (try ca.issue("good"), nil, ""),
-            (try ca.issue("other-name", commonName: "files.example", subjectAltName: "DNS:files.example"), "tls_hostname", "another host name"),
-            (try ca.issue("expired", notBefore: Date().addingTimeInterval(-30 * day), notAfter: Date().addingTimeInterval(-2 * day)), "tls_expired", "expired on"),
-            (try ca.issue("future", notBefore: Date().addingTimeInterval(10 * day), notAfter: Date().addingTimeInterval(20 * day)), "tls_not_yet_valid", "not valid before"),
+            (
+                try ca.issue("other-name", commonName: "files.example", subjectAltName: "DNS:files.example"), "tls_hostname",
+                "another host name"
+            ),
+            (
+                try ca.issue("expired", notBefore: Date().addingTimeInterval(-30 * day), notAfter: Date().addingTimeInterval(-2 * day)),
+                "tls_expired", "expired on"
+            ),
+            (
+                try ca.issue("future", notBefore: Date().addingTimeInterval(10 * day), notAfter: Date().addingTimeInterval(20 * day)),
+                "tls_not_yet_valid", "not valid before"
+            ),
         ]
         try daemon.start()
         defer { daemon.stop() }
         for (files, code, words) in cases {
             try await withTLSOrigin(files) { origin in
-                let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/3000"), "name": .string("\(code ?? "good").bin"),
-                                             "ca_file": .string(ca.certificatePath)])
+                let id = try daemon.enqueue([
+                    "url": .string("\(origin.baseURL)/bytes/3000"), "name": .string("\(code ?? "good").bin"),
+                    "ca_file": .string(ca.certificatePath),
+                ])
                 let job = try settled(daemon, id)
                 guard let code else {
                     #expect(job["state"] == "completed", "\(job.serializedString())")
@@ -140,7 +155,8 @@ func settled(_ daemon: DaemonHarness, _ id: Int64) throws -> JSONValue {
         defer { daemon.stop() }
         try await withTLSOrigin(server) { origin in
             let url = JSONValue.string("\(origin.baseURL)/bytes/4000")
-            let without = try settled(daemon, try daemon.enqueue(["url": url, "name": "without.bin", "ca_file": .string(ca.certificatePath)]))
+            let without = try settled(
+                daemon, try daemon.enqueue(["url": url, "name": "without.bin", "ca_file": .string(ca.certificatePath)]))
             #expect(without["state"] == "failed", "\(without.serializedString())")
             #expect(without["attempts"] == 1)
             #expect(without["error"]?["code"] == "tls_client_cert", "\(without.serializedString())")

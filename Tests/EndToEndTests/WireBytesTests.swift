@@ -21,8 +21,10 @@ import Testing
 
     /// Downloads `uri` as `name` with the running daemon, checks the file is the origin's
     /// `size` bytes, and returns what the origin served for it and the ranges it was asked for.
-    static func download(_ uri: String, name: String, size: Int64, daemon: DaemonHarness, origin: TestOrigin,
-                         sourceLocation: SourceLocation = #_sourceLocation) throws -> (served: Int64, ranges: [String?]) {
+    static func download(
+        _ uri: String, name: String, size: Int64, daemon: DaemonHarness, origin: TestOrigin,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) throws -> (served: Int64, ranges: [String?]) {
         let id = try daemon.enqueue(["url": .string(origin.baseURL + uri), "name": .string(name)])
         let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
         #expect(done["state"] == "completed", "\(done.serializedString())", sourceLocation: sourceLocation)
@@ -40,7 +42,8 @@ import Testing
             defer { daemon.stop() }
             for mib in [5, 12, 20] {
                 let size = Int64(mib) << 20
-                let (served, ranges) = try Self.download("/bytes/\(size)", name: "wire-\(mib).bin", size: size, daemon: daemon, origin: origin)
+                let (served, ranges) = try Self.download(
+                    "/bytes/\(size)", name: "wire-\(mib).bin", size: size, daemon: daemon, origin: origin)
                 #expect(Double(served) <= 1.05 * Double(size), "\(mib) MiB: served \(served) (\(Double(served) / Double(size)) ×)")
                 #expect(ranges.count >= 2, "\(mib) MiB was fetched in ranges: \(ranges)")
                 #expect(ranges.allSatisfy(Self.hasEnd), "\(ranges)")
@@ -58,7 +61,8 @@ import Testing
             let size: Int64 = 8 << 20
             for status in ["503", "429"] {
                 let (served, ranges) = try Self.download(
-                    "/fail_first/1/bytes/\(size)?fail_status=\(status)", name: "refused-\(status).bin", size: size, daemon: daemon, origin: origin)
+                    "/fail_first/1/bytes/\(size)?fail_status=\(status)", name: "refused-\(status).bin", size: size, daemon: daemon,
+                    origin: origin)
                 #expect(Double(served) <= 1.1 * Double(size), "after a \(status): served \(served) (\(Double(served) / Double(size)) ×)")
                 #expect(ranges.count >= 3, "\(ranges)")
                 #expect(ranges.allSatisfy(Self.hasEnd), "\(ranges)")
