@@ -8,8 +8,8 @@ import Synchronization
 ///
 /// A profile of one stream of 1 GiB from nginx put SHA-256 at 56 % of dld's samples, all on
 /// the thread that also copied the bytes into the page cache (24 %): one thread did both in
-/// turn (docs/benchmarks.md, "One connection against curl"). The bound is that section's
-/// measurement too: 8 MiB pushed the peak RSS of four ranges past 64 MiB, 2 MiB was slower.
+/// turn (docs/benchmarks.md, "What was tried": the digest on its own thread). The bound is that
+/// measurement's too: 8 MiB pushed the peak RSS of four ranges past 64 MiB, 2 MiB was slower.
 ///
 /// What is queued is bounded: a worker that finds more than `highWater` bytes waiting waits
 /// (`waitForRoom`) until the hasher is down to `lowWater`. Every exit of an attempt's stream

@@ -4,7 +4,7 @@ import NIOPosix
 ///
 /// NIO's shared blocking pool has one thread per core, two on a small machine, so at most two
 /// files were synced at once: 2000 files of 16 KiB took 1.55 s to `fdatasync` on two threads
-/// and 0.35 s on eight (scripts: docs/benchmarks.md, "Sixth pass"). A thread that waits for the
+/// and 0.35 s on eight (docs/benchmarks.md, "What was tried": a disk pool of 8 threads). A thread that waits for the
 /// disk costs no CPU, so this pool has more threads than cores, and the CPU-bound work on NIO's
 /// pool does not queue behind a slow flush.
 public enum DiskPool {
