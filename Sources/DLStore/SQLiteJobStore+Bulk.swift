@@ -37,32 +37,12 @@ extension RowSelection {
 }
 
 extension BulkCommand {
-    /// The columns the command sets: the same result as `StateMachine.apply` on each row (a
-    /// store test checks that they agree). SQLite evaluates every expression on the old row.
+    /// The columns the command sets, in SQLite's words (`:now` is bound by the caller).
     var assignments: String {
-        switch self {
-        case .pause:
-            return "state = 'paused', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, updated_at = :now"
-        case .cancel:
-            return
-                "state = 'canceled', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, finished_at = :now, updated_at = :now"
-        case .resume:
-            let startOver = "error_code IN (" + Self.startOverCodes.map { "'\($0)'" }.joined(separator: ",") + ")"
-            return """
-                state = 'queued', wait_reason = NULL, next_attempt_at = NULL, finished_at = NULL, attempts = 0,
-                updated_at = :now,
-                error_code = CASE WHEN state = 'failed' THEN NULL ELSE error_code END,
-                error_message = CASE WHEN state = 'failed' THEN NULL ELSE error_message END,
-                received = CASE WHEN \(startOver) THEN 0 ELSE received END,
-                segments = CASE WHEN \(startOver) THEN NULL ELSE segments END,
-                unsynced = CASE WHEN \(startOver) THEN NULL ELSE unsynced END,
-                etag = CASE WHEN \(startOver) THEN NULL ELSE etag END,
-                last_modified = CASE WHEN \(startOver) THEN NULL ELSE last_modified END,
-                accepts_ranges = CASE WHEN \(startOver) THEN 0 ELSE accepts_ranges END,
-                sha256 = CASE WHEN \(startOver) THEN NULL ELSE sha256 END,
-                digest = CASE WHEN \(startOver) THEN NULL ELSE digest END
-                """
-        }
+        assignments(
+            BulkDialect(
+                now: ":now", startsOver: "error_code IN (" + Self.startOverCodes.map { "'\($0)'" }.joined(separator: ",") + ")",
+                falseValue: "0"))
     }
 }
 

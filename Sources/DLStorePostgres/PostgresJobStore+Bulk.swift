@@ -21,33 +21,10 @@ extension PostgresJobStore {
         }
     }
 
-    /// The columns a command sets: the same result as `StateMachine.apply` on each row (a store
-    /// test checks that they agree, on both backends). PostgreSQL, like SQLite, evaluates
-    /// every expression on the old row. `now` and `startOver` are placeholders of values.
+    /// The columns a command sets, in PostgreSQL's words; `now` and `startOver` are
+    /// placeholders of bound values.
     private static func assignments(_ command: BulkCommand, now: String, startOver: String) -> String {
-        switch command {
-        case .pause:
-            return "state = 'paused', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, updated_at = \(now)"
-        case .cancel:
-            return
-                "state = 'canceled', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, finished_at = \(now), updated_at = \(now)"
-        case .resume:
-            let restart = "error_code = ANY(\(startOver))"
-            return """
-                state = 'queued', wait_reason = NULL, next_attempt_at = NULL, finished_at = NULL, attempts = 0,
-                updated_at = \(now),
-                error_code = CASE WHEN state = 'failed' THEN NULL ELSE error_code END,
-                error_message = CASE WHEN state = 'failed' THEN NULL ELSE error_message END,
-                received = CASE WHEN \(restart) THEN 0 ELSE received END,
-                segments = CASE WHEN \(restart) THEN NULL ELSE segments END,
-                unsynced = CASE WHEN \(restart) THEN NULL ELSE unsynced END,
-                etag = CASE WHEN \(restart) THEN NULL ELSE etag END,
-                last_modified = CASE WHEN \(restart) THEN NULL ELSE last_modified END,
-                accepts_ranges = CASE WHEN \(restart) THEN false ELSE accepts_ranges END,
-                sha256 = CASE WHEN \(restart) THEN NULL ELSE sha256 END,
-                digest = CASE WHEN \(restart) THEN NULL ELSE digest END
-                """
-        }
+        command.assignments(BulkDialect(now: now, startsOver: "error_code = ANY(\(startOver))", falseValue: "false"))
     }
 
     public func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], now: Date) async throws -> BulkOutcome {
