@@ -52,7 +52,7 @@ public struct Dispatcher: Sendable {
         switch RPCIncoming.parse(line) {
         case .invalid(let response):
             reply.data = response.json.serialized()
-        case .single(.success(let request)) where request.method == "subscribe":
+        case .single(.success(let request)) where request.method == RPCMethod.subscribe.rawValue:
             do {
                 reply.subscription = try await subscription(request)
             } catch {
@@ -82,7 +82,7 @@ public struct Dispatcher: Sendable {
             } catch {
                 result = .failure(RPCError(error))
             }
-            if request.method == "shutdown", case .success = result { shutdown = true }
+            if request.method == RPCMethod.shutdown.rawValue, case .success = result { shutdown = true }
             guard let id = request.id else { return nil }
             return RPCResponse(id: id, result: result)
         }
@@ -106,24 +106,22 @@ public struct Dispatcher: Sendable {
         return Subscription(id: id, filter: filter, since: try params.int("since", in: 0...Int64.max))
     }
 
-    public static let methods = [
-        "enqueue", "pause", "resume", "cancel", "remove", "status", "list", "stats", "queue", "subscribe", "version", "shutdown",
-        "set_speed", "change", "get", "unpin", "cache_list",
-    ]
-
-    func call(_ method: String, _ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
+    func call(_ name: String, _ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
+        guard let method = RPCMethod(rawValue: name) else {
+            throw DLError(.methodNotFound, "unknown method \"\(name.prefix(100))\"; methods: \(RPCMethod.names.joined(separator: ", "))")
+        }
         switch method {
-        case "enqueue":
+        case .enqueue:
             return try await enqueue(raw)
-        case "pause", "resume", "cancel":
+        case .pause, .resume, .cancel:
             let params = try Params(raw, allowed: ["id", "ids", "all", "group"])
             let selection = try params.selection()
             switch method {
-            case "pause": return Self.bulkReply(try await engine.pause(selection))
-            case "resume": return Self.bulkReply(try await engine.resume(selection))
+            case .pause: return Self.bulkReply(try await engine.pause(selection))
+            case .resume: return Self.bulkReply(try await engine.resume(selection))
             default: return Self.bulkReply(try await engine.cancel(selection))
             }
-        case "remove":
+        case .remove:
             let params = try Params(raw, allowed: ["id", "ids", "all", "group", "delete_file", "finished", "failed", "older_than"])
             if params.has("finished") || params.has("failed") || params.has("older_than") {
                 return Self.bulkReply(try await removeFinished(params), alsoAs: "removed")
@@ -131,7 +129,7 @@ public struct Dispatcher: Sendable {
             let outcome = try await engine.remove(try params.selection(), deleteFile: try params.bool("delete_file") ?? false)
             // `removed`, the list protocol 1 answered with, stays: the same ids.
             return Self.bulkReply(outcome, alsoAs: "removed")
-        case "status":
+        case .status:
             let params = try Params(raw, allowed: ["id", "ids", "group"])
             switch try params.selection() {
             case .ids(let ids) where params.has("id"):
@@ -144,7 +142,7 @@ public struct Dispatcher: Sendable {
             case .all:
                 throw .invalidParams("status takes \"id\", \"ids\" or \"group\"; use list for all jobs")
             }
-        case "list":
+        case .list:
             let params = try Params(raw, allowed: ["state", "limit", "after_id", "group"])
             let states = try parseStates(params)
             if let reference = try params.groupReference() {
@@ -159,7 +157,7 @@ public struct Dispatcher: Sendable {
             let page = jobs.prefix(limit)
             let next: JSONValue = jobs.count > limit ? (page.last.map { .int($0.id) } ?? .null) : .null
             return ["jobs": .array(page.map(\.json)), "next_after_id": next]
-        case "stats":
+        case .stats:
             _ = try Params(raw, allowed: [])
             let stats = try await engine.stats()
             var counts: [String: JSONValue] = [:]
@@ -182,13 +180,13 @@ public struct Dispatcher: Sendable {
                 "max_speed": Self.speedReply(await engine.speedView),
                 "cache": await cacheStats(),
             ]
-        case "set_speed":
+        case .setSpeed:
             return try await setSpeed(raw)
-        case "change":
+        case .change:
             return try await change(raw)
-        case "get", "unpin", "cache_list":
+        case .get, .unpin, .cacheList:
             return try await cacheCall(method, raw)
-        case "queue":
+        case .queue:
             let params = try Params(raw, allowed: ["paused"])
             let reason: String?
             if let paused = try params.bool("paused") {
@@ -197,16 +195,14 @@ public struct Dispatcher: Sendable {
                 reason = try await engine.stats().queuePausedReason
             }
             return ["paused": .bool(reason != nil), "reason": reason.map { .string($0) } ?? .null]
-        case "subscribe":
+        case .subscribe:
             throw DLError(.invalidRequest, "subscribe must be sent alone, not in a batch")
-        case "version":
+        case .version:
             _ = try Params(raw, allowed: [])
             return ["version": .string(DLDVersion.current), "protocol": .int(Int64(DLDVersion.protocolVersion))]
-        case "shutdown":
+        case .shutdown:
             _ = try Params(raw, allowed: [])
             return ["ok": true]
-        default:
-            throw DLError(.methodNotFound, "unknown method \"\(method.prefix(100))\"; methods: \(Self.methods.joined(separator: ", "))")
         }
     }
 
@@ -607,9 +603,9 @@ extension Dispatcher {
         return cache
     }
 
-    func cacheCall(_ method: String, _ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
+    func cacheCall(_ method: RPCMethod, _ raw: [String: JSONValue]) async throws(DLError) -> JSONValue {
         switch method {
-        case "get":
+        case .get:
             let params = try Params(raw, allowed: ["url", "pin"])
             let url = try params.requiredString("url")
             let answer = try await requireCache().get(url, pin: try params.bool("pin") ?? false)
@@ -618,7 +614,7 @@ extension Dispatcher {
                 "source": .string(answer.source.rawValue), "job": answer.jobID.map { .int($0) } ?? .null,
                 "pinned": .bool(answer.pinned), "fresh_until": JobJSON.timestamp(answer.freshUntil),
             ]
-        case "unpin":
+        case .unpin:
             let params = try Params(raw, allowed: ["url"])
             let found = try await requireCache().unpin(try params.requiredString("url"))
             return ["cached": .bool(found)]
