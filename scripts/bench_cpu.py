@@ -38,7 +38,7 @@ def machine_cpu():
     return (sum(values) - values[3] - values[4]) / TICK
 
 
-def dld_download(bin_dir, work, url, name, params):
+def dld_download(work, url, name, params):
     """(wall, dld's CPU, machine CPU) of one download by a fresh dld."""
     base = tempfile.mkdtemp(prefix="cpu-", dir=work)
     daemon = Daemon(base, os.path.join(base, "state"), os.path.join(base, "dl"))
@@ -82,7 +82,7 @@ def sha256_rate():
     return None
 
 
-def one_big_file(bin_dir, work):
+def one_big_file(work):
     docroot = os.path.join(work, "www")
     os.makedirs(docroot)
     write_file(os.path.join(docroot, "big.bin"), SIZE)
@@ -93,8 +93,8 @@ def one_big_file(bin_dir, work):
     proc, base = started
     url = f"{base}/big.bin"
     tools = [("curl -o", lambda i: curl_download(url, os.path.join(work, "curl.bin"))),
-             ("dld segments=1", lambda i: dld_download(bin_dir, work, url, f"one-{i}.bin", {"segments": 1})),
-             ("dld (defaults)", lambda i: dld_download(bin_dir, work, url, f"big-{i}.bin", {}))]
+             ("dld segments=1", lambda i: dld_download(work, url, f"one-{i}.bin", {"segments": 1})),
+             ("dld (defaults)", lambda i: dld_download(work, url, f"big-{i}.bin", {}))]
     rows = {name: [] for name, _ in tools}
     try:
         print(f"  {SIZE >> 20} MiB from nginx on loopback, {RUNS} rounds, tools in turn ({os.cpu_count()} cores)")
@@ -157,7 +157,7 @@ def part_cpu(bin_dir):
     work = tempfile.mkdtemp(prefix="dld-bench-cpu-")
     os.chmod(work, 0o755)
     try:
-        one_big_file(bin_dir, work)
+        one_big_file(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     small_files(bin_dir)

@@ -286,13 +286,14 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
         return total
     }
 
+    /// What a turn that has nothing to write but early claims does with them (`deferClaims`).
+    public enum Deferral: Equatable { case commitNow, wait, arm }
+
     /// Whether a turn that has nothing to write but the claims of jobs started early may leave
     /// its commit to a later one: the lists still hold a job for every slot, so the next ends
     /// need no turn either. The claims then wait for the next commit, or for the timer this
     /// arms (`.arm`) when none runs yet; a small file's slot then costs no transaction of its
     /// own.
-    public enum Deferral: Equatable { case commitNow, wait, arm }
-
     public mutating func deferClaims() -> Deferral {
         guard pending.saves.isEmpty, pending.launches.isEmpty, pending.notices.isEmpty, pending.claimFree == nil,
             !startedEarly.isEmpty, startedEarly.count < Self.deferredClaimsLimit,

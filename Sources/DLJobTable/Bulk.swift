@@ -52,27 +52,13 @@ public struct BulkOutcome: Sendable, Equatable {
     }
 }
 
-/// What differs between the backends' SQL for a bulk command: how the command's time is
-/// written, how "the row's error code is one of `JobErrorCode.startOver`" is, and the false
-/// of a boolean column.
-public struct BulkDialect: Sendable {
-    public var now: String
-    public var startsOver: String
-    public var falseValue: String
-
-    public init(now: String, startsOver: String, falseValue: String) {
-        self.now = now
-        self.startsOver = startsOver
-        self.falseValue = falseValue
-    }
-}
-
 extension BulkCommand {
     /// The columns the command sets, in both backends: the same result as `StateMachine.apply`
     /// on each row (a store test checks that they agree, on both). SQLite and PostgreSQL both
-    /// evaluate every expression on the old row.
-    public func assignments(_ dialect: BulkDialect) -> String {
-        let now = dialect.now
+    /// evaluate every expression on the old row. What differs is the dialect: how the
+    /// command's time is written (`now`), how "the row's error code is one of
+    /// `JobErrorCode.startOver`" is (`startsOver`), and the false of a boolean column.
+    public func assignments(now: String, startsOver over: String, falseValue: String) -> String {
         switch self {
         case .pause:
             return "state = 'paused', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, updated_at = \(now)"
@@ -83,7 +69,6 @@ extension BulkCommand {
                 """
         case .resume:
             // A failure after which the partial file cannot be trusted: start over from zero.
-            let over = dialect.startsOver
             return """
                 state = 'queued', wait_reason = NULL, next_attempt_at = NULL, finished_at = NULL, attempts = 0,
                 updated_at = \(now),
@@ -94,7 +79,7 @@ extension BulkCommand {
                 unsynced = CASE WHEN \(over) THEN NULL ELSE unsynced END,
                 etag = CASE WHEN \(over) THEN NULL ELSE etag END,
                 last_modified = CASE WHEN \(over) THEN NULL ELSE last_modified END,
-                accepts_ranges = CASE WHEN \(over) THEN \(dialect.falseValue) ELSE accepts_ranges END,
+                accepts_ranges = CASE WHEN \(over) THEN \(falseValue) ELSE accepts_ranges END,
                 sha256 = CASE WHEN \(over) THEN NULL ELSE sha256 END,
                 digest = CASE WHEN \(over) THEN NULL ELSE digest END
                 """

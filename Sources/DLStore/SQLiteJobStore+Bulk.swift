@@ -39,10 +39,8 @@ extension RowSelection {
 extension BulkCommand {
     /// The columns the command sets, in SQLite's words (`:now` is bound by the caller).
     var assignments: String {
-        assignments(
-            BulkDialect(
-                now: ":now", startsOver: "error_code IN (" + Self.startOverCodes.map { "'\($0)'" }.joined(separator: ",") + ")",
-                falseValue: "0"))
+        let startsOver = "error_code IN (" + Self.startOverCodes.map { "'\($0)'" }.joined(separator: ",") + ")"
+        return assignments(now: ":now", startsOver: startsOver, falseValue: "0")
     }
 }
 

@@ -24,7 +24,7 @@ extension PostgresJobStore {
     /// The columns a command sets, in PostgreSQL's words; `now` and `startOver` are
     /// placeholders of bound values.
     private static func assignments(_ command: BulkCommand, now: String, startOver: String) -> String {
-        command.assignments(BulkDialect(now: now, startsOver: "error_code = ANY(\(startOver))", falseValue: "false"))
+        command.assignments(now: now, startsOver: "error_code = ANY(\(startOver))", falseValue: "false")
     }
 
     public func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], now: Date) async throws -> BulkOutcome {
