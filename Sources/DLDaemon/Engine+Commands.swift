@@ -1,6 +1,5 @@
 import CDLSystem
 import DLCore
-import DLRPC
 import DLJobTable
 import DLTransfer
 import Foundation
@@ -254,7 +253,7 @@ extension Engine {
     // A read waits for files between their commit and their link (`linksSettled`, a batch's
     // links and folder sync at most): a job this daemon shows `completed` has its file.
 
-    public func status(_ ids: [JobID]) async throws(DLError) -> [JSONValue] {
+    public func status(_ ids: [JobID]) async throws(DLError) -> [JobView] {
         await linksSettled()
         let jobs = try await storage { try await store.fetch(ids) }
         let found = Set(jobs.map(\.id))
@@ -264,12 +263,10 @@ extension Engine {
         return jobs.map(view)
     }
 
-    /// A page of jobs, each as JSON text (`JobJSON.raw`), with its id.
-    public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws(DLError) -> [(id: JobID, json: JSONValue)] {
+    /// A page of jobs after `afterID`, in id order.
+    public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws(DLError) -> [JobView] {
         await linksSettled()
-        return try await storage { try await store.list(states: states, afterID: afterID, limit: limit) }.map { job in
-            (job.id, JobJSON.raw(job, live: liveProgress(of: job.id)))
-        }
+        return try await storage { try await store.list(states: states, afterID: afterID, limit: limit) }.map(view)
     }
 
     public struct Stats: Sendable {
@@ -341,8 +338,8 @@ extension Engine {
         try await serial(quiet: true) { () async throws(DLError) in try await stats() }
     }
 
-    func view(_ job: Job) -> JSONValue {
-        JobJSON.encode(job, live: liveProgress(of: job.id))
+    func view(_ job: Job) -> JobView {
+        JobView(job, live: liveProgress(of: job.id))
     }
 
     /// The counters of the job's running transfer, if it runs here.

@@ -1,5 +1,4 @@
 import DLCore
-import DLRPC
 import DLJobTable
 import DLTransfer
 import Foundation
@@ -234,11 +233,9 @@ extension Engine {
         }
     }
 
-    /// The group, its summary and its members (those in `states`, when given) as JSON text:
-    /// written at once, not built as objects (a group of 2000 small files took 5 MB of
-    /// dictionaries for one `status`, the daemon's peak).
+    /// The group, its summary and its members (those in `states`, when given).
     public func groupStatus(_ reference: GroupReference, states: [JobState]? = nil) async throws(DLError) -> (
-        JobGroup, GroupSummary, [JSONValue]
+        JobGroup, GroupSummary, [JobView]
     ) {
         await linksSettled()
         let group = try await resolve(reference)
@@ -246,7 +243,7 @@ extension Engine {
         let summary = GroupSummary.summarize(group, members: members, active: activeGroups.contains(group.id))
         let wanted = states.map(Set.init)
         return (
-            group, summary, members.filter { wanted?.contains($0.state) ?? true }.map { JobJSON.raw($0, live: liveProgress(of: $0.id)) }
+            group, summary, members.filter { wanted?.contains($0.state) ?? true }.map(view)
         )
     }
 

@@ -1,5 +1,4 @@
 import DLCore
-import DLRPC
 import DLTransfer
 import Foundation
 
@@ -81,7 +80,7 @@ extension Engine {
 
     /// `set_speed` with `id`: the job's own limit (nil or 0: none), kept in its row; a running
     /// transfer keeps to it from its next chunk.
-    public func setJobSpeed(_ id: JobID, _ rate: Int64?) async throws(DLError) -> JSONValue {
+    public func setJobSpeed(_ id: JobID, _ rate: Int64?) async throws(DLError) -> JobView {
         try await serial { () async throws(DLError) in
             try requireAccepting()
             var job = try await unfinishedHere(id, verb: "set the speed of")
@@ -105,7 +104,7 @@ extension Engine {
     /// next response decides whether the bytes on disk are kept (its validators match the
     /// ones they came with, `If-Range`) or dropped with the reason in the job's `error`
     /// (`started_over`). Other states stay as they are.
-    public func change(_ id: JobID, url: String?, headers: [HeaderField]?) async throws(DLError) -> JSONValue {
+    public func change(_ id: JobID, url: String?, headers: [HeaderField]?) async throws(DLError) -> JobView {
         try await serial { () async throws(DLError) in
             try requireAccepting()
             var job = try await unfinishedHere(id, verb: "change")

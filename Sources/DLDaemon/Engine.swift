@@ -1,5 +1,4 @@
 import DLCore
-import DLRPC
 import DLJobTable
 import DLTransfer
 import Foundation

@@ -1,25 +1,12 @@
 import DLCore
 import Foundation
 
-/// What a running transfer adds to a job's row: live counters that are not in the table yet.
-public struct LiveProgress: Sendable, Equatable {
-    public var received: Int64
-    public var size: Int64?
-    /// Bytes per second over the last second or so.
-    public var speed: Double
-    /// The transfer dropped the job's bytes and started over: shown as the job's `error`.
-    public var startedOver: JobError?
-
-    public init(received: Int64, size: Int64?, speed: Double, startedOver: JobError? = nil) {
-        self.startedOver = startedOver
-        self.received = received
-        self.size = size
-        self.speed = speed
-    }
-}
-
 /// The protocol's view of a job (see docs/protocol.md, "The job object").
 public enum JobJSON {
+
+    public static func encode(_ view: JobView) -> JSONValue { encode(view.job, live: view.live) }
+
+    public static func raw(_ view: JobView) -> JSONValue { raw(view.job, live: view.live) }
 
     public static func encode(_ job: Job, live: LiveProgress? = nil) -> JSONValue {
         var object: [String: JSONValue] = [:]

@@ -112,16 +112,3 @@ public struct Params: Sendable {
         .invalidParams("param \"\(key)\" must be \(expected), not \(value.typeName)")
     }
 }
-
-/// Which jobs a command applies to.
-public enum JobSelection: Sendable, Equatable {
-    case ids([JobID])
-    case all
-    case group(GroupReference)
-}
-
-/// A group, by id or by name (the newest group of that name).
-public enum GroupReference: Sendable, Equatable {
-    case id(GroupID)
-    case name(String)
-}
