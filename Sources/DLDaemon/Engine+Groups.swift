@@ -155,17 +155,8 @@ extension Engine {
 
     // MARK: Groups
 
-    /// One member of a group to create: a URL and a path relative to the group's folder.
-    public struct MemberSpec: Sendable, Equatable {
-        public var url: String
-        public var relativePath: String?
-        public var checksum: Checksum?
-        public var size: Int64?
-        public var meta: String?
-        /// More URLs of the same file (`mirrors`), checked.
-        public var mirrors: [JobMirror] = []
-        public init(url: String) { self.url = url }
-    }
+    /// One member of a group to create (the name tests and older callers know).
+    public typealias MemberSpec = GroupMemberSpec
 
     /// Creates a group and its members in one transaction.
     public func enqueueGroup(

@@ -37,6 +37,24 @@ public enum RPCMethod: String, CaseIterable, Sendable {
     /// The cache's entries.
     case cacheList = "cache_list"
 
+    /// The type its params are decoded into, by the daemon, and built as, by clients.
+    public var params: any MethodParams.Type {
+        switch self {
+        case .enqueue: EnqueueParams.self
+        case .pause, .resume, .cancel: SelectionParams.self
+        case .remove: RemoveParams.self
+        case .status: StatusParams.self
+        case .list: ListParams.self
+        case .queue: QueueParams.self
+        case .subscribe: SubscribeParams.self
+        case .setSpeed: SetSpeedParams.self
+        case .change: ChangeParams.self
+        case .get: GetParams.self
+        case .unpin: UnpinParams.self
+        case .stats, .version, .shutdown, .cacheList: NoParams.self
+        }
+    }
+
     /// The names, in the table's order, for messages.
     public static var names: [String] { allCases.map(\.rawValue) }
 }

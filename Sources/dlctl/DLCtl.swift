@@ -62,9 +62,8 @@ enum JobIDCompletion {
         }
         let client = RPCClient(socketPath: socket)
         defer { client.close() }
-        var params: [String: JSONValue] = ["limit": 1000]
-        if let states { params["state"] = .array(states.map { .string($0) }) }
-        guard let result = try? client.call("list", params) else { return [] }
+        let params = ListParams(states: states?.compactMap(JobState.init(rawValue:)), limit: 1000)
+        guard let result = try? client.call(RPCMethod.list.rawValue, params.params) else { return [] }
         return (result["jobs"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value.map(String.init) }
     }
 }
@@ -78,6 +77,22 @@ struct Common: ParsableArguments {
     var json = false
 
     var socketPath: String { socket ?? SocketPath.clientPath() }
+
+    /// Calls a method with its params (the types the daemon decodes them into).
+    func call(_ method: RPCMethod, _ params: some MethodParams) throws -> JSONValue {
+        try call(method.rawValue, params.params)
+    }
+
+    func call(_ method: RPCMethod) throws -> JSONValue {
+        try call(method.rawValue, [:])
+    }
+
+    /// A param dlctl had to read itself (a checksum, a state's name) and that is wrong:
+    /// refused with the words and the status the daemon's refusal would have.
+    func refuse(_ error: DLError) -> ExitCode {
+        printError("\(error.message) [\(RPCError(error).stableCode)]")
+        return ExitCode(1)
+    }
 
     /// Calls the daemon; prints a clear line and exits with the right status on failure.
     func call(_ method: String, _ params: [String: JSONValue] = [:]) throws -> JSONValue {
@@ -127,29 +142,26 @@ struct Selection: ParsableArguments {
         if let bad = ids.first(where: { $0 < 1 }) { throw ValidationError("job ids are positive integers, got \(bad)") }
     }
 
-    var params: [String: JSONValue] {
-        if let group { return ["group": groupValue(group)] }
-        return all ? ["all": true] : (ids.count == 1 ? ["id": .int(ids[0])] : ["ids": .array(ids.map { .int($0) })])
+    var selection: JobSelection {
+        if let group { return .group(GroupReference(argument: group)) }
+        return all ? .all : .ids(ids)
     }
 }
 
-/// `-H "Name: value"` options as the `headers` param; a usage error (64) for one without a colon.
-func headerObject(_ headers: [String]) throws -> JSONValue {
-    var object: [String: JSONValue] = [:]
+/// `-H "Name: value"` options as header fields (a later one of a name replaces an earlier);
+/// a usage error (64) for one without a colon. The daemon checks names and values.
+func headerFields(_ headers: [String]) throws -> [HeaderField] {
+    var fields: [HeaderField] = []
     for header in headers {
         guard let colon = header.firstIndex(of: ":") else {
             printError("header \"\(header)\" must be \"Name: value\"")
             throw ExitCode(64)
         }
         let name = header[..<colon].trimmingCharacters(in: .whitespaces)
-        object[name] = .string(header[header.index(after: colon)...].trimmingCharacters(in: .whitespaces))
+        fields.removeAll { $0.name == name }
+        fields.append(HeaderField(name: name, value: header[header.index(after: colon)...].trimmingCharacters(in: .whitespaces)))
     }
-    return .object(object)
-}
-
-/// A group argument: a number is an id, anything else a name.
-func groupValue(_ text: String) -> JSONValue {
-    Int64(text).map { .int($0) } ?? .string(text)
+    return fields
 }
 
 struct Enqueue: ParsableCommand {
@@ -239,51 +251,59 @@ struct Enqueue: ParsableCommand {
             try runGroup(group, entries)
             return
         }
-        var base: [String: JSONValue] = [:]
-        if let output { base["path"] = .string(absolute(output)) }
-        if let dir { base["dir"] = .string(absolute(dir)) }
-        if let name { base["name"] = .string(name) }
-        if let priority { base["priority"] = .int(Int64(priority)) }
-        if let key { base["key"] = .string(key) }
+        var base = EnqueueSpec(url: "")
+        base.path = output.map(absolute)
+        base.dir = dir.map(absolute)
+        base.name = name
+        base.priority = priority ?? 0
+        base.key = key
         if let meta {
             guard let value = try? JSONValue.parse(Data(meta.utf8)) else {
                 printError("--meta is not valid JSON")
                 throw ExitCode(64)
             }
-            base["meta"] = value
+            base.meta = value.serializedString()
         }
-        if !headers.isEmpty { base["headers"] = try headerObject(headers) }
-        if overwrite { base["overwrite"] = true }
-        if paused { base["paused"] = true }
-        addTLS(to: &base)
-        if let metered { base["metered"] = .bool(metered) }
-        if let checksum { base["checksum"] = .string(checksum) }
-        if let size { base["size"] = .int(size) }
-        if !mirrors.isEmpty { base["mirrors"] = .array(mirrors.map { .string($0) }) }
-        if let rate = maxSpeed.flatMap(ByteRate.parse) { base["max_speed"] = .int(rate) }
+        base.headers = try headerFields(headers)
+        base.overwrite = overwrite
+        base.paused = paused
+        let options = self.options
+        base.tls = options.tls
+        base.segments = options.segments
+        base.encryptTo = options.encryptTo
+        base.metered = options.metered
+        if let checksum {
+            switch Checksum.parse(checksum) {
+            case .success(let parsed): base.checksum = parsed
+            case .failure(let error): throw common.refuse(error)
+            }
+        }
+        base.size = size
+        base.mirrors = mirrors.map { JobMirror(url: $0) }
+        base.maxSpeed = maxSpeed.flatMap(ByteRate.parse)
         var ids: [Int64] = []
         if entries.count == 1 && input == nil {
-            var params = base
-            params["url"] = .string(entries[0].url)
-            let result = try common.call("enqueue", params)
+            var spec = base
+            spec.url = entries[0].url
+            let result = try common.call(.enqueue, EnqueueParams.job(spec))
             ids = result["job"]?["id"]?.int64Value.map { [$0] } ?? []
             common.emit(result) { describe(result) }
         } else {
             let jobs: [JSONValue] = entries.map { entry in
-                var params = base
-                params["url"] = .string(entry.url)
-                if let name = entry.name { params["name"] = .string(name) }
-                if let folder = entry.dir { params["dir"] = .string(absolute(folder)) }
-                if let checksum = entry.checksum { params["checksum"] = .string(checksum.description) }
-                if let size = entry.size { params["size"] = .int(size) }
-                return .object(params)
+                var spec = base
+                spec.url = entry.url
+                spec.name = entry.name ?? spec.name
+                spec.dir = entry.dir.map(absolute) ?? spec.dir
+                spec.checksum = entry.checksum ?? spec.checksum
+                spec.size = entry.size ?? spec.size
+                return .object(spec.params)
             }
             // A long list goes in several calls, each under the daemon's limits on jobs and
             // bytes per request (docs/protocol.md); each call is atomic on its own.
             var outcomes: [JSONValue] = []
             for chunk in EnqueueChunks.split(jobs) {
                 do {
-                    let result = try common.call("enqueue", ["jobs": .array(chunk)])
+                    let result = try common.call(RPCMethod.enqueue.rawValue, ["jobs": .array(chunk)])
                     outcomes += result["results"]?.arrayValue ?? []
                 } catch {
                     if !outcomes.isEmpty { printError("\(outcomes.count) jobs were enqueued before this error; the rest were not") }
@@ -303,32 +323,28 @@ struct Enqueue: ParsableCommand {
 
     /// `--group NAME -d DIR`: one group whose members land in DIR together.
     private func runGroup(_ group: String, _ entries: [InputEntry]) throws {
-        let members: [JSONValue] = try entries.map { entry in
-            var member: [String: JSONValue] = ["url": .string(entry.url)]
+        let members: [GroupMemberSpec] = try entries.map { entry in
+            var member = GroupMemberSpec(url: entry.url)
             let file = entry.name ?? FileNames.fromURL(entry.url)
             if let folder = entry.dir {
                 guard !folder.hasPrefix("/") else {
                     printError("line \(entry.line): in a group, dir= must be relative to the group's folder")
                     throw ExitCode(65)
                 }
-                member["path"] = .string(folder + "/" + file)
-            } else if let name = entry.name {
-                member["name"] = .string(name)
+                member.relativePath = folder + "/" + file
+            } else {
+                member.relativePath = entry.name
             }
-            if let checksum = entry.checksum { member["checksum"] = .string(checksum.description) }
-            if let size = entry.size { member["size"] = .int(size) }
-            return .object(member)
+            member.checksum = entry.checksum
+            member.size = entry.size
+            return member
         }
-        var params: [String: JSONValue] = [
-            "group": ["name": .string(group), "dir": .string(absolute(dir ?? "."))],
-            "jobs": .array(members),
-        ]
-        if let priority { params["priority"] = .int(Int64(priority)) }
-        if overwrite { params["overwrite"] = true }
-        if paused { params["paused"] = true }
-        addTLS(to: &params)
-        if let metered { params["metered"] = .bool(metered) }
-        let result = try common.call("enqueue", params)
+        var request = GroupEnqueue(name: group, dir: absolute(dir ?? "."), members: members)
+        request.priority = priority ?? 0
+        request.overwrite = overwrite
+        request.paused = paused
+        request.options = options
+        let result = try common.call(.enqueue, EnqueueParams.group(request))
         let groupID = result["group"]?["id"]?.int64Value
         common.emit(result) {
             "group \(groupID.map(String.init) ?? "?") (\(members.count) files) → \(result["group"]?["dir"]?.stringValue ?? "")"
@@ -336,14 +352,12 @@ struct Enqueue: ParsableCommand {
         if wait, let groupID { try waitFor(common: common, ids: [], group: String(groupID), timeout: nil, showProgress: true) }
     }
 
-    /// The TLS files given on the command line, as absolute paths, `--segments` and
-    /// `--encrypt-to` (for a job or a group).
-    private func addTLS(to params: inout [String: JSONValue]) {
-        if let segments { params["segments"] = .int(Int64(segments)) }
-        if !encryptTo.isEmpty { params["encrypt_to"] = .array(encryptTo.map { .string($0) }) }
-        if let caFile { params["ca_file"] = .string(absolute(caFile)) }
-        if let clientCert { params["client_cert"] = .string(absolute(clientCert)) }
-        if let clientKey { params["client_key"] = .string(absolute(clientKey)) }
+    /// The TLS files given on the command line (as absolute paths), `--segments`,
+    /// `--encrypt-to` and `--metered`: for a job or a group.
+    private var options: JobOptions {
+        let tls = JobTLS(caFile: caFile.map(absolute), clientCert: clientCert.map(absolute), clientKey: clientKey.map(absolute))
+        return JobOptions(
+            tls: tls.isEmpty ? nil : tls, segments: segments, metered: metered, encryptTo: encryptTo.isEmpty ? nil : encryptTo)
     }
 
     private func describe(_ outcome: JSONValue) -> String {
@@ -361,9 +375,23 @@ struct Status: ParsableCommand {
     @Option(help: "A group (id or name): its members done/total, bytes, and its jobs.") var group: String?
     @OptionGroup var common: Common
 
+    /// `--state` names, read as the daemon reads them; none: every state.
+    private var states: [JobState]? {
+        get throws {
+            guard !state.isEmpty else { return nil }
+            var params = ListParams()
+            do throws(DLError) {
+                params = try ListParams(["state": .array(state.map { .string($0) })])
+            } catch {
+                throw common.refuse(error)
+            }
+            return params.states
+        }
+    }
+
     func run() throws {
         if let group {
-            let result = try common.call("status", ["group": groupValue(group)])
+            let result = try common.call(.status, StatusParams(.group(GroupReference(argument: group))))
             common.emit(result) {
                 let g = result["group"] ?? .null
                 let total = g["bytes_total"]?.doubleValue.map { Format.bytes($0) } ?? "?"
@@ -378,23 +406,22 @@ struct Status: ParsableCommand {
             return
         }
         if ids.count == 1 {
-            let job = try common.call("status", ["id": .int(ids[0])])
+            let job = try common.call(.status, StatusParams(.job(ids[0])))
             common.emit(job) { Format.details(job) }
             return
         }
         var jobs: [JSONValue] = []
         if ids.isEmpty {
+            let states = try self.states
             var after: Int64 = 0
             while true {
-                var params: [String: JSONValue] = ["after_id": .int(after), "limit": 1000]
-                if !state.isEmpty { params["state"] = .array(state.map { .string($0) }) }
-                let page = try common.call("list", params)
+                let page = try common.call(.list, ListParams(states: states, limit: 1000, afterID: after))
                 jobs += page["jobs"]?.arrayValue ?? []
                 guard let next = page["next_after_id"]?.int64Value else { break }
                 after = next
             }
         } else {
-            jobs = try common.call("status", ["ids": .array(ids.map { .int($0) })])["jobs"]?.arrayValue ?? []
+            jobs = try common.call(.status, StatusParams(.jobs(ids)))["jobs"]?.arrayValue ?? []
         }
         common.emit(.array(jobs)) { Format.table(jobs) }
     }
@@ -402,7 +429,7 @@ struct Status: ParsableCommand {
 
 /// pause, resume and cancel share their shape.
 protocol SelectionCommand: ParsableCommand {
-    static var method: String { get }
+    static var method: RPCMethod { get }
     static var pastTense: String { get }
     var selection: Selection { get }
     var common: Common { get }
@@ -410,14 +437,14 @@ protocol SelectionCommand: ParsableCommand {
 
 extension SelectionCommand {
     func run() throws {
-        let result = try common.call(Self.method, selection.params)
+        let result = try common.call(Self.method, SelectionParams(selection.selection))
         common.emit(result) { Format.bulk(result, verb: Self.pastTense) }
     }
 }
 
 struct Pause: SelectionCommand {
     static let configuration = CommandConfiguration(abstract: "Pause jobs; they keep their bytes.")
-    static let method = "pause"
+    static let method = RPCMethod.pause
     static let pastTense = "paused"
     @OptionGroup var selection: Selection
     @OptionGroup var common: Common
@@ -425,7 +452,7 @@ struct Pause: SelectionCommand {
 
 struct Resume: SelectionCommand {
     static let configuration = CommandConfiguration(abstract: "Queue paused, waiting or failed jobs again.")
-    static let method = "resume"
+    static let method = RPCMethod.resume
     static let pastTense = "resumed"
     @OptionGroup var selection: Selection
     @OptionGroup var common: Common
@@ -433,7 +460,7 @@ struct Resume: SelectionCommand {
 
 struct Cancel: SelectionCommand {
     static let configuration = CommandConfiguration(abstract: "Cancel jobs and delete their partial data.")
-    static let method = "cancel"
+    static let method = RPCMethod.cancel
     static let pastTense = "canceled"
     @OptionGroup var selection: Selection
     @OptionGroup var common: Common
@@ -476,19 +503,17 @@ struct Remove: ParsableCommand {
     }
 
     func run() throws {
-        var params: [String: JSONValue]
+        let target: RemoveParams.Target
         if finished || failed {
-            params = [:]
-            if finished { params["finished"] = true }
-            if failed { params["failed"] = true }
-            if let seconds = olderThan.flatMap(DurationText.seconds) { params["older_than"] = .int(Int64(min(seconds, Double(Int32.max)))) }
+            let states: [JobState] = (finished ? [.completed, .canceled] : []) + (failed ? [.failed] : [])
+            let seconds = olderThan.flatMap(DurationText.seconds).map { Int64(min($0, Double(Int32.max))) }
+            target = .finished(states: states, olderThan: seconds)
         } else if let group {
-            params = ["group": groupValue(group)]
+            target = .jobs(.group(GroupReference(argument: group)), deleteFile: deleteFile)
         } else {
-            params = all ? ["all": true] : (ids.count == 1 ? ["id": .int(ids[0])] : ["ids": .array(ids.map { .int($0) })])
+            target = .jobs(all ? .all : .ids(ids), deleteFile: deleteFile)
         }
-        if deleteFile { params["delete_file"] = true }
-        let result = try common.call("remove", params)
+        let result = try common.call(.remove, RemoveParams(target))
         common.emit(result) { Format.bulk(result, verb: "removed") }
     }
 }
@@ -499,7 +524,7 @@ struct Stats: ParsableCommand {
     @OptionGroup var common: Common
 
     func run() throws {
-        let result = try common.call("stats")
+        let result = try common.call(.stats)
         common.emit(result) {
             let counts = JobState.allCases.map { "\($0.rawValue) \(result["counts"]?[$0.rawValue]?.int64Value ?? 0)" }
             return """
@@ -544,9 +569,7 @@ struct Queue: ParsableCommand {
     @OptionGroup var common: Common
 
     func run() throws {
-        var params: [String: JSONValue] = [:]
-        if let action { params["paused"] = .bool(action == .pause) }
-        let result = try common.call("queue", params)
+        let result = try common.call(.queue, QueueParams(paused: action.map { $0 == .pause }))
         common.emit(result) {
             result["paused"]?.boolValue == true ? "queue paused: \(result["reason"]?.stringValue ?? "")" : "queue running"
         }
@@ -558,7 +581,7 @@ struct Version: ParsableCommand {
     @OptionGroup var common: Common
 
     func run() throws {
-        let result = try common.call("version")
+        let result = try common.call(.version)
         common.emit(result) {
             "dld \(result["version"]?.stringValue ?? "?") (protocol \(result["protocol"]?.int64Value ?? 0)); dlctl \(DLDVersion.current)"
         }
@@ -570,7 +593,7 @@ struct Shutdown: ParsableCommand {
     @OptionGroup var common: Common
 
     func run() throws {
-        let result = try common.call("shutdown")
+        let result = try common.call(.shutdown)
         common.emit(result) { "dld is stopping" }
     }
 }
@@ -619,9 +642,7 @@ struct Get: ParsableCommand {
     @OptionGroup var common: Common
 
     func run() throws {
-        var params: [String: JSONValue] = ["url": .string(url)]
-        if pin { params["pin"] = true }
-        let result = try common.call("get", params)
+        let result = try common.call(.get, GetParams(url: url, pin: pin))
         common.emit(result) { result["path"]?.stringValue ?? "" }
     }
 }
@@ -632,7 +653,7 @@ struct Unpin: ParsableCommand {
     @OptionGroup var common: Common
 
     func run() throws {
-        let result = try common.call("unpin", ["url": .string(url)])
+        let result = try common.call(.unpin, UnpinParams(url: url))
         common.emit(result) { result["cached"]?.boolValue == true ? "unpinned" : "not cached" }
     }
 }
@@ -643,7 +664,7 @@ struct CacheList: ParsableCommand {
     @OptionGroup var common: Common
 
     func run() throws {
-        let result = try common.call("cache_list")
+        let result = try common.call(.cacheList)
         common.emit(result) {
             (result["entries"]?.arrayValue ?? []).map { entry in
                 let flags = [entry["pinned"]?.boolValue == true ? "pinned" : nil, entry["in_use"]?.boolValue == true ? "in use" : nil]

@@ -32,15 +32,15 @@ struct Speed: ParsableCommand {
     func run() throws {
         switch words.count {
         case 0:
-            let result = try common.call("stats")["max_speed"] ?? .null
+            let result = try common.call(.stats)["max_speed"] ?? .null
             common.emit(result) { Self.describe(result) }
         case 1:
-            let rate: JSONValue = words[0] == "config" ? .null : .int(ByteRate.parse(words[0]) ?? 0)
-            let result = try common.call("set_speed", ["global": true, "max_speed": rate])
+            let rate = words[0] == "config" ? nil : ByteRate.parse(words[0]) ?? 0
+            let result = try common.call(.setSpeed, SetSpeedParams(.global, maxSpeed: rate))
             common.emit(result) { Self.describe(result) }
         default:
             let id = Int64(words[0]) ?? 0
-            let job = try common.call("set_speed", ["id": .int(id), "max_speed": .int(ByteRate.parse(words[1]) ?? 0)])
+            let job = try common.call(.setSpeed, SetSpeedParams(.job(id), maxSpeed: ByteRate.parse(words[1]) ?? 0))
             common.emit(job) {
                 "job \(id): " + (job["max_speed"]?.int64Value.map { "at most \(ByteRate.format($0))/s" } ?? "no limit of its own")
             }
@@ -84,11 +84,8 @@ struct SetURL: ParsableCommand {
     }
 
     func run() throws {
-        var params: [String: JSONValue] = ["id": .int(id)]
-        if let url { params["url"] = .string(url) }
-        if clearHeaders { params["headers"] = .object([:]) }
-        if !headers.isEmpty { params["headers"] = try headerObject(headers) }
-        let job = try common.call("change", params)
+        let fields = clearHeaders ? [] : try headerFields(headers)
+        let job = try common.call(.change, ChangeParams(id: id, url: url, headers: clearHeaders || !headers.isEmpty ? fields : nil))
         common.emit(job) { Format.details(job) }
     }
 }

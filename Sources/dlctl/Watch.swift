@@ -27,21 +27,19 @@ final class Tracker {
 
     /// Subscribes first, then reads the current rows, so that no change falls in between.
     func start(ids: [Int64]?, group: String?) throws {
-        var params: [String: JSONValue] = [:]
-        if let ids { params["ids"] = .array(ids.map { .int($0) }) }
-        if let group { params["group"] = Int64(group).map { .int($0) } ?? .string(group) }
+        let params = SubscribeParams(ids: ids.map(Set.init), group: group.map(GroupReference.init(argument:)))
         do {
-            _ = try client.call("subscribe", params)
+            _ = try client.call(RPCMethod.subscribe.rawValue, params.params)
         } catch {
-            _ = try common.call("subscribe", params)  // prints the error and exits
+            _ = try common.call(.subscribe, params)  // prints the error and exits
         }
         let rows: [JSONValue]
         if let ids {
-            rows = try common.call("status", ["ids": .array(ids.map { .int($0) })])["jobs"]?.arrayValue ?? []
+            rows = try common.call(.status, StatusParams(.jobs(ids)))["jobs"]?.arrayValue ?? []
         } else if let group {
-            rows = try common.call("list", ["group": Int64(group).map { .int($0) } ?? .string(group)])["jobs"]?.arrayValue ?? []
+            rows = try common.call(.list, ListParams(group: GroupReference(argument: group)))["jobs"]?.arrayValue ?? []
         } else {
-            rows = try common.call("list", ["state": ["queued", "running", "waiting", "paused"]])["jobs"]?.arrayValue ?? []
+            rows = try common.call(.list, ListParams(states: [.queued, .running, .waiting, .paused]))["jobs"]?.arrayValue ?? []
         }
         for row in rows { remember(row) }
     }
@@ -165,7 +163,7 @@ func waitFor(common: Common, ids: [Int64], group: String?, timeout: Double?, sho
     var renderer = Renderer(output: .standardError)
     func groupDone() throws -> (Bool, Bool) {
         guard let group else { return (false, false) }
-        let status = try common.call("status", ["group": Int64(group).map { .int($0) } ?? .string(group)])
+        let status = try common.call(.status, StatusParams(.group(GroupReference(argument: group))))
         let state = status["group"]?["state"]?.stringValue ?? ""
         return (["completed", "failed", "canceled"].contains(state), state == "completed")
     }
