@@ -80,11 +80,20 @@ let package = Package(
         ),
         // JSON-RPC wire types and line framing, shared by daemon and client; the client itself.
         .target(name: "DLRPC", dependencies: ["DLCore"]),
-        // The daemon services: control server, scheduler/engine, config, paths, lock.
+        // The engine: the scheduling state machine and what carries out its actions (transfers,
+        // publishing, groups, recovery, fleet leases). It sees the job table only through
+        // DLJobTable's interface and knows no wire format: no backend, no DLRPC.
+        .target(
+            name: "DLEngine",
+            dependencies: [
+                "DLCore", "DLJobTable", "DLTransfer", "CDLSystem", .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The daemon services: control server and its dispatcher, config, paths, lock, cache.
         .target(
             name: "DLDaemon",
             dependencies: [
-                "DLCore", "DLJobTable", "DLStore", "DLStorePostgres", "DLTransfer", "DLRPC", "CDLSystem",
+                "DLCore", "DLJobTable", "DLEngine", "DLStore", "DLStorePostgres", "DLTransfer", "DLRPC", "CDLSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -139,7 +148,7 @@ let package = Package(
         .testTarget(
             name: "DLRPCTests",
             dependencies: [
-                "DLRPC", "DLDaemon", "DLCore", "DLJobTable", "DLStore", "DLTransfer", "DLTestSupport",
+                "DLRPC", "DLDaemon", "DLEngine", "DLCore", "DLJobTable", "DLStore", "DLTransfer", "DLTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]

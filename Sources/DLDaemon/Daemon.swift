@@ -1,5 +1,6 @@
 import CDLSystem
 import DLCore
+import DLEngine
 import DLRPC
 import DLJobTable
 import DLStore

@@ -1,4 +1,5 @@
 import DLCore
+import DLEngine
 import DLRPC
 import DLJobTable
 import DLTransfer

@@ -1,4 +1,5 @@
 import DLCore
+import DLEngine
 import Foundation
 import Logging
 

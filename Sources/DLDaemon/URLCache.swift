@@ -1,4 +1,5 @@
 import DLCore
+import DLEngine
 import DLRPC
 import DLJobTable
 import DLStore
@@ -275,8 +276,10 @@ public actor URLCache {
         let at = now()
         var entry = stored ?? CacheEntry(key: key, url: url, path: folder + "/" + key, receivedAt: at, lastUsed: at)
         var job: Job? = nil
-        if let id = entry.jobID, let known = try await engine.cacheJob(id), known.path == entry.path { job = known }
-        if job == nil, entry.generation > 0, let known = try await engine.cacheJob(key: Self.jobKey(key, entry.generation)) { job = known }
+        if let id = entry.jobID, let known = try await engine.settledJob(id), known.path == entry.path { job = known }
+        if job == nil, entry.generation > 0, let known = try await engine.settledJob(key: Self.jobKey(key, entry.generation)) {
+            job = known
+        }
         if let known = job, known.state == .canceled { job = nil }
         if let known = job, known.state == .failed {
             // Its bytes are kept: a resume continues them (and a `.part` left at the path
@@ -352,7 +355,7 @@ public actor URLCache {
         while true {
             let (token, stream) = hub.subscribe(EventHub.Filter(ids: [id]))
             defer { hub.unsubscribe(token) }
-            guard let job = try await engine.cacheJob(id) else { return nil }
+            guard let job = try await engine.settledJob(id) else { return nil }
             if [.completed, .failed, .canceled].contains(job.state) { return job }
             for await item in stream {
                 guard case .stored(let event) = item, event.jobID == id else { continue }
@@ -479,20 +482,6 @@ public actor URLCache {
         let index = try requireIndex()
         let entries = try await storage { try await index.all() }.filter(\.ready).sorted { ($0.lastUsed, $0.key) < ($1.lastUsed, $1.key) }
         return entries.map { ($0, policy.freshUntil($0.headers, receivedAt: $0.receivedAt), users[$0.key] != nil || shared[$0.key] != nil) }
-    }
-}
-
-extension Engine {
-    /// A job of the URL cache, read once its file is linked (a `completed` row means the file
-    /// is under its name).
-    func cacheJob(_ id: JobID) async throws(DLError) -> Job? {
-        await linksSettled()
-        return try await storage { try await store.fetch(id) }
-    }
-
-    func cacheJob(key: String) async throws(DLError) -> Job? {
-        await linksSettled()
-        return try await storage { try await store.fetch(keys: [key]) }[key]
     }
 }
 

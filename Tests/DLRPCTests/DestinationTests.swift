@@ -1,4 +1,5 @@
 @testable import DLDaemon
+@testable import DLEngine
 import DLCore
 import DLTestSupport
 import Foundation

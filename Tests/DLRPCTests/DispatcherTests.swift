@@ -1,5 +1,6 @@
 import DLCore
 @testable import DLDaemon
+@testable import DLEngine
 import DLRPC
 import DLJobTable
 import DLStore

@@ -1,5 +1,6 @@
 import DLCore
 @testable import DLDaemon
+@testable import DLEngine
 import DLJobTable
 import DLStore
 import DLTestSupport

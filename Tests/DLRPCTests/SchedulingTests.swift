@@ -1,5 +1,5 @@
 import DLCore
-import DLDaemon
+import DLEngine
 import Foundation
 import Testing
 

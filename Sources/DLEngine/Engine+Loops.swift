@@ -29,7 +29,7 @@ extension Engine {
 
     /// Rings after every section of the serial queue but the heartbeat's own read: what may
     /// change the status line shown by `systemctl status`.
-    nonisolated var activity: Doorbell { bells.activity }
+    public nonisolated var activity: Doorbell { bells.activity }
 
     /// Runs the timed work until cancelled. It begins once `start` is done; before, nothing is
     /// due. `report` is handed the live progress of the running transfers every

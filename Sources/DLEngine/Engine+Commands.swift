@@ -269,6 +269,19 @@ extension Engine {
         return try await storage { try await store.list(states: states, afterID: afterID, limit: limit) }.map(view)
     }
 
+    /// A job, read once its file is linked (a `completed` row means the file is under its
+    /// name): for the URL cache.
+    public func settledJob(_ id: JobID) async throws(DLError) -> Job? {
+        await linksSettled()
+        return try await storage { try await store.fetch(id) }
+    }
+
+    /// The job of a `key`, read once its file is linked.
+    public func settledJob(key: String) async throws(DLError) -> Job? {
+        await linksSettled()
+        return try await storage { try await store.fetch(keys: [key]) }[key]
+    }
+
     public struct Stats: Sendable {
         public var counts: [JobState: Int]
         public var active: Int

@@ -6,7 +6,7 @@ import Foundation
 ///
 /// The folder is resolved (symlinks followed) before the path policy is asked, so that a link
 /// inside an allowed folder cannot lead out of it, and the job records the resolved path.
-struct Destination {
+public struct Destination {
     var downloadDir: String
     var policy: PathPolicy?
     /// Folders resolved during one request: an enqueue of 10 000 jobs into one folder asks
@@ -139,7 +139,7 @@ struct Destination {
     }
 
     /// `realpath(3)`: absolute, symlinks resolved; nil when the path does not exist.
-    static func realPath(_ path: String) -> String? {
+    public static func realPath(_ path: String) -> String? {
         guard let real = realpath(path, nil) else { return nil }
         defer { free(real) }
         return String(cString: real)

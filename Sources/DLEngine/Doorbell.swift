@@ -11,7 +11,7 @@ import Synchronization
 /// is cancelled, so a loop of a service ends when the service group shuts it down. A wait may
 /// end early (a ring meant for work the loop already did): loops look at their work again
 /// after each wait.
-final class Doorbell: Sendable {
+public final class Doorbell: Sendable {
     private struct State {
         var rung = false
         var waiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
@@ -20,9 +20,9 @@ final class Doorbell: Sendable {
 
     private let state = Mutex(State())
 
-    init() {}
+    public init() {}
 
-    func ring() {
+    public func ring() {
         let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
             guard !state.waiters.isEmpty else {
                 state.rung = true
@@ -36,7 +36,7 @@ final class Doorbell: Sendable {
 
     /// Returns once the bell rings (at once if it rang since the last wait), or the task is
     /// cancelled.
-    func wait() async {
+    public func wait() async {
         let id = state.withLock { state -> UInt64 in
             state.nextWaiter += 1
             return state.nextWaiter
@@ -62,7 +62,7 @@ final class Doorbell: Sendable {
 
     /// Like `wait`, but also returns at `deadline`. True when it was the bell (or a
     /// cancellation), false when the deadline came first.
-    func wait(until deadline: ContinuousClock.Instant) async -> Bool {
+    public func wait(until deadline: ContinuousClock.Instant) async -> Bool {
         await withTaskGroup(of: Bool.self) { group in
             group.addTask {
                 await self.wait()
