@@ -123,16 +123,7 @@ extension SQLiteJobStore {
                 count += 1
                 let id: JobID = row["id"]
                 if ids.count < BulkOutcome.idsShown { ids.append(id) }
-                let state = JobState(rawValue: row["state"]) ?? .failed
-                let path: String = row["path"]
-                let staging: String? = row["staging_path"]
-                let attempts: Int = row["attempts"]
-                let received: Int64 = row["received"]
-                if state == .completed {
-                    if deleteFiles { files.append(path) }
-                } else if state != .canceled, attempts > 0 || received > 0 {
-                    files.append((staging ?? path) + ".part")
-                }
+                if let file = Self.files(of: row).fileDeleted(onRemove: deleteFiles) { files.append(file) }
             }
             let last = try Self.lastSeq(db)
             try Self.pruneEvents(through: last, in: db)
@@ -184,17 +175,22 @@ extension SQLiteJobStore {
         try pruneEvents(through: try lastSeq(db), in: db)
     }
 
-    /// Partial files that jobs which ever started may have left.
+    /// The files canceled jobs leave: their partial files, if they ever started.
     static func partialFiles(of ids: [JobID], in db: Database) throws -> [String] {
         guard !ids.isEmpty else { return [] }
         return try Row.fetchAll(
             db,
-            sql: "SELECT path, staging_path FROM jobs WHERE id IN (SELECT value FROM json_each(?)) AND (attempts > 0 OR received > 0)",
+            sql: "SELECT state, path, staging_path, attempts, received FROM jobs WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id",
             arguments: [RowSelection.jsonArray(ids)]
-        ).map { row in
-            let staging: String? = row["staging_path"]
-            return (staging ?? row["path"]) + ".part"
-        }
+        ).compactMap { files(of: $0).fileDeletedOnCancel }
+    }
+
+    /// What `JobFiles` needs of a row that has the columns `state, path, staging_path,
+    /// attempts, received`.
+    static func files(of row: Row) -> JobFiles {
+        JobFiles(
+            state: JobState(rawValue: row["state"]) ?? .failed, path: row["path"], stagingPath: row["staging_path"],
+            attempts: row["attempts"], received: row["received"])
     }
 
     static func lastSeq(_ db: Database) throws -> Int64 {

@@ -62,12 +62,10 @@ extension PostgresJobStore {
                 let (id, group, stateText, path, staging, attempts, received) = try row.decode(
                     (Int64, Int64?, String, String, String?, Int64, Int64).self)
                 removed.append((id, group))
-                let state = JobState(rawValue: stateText) ?? .failed
-                if state == .completed {
-                    if deleteFiles { files.append(path) }
-                } else if state != .canceled, attempts > 0 || received > 0 {
-                    files.append((staging ?? path) + ".part")
-                }
+                let row = JobFiles(
+                    state: JobState(rawValue: stateText) ?? .failed, path: path, stagingPath: staging, attempts: attempts,
+                    received: received)
+                if let file = row.fileDeleted(onRemove: deleteFiles) { files.append(file) }
             }
             removed.sort { $0.id < $1.id }
             let ids = removed.prefix(BulkOutcome.idsShown).map(\.id)
@@ -116,14 +114,16 @@ extension PostgresJobStore {
         return count
     }
 
-    /// Partial files that jobs which ever started may have left.
+    /// The files canceled jobs leave: their partial files, if they ever started.
     private static func partialFiles(of ids: [JobID], on connection: PostgresConnection, logger: Logger) async throws -> [String] {
         guard !ids.isEmpty else { return [] }
         return try await connection.rows(
-            "SELECT path, staging_path FROM jobs WHERE id = ANY(\(ids)) AND (attempts > 0 OR received > 0) ORDER BY id", logger: logger
-        ).map { row in
-            let (path, staging) = try row.decode((String, String?).self)
-            return (staging ?? path) + ".part"
+            "SELECT state, path, staging_path, attempts, received FROM jobs WHERE id = ANY(\(ids)) ORDER BY id", logger: logger
+        ).compactMap { row in
+            let (state, path, staging, attempts, received) = try row.decode((String, String, String?, Int64, Int64).self)
+            return JobFiles(
+                state: JobState(rawValue: state) ?? .failed, path: path, stagingPath: staging, attempts: attempts, received: received
+            ).fileDeletedOnCancel
         }
     }
 }
