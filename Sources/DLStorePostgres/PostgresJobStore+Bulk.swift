@@ -35,13 +35,19 @@ extension PostgresJobStore {
             let startOver = binds.texts(BulkCommand.startOverCodes)
             let states = binds.texts(command.sources.map(\.rawValue))
             let condition = Self.condition(selection, &binds)
-            let changed = try await connection.rows(
-                binds.query(
-                    "UPDATE jobs SET \(Self.assignments(command, now: at, startOver: startOver)) WHERE state = ANY(\(states)) AND \(condition) RETURNING id"
-                ),
-                logger: logger
-            ).map { try $0.decode(Int64.self) }.sorted()
-            let files = command == .cancel ? try await Self.partialFiles(of: changed, on: connection, logger: logger) : []
+            let update =
+                "UPDATE jobs SET \(Self.assignments(command, now: at, startOver: startOver)) WHERE state = ANY(\(states)) AND \(condition) RETURNING "
+            var changed: [JobID] = []
+            var files: [String] = []
+            if command == .cancel {
+                // What a canceled job leaves on disk goes: read back with the rows.
+                var rows = try await connection.rows(binds.query(update + FilesColumn.list), logger: logger).map(FilesColumn.decode)
+                rows.sort { $0.id < $1.id }
+                changed = rows.map(\.id)
+                files = rows.compactMap(\.files.fileDeletedOnCancel)
+            } else {
+                changed = try await connection.rows(binds.query(update + "id"), logger: logger).map { try $0.decode(Int64.self) }.sorted()
+            }
             let range = try await Self.recordStates(of: changed, at: now, on: connection, logger: logger)
             return (BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files), range)
         }
@@ -56,16 +62,11 @@ extension PostgresJobStore {
             var removed: [(id: JobID, group: GroupID?)] = []
             var files: [String] = []
             for row in try await connection.rows(
-                binds.query("DELETE FROM jobs WHERE \(condition) RETURNING id, group_id, state, path, staging_path, attempts, received"),
-                logger: logger)
+                binds.query("DELETE FROM jobs WHERE \(condition) RETURNING \(FilesColumn.list)"), logger: logger)
             {
-                let (id, group, stateText, path, staging, attempts, received) = try row.decode(
-                    (Int64, Int64?, String, String, String?, Int64, Int64).self)
-                removed.append((id, group))
-                let row = JobFiles(
-                    state: JobState(rawValue: stateText) ?? .failed, path: path, stagingPath: staging, attempts: attempts,
-                    received: received)
-                if let file = row.fileDeleted(onRemove: deleteFiles) { files.append(file) }
+                let row = try FilesColumn.decode(row)
+                removed.append((row.id, row.groupID))
+                if let file = row.files.fileDeleted(onRemove: deleteFiles) { files.append(file) }
             }
             removed.sort { $0.id < $1.id }
             let ids = removed.prefix(BulkOutcome.idsShown).map(\.id)
@@ -112,18 +113,5 @@ extension PostgresJobStore {
         }
         await publishEvents(after: range.0, through: range.1)
         return count
-    }
-
-    /// The files canceled jobs leave: their partial files, if they ever started.
-    private static func partialFiles(of ids: [JobID], on connection: PostgresConnection, logger: Logger) async throws -> [String] {
-        guard !ids.isEmpty else { return [] }
-        return try await connection.rows(
-            "SELECT state, path, staging_path, attempts, received FROM jobs WHERE id = ANY(\(ids)) ORDER BY id", logger: logger
-        ).compactMap { row in
-            let (state, path, staging, attempts, received) = try row.decode((String, String, String?, Int64, Int64).self)
-            return JobFiles(
-                state: JobState(rawValue: state) ?? .failed, path: path, stagingPath: staging, attempts: attempts, received: received
-            ).fileDeletedOnCancel
-        }
     }
 }
