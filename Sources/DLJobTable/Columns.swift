@@ -244,3 +244,12 @@ public enum FilesColumn: Int, TableColumns {
                 received: try row.int64(.received) ?? 0))
     }
 }
+
+extension FilesColumn {
+    /// The rows a cancel changed (as `RETURNING \(list)` gives them, in any order): their ids in
+    /// order, and the files the cancel deletes, in the same order.
+    public static func canceled(_ rows: [Row]) -> (ids: [JobID], files: [String]) {
+        let rows = rows.sorted { $0.id < $1.id }
+        return (rows.map(\.id), rows.compactMap(\.files.fileDeletedOnCancel))
+    }
+}

@@ -88,10 +88,8 @@ extension SQLiteJobStore {
             var files: [String] = []
             if command == .cancel {
                 // What a canceled job leaves on disk goes: read back with the rows.
-                var rows = try Self.rows(FilesColumn.self, db.makeStatement(sql: update + FilesColumn.list), arguments: arguments)
-                rows.sort { $0.id < $1.id }
-                changed = rows.map(\.id)
-                files = rows.compactMap(\.files.fileDeletedOnCancel)
+                (changed, files) = FilesColumn.canceled(
+                    try Self.rows(FilesColumn.self, db.makeStatement(sql: update + FilesColumn.list), arguments: arguments))
             } else {
                 changed = try JobID.fetchAll(db, sql: update + "id", arguments: arguments).sorted()
             }

@@ -41,10 +41,8 @@ extension PostgresJobStore {
             var files: [String] = []
             if command == .cancel {
                 // What a canceled job leaves on disk goes: read back with the rows.
-                var rows = try await connection.rows(binds.query(update + FilesColumn.list), logger: logger).map(FilesColumn.decode)
-                rows.sort { $0.id < $1.id }
-                changed = rows.map(\.id)
-                files = rows.compactMap(\.files.fileDeletedOnCancel)
+                (changed, files) = FilesColumn.canceled(
+                    try await connection.rows(binds.query(update + FilesColumn.list), logger: logger).map(FilesColumn.decode))
             } else {
                 changed = try await connection.rows(binds.query(update + "id"), logger: logger).map { try $0.decode(Int64.self) }.sorted()
             }
