@@ -270,7 +270,11 @@ public struct Job: Sendable, Equatable {
 
     /// Where the bytes go until the file is complete: beside the download path, so that the
     /// final rename never crosses a filesystem.
-    public var partialPath: String { downloadPath + ".part" }
+    public var partialPath: String { Self.partialPath(path: path, stagingPath: stagingPath) }
+
+    /// `partialPath` of a job with this path and staging path (a store that has only these
+    /// columns of a row).
+    public static func partialPath(path: String, stagingPath: String?) -> String { (stagingPath ?? path) + ".part" }
 
     /// The file name shown to people.
     public var name: String {

@@ -83,12 +83,16 @@ extension SQLiteJobStore {
             let before = try Self.lastSeq(db)
             let (condition, arguments) = selection.condition(now: now)
             let states = command.sources.map { "'\($0.rawValue)'" }.joined(separator: ",")
-            let changed = try JobID.fetchAll(
-                db,
-                sql: "UPDATE jobs SET \(command.assignments) WHERE state IN (\(states)) AND \(condition) RETURNING id",
-                arguments: arguments
-            ).sorted()
-            let files = command == .cancel ? try Self.partialFiles(of: changed, in: db) : []
+            let update = "UPDATE jobs SET \(command.assignments) WHERE state IN (\(states)) AND \(condition) RETURNING "
+            var changed: [JobID] = []
+            var files: [String] = []
+            if command == .cancel {
+                // What a canceled job leaves on disk goes: read back with the rows.
+                (changed, files) = FilesColumn.canceled(
+                    try Self.rows(FilesColumn.self, db.makeStatement(sql: update + FilesColumn.list), arguments: arguments))
+            } else {
+                changed = try JobID.fetchAll(db, sql: update + "id", arguments: arguments).sorted()
+            }
             try Self.recordStates(of: changed, at: now, in: db)
             return (
                 BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files),
@@ -116,23 +120,13 @@ extension SQLiteJobStore {
             var ids: [JobID] = []
             var files: [String] = []
             var count = 0
-            let rows = try Row.fetchCursor(
-                db, sql: "DELETE FROM jobs WHERE \(deleteCondition) RETURNING id, state, path, staging_path, attempts, received",
-                arguments: deleteArguments)
-            while let row = try rows.next() {
+            try Self.each(
+                FilesColumn.self, db.makeStatement(sql: "DELETE FROM jobs WHERE \(deleteCondition) RETURNING \(FilesColumn.list)"),
+                arguments: deleteArguments
+            ) { row in
                 count += 1
-                let id: JobID = row["id"]
-                if ids.count < BulkOutcome.idsShown { ids.append(id) }
-                let state = JobState(rawValue: row["state"]) ?? .failed
-                let path: String = row["path"]
-                let staging: String? = row["staging_path"]
-                let attempts: Int = row["attempts"]
-                let received: Int64 = row["received"]
-                if state == .completed {
-                    if deleteFiles { files.append(path) }
-                } else if state != .canceled, attempts > 0 || received > 0 {
-                    files.append((staging ?? path) + ".part")
-                }
+                if ids.count < BulkOutcome.idsShown { ids.append(row.id) }
+                if let file = row.files.fileDeleted(onRemove: deleteFiles) { files.append(file) }
             }
             let last = try Self.lastSeq(db)
             try Self.pruneEvents(through: last, in: db)
@@ -184,19 +178,6 @@ extension SQLiteJobStore {
         try pruneEvents(through: try lastSeq(db), in: db)
     }
 
-    /// Partial files that jobs which ever started may have left.
-    static func partialFiles(of ids: [JobID], in db: Database) throws -> [String] {
-        guard !ids.isEmpty else { return [] }
-        return try Row.fetchAll(
-            db,
-            sql: "SELECT path, staging_path FROM jobs WHERE id IN (SELECT value FROM json_each(?)) AND (attempts > 0 OR received > 0)",
-            arguments: [RowSelection.jsonArray(ids)]
-        ).map { row in
-            let staging: String? = row["staging_path"]
-            return (staging ?? row["path"]) + ".part"
-        }
-    }
-
     static func lastSeq(_ db: Database) throws -> Int64 {
         try Int64.fetchOne(db.cachedStatement(sql: "SELECT seq FROM events ORDER BY seq DESC LIMIT 1")) ?? 0
     }
@@ -214,7 +195,7 @@ extension SQLiteJobStore {
             let jobs = try Self.jobs(
                 db.cachedStatement(
                     sql: """
-                        SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_standalone_queue
+                        SELECT \(JobColumn.list) FROM jobs INDEXED BY jobs_standalone_queue
                         WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
                         """),
                 arguments: [limit])
@@ -245,8 +226,9 @@ extension SQLiteJobStore {
     public func groupTurn(_ id: GroupID) async throws -> (group: JobGroup?, counts: [JobState: Int]) {
         try await pool.read { db in
             guard
-                let group = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM groups WHERE id = ?"), arguments: [id]).map(
-                    Self.group(from:))
+                let group = try Self.rows(
+                    GroupColumn.self, db.cachedStatement(sql: "SELECT \(GroupColumn.list) FROM groups WHERE id = ?"), arguments: [id]
+                ).first
             else {
                 return (nil, [:])
             }
@@ -288,7 +270,7 @@ extension SQLiteJobStore {
     public func firstFailedMember(of id: GroupID) async throws -> Job? {
         try await pool.read { db in
             try Self.jobs(
-                db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE group_id = ? AND state = 'failed' ORDER BY id LIMIT 1"),
+                db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE group_id = ? AND state = 'failed' ORDER BY id LIMIT 1"),
                 arguments: [id]
             ).first
         }
@@ -299,7 +281,7 @@ extension SQLiteJobStore {
             try Self.jobs(
                 db.cachedStatement(
                     sql: """
-                        SELECT \(Self.jobColumns) FROM jobs WHERE state = 'completed' AND finished_at >= ?
+                        SELECT \(JobColumn.list) FROM jobs WHERE state = 'completed' AND finished_at >= ?
                         ORDER BY finished_at DESC LIMIT ?
                         """),
                 arguments: [since.timeIntervalSince1970, limit])
@@ -313,7 +295,7 @@ extension SQLiteJobStore {
             try Self.jobs(
                 db.cachedStatement(
                     sql: """
-                        SELECT \(Self.jobColumns) FROM jobs WHERE id > ?
+                        SELECT \(JobColumn.list) FROM jobs WHERE id > ?
                             AND (state IN ('running', 'completed', 'canceled') OR attempts > 0 OR received > 0)
                         ORDER BY id LIMIT ?
                         """),

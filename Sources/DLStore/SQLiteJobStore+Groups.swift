@@ -27,20 +27,23 @@ extension SQLiteJobStore {
 
     public func fetchGroup(_ id: GroupID) async throws -> JobGroup? {
         try await pool.read { db in
-            try Row.fetchOne(db, sql: "SELECT * FROM groups WHERE id = ?", arguments: [id]).map(Self.group(from:))
+            try Self.rows(GroupColumn.self, db.cachedStatement(sql: "SELECT \(GroupColumn.list) FROM groups WHERE id = ?"), arguments: [id])
+                .first
         }
     }
 
     /// Groups with this name, newest first.
     public func fetchGroups(named name: String) async throws -> [JobGroup] {
         try await pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM groups WHERE name = ? ORDER BY id DESC", arguments: [name]).map(Self.group(from:))
+            try Self.rows(
+                GroupColumn.self, db.cachedStatement(sql: "SELECT \(GroupColumn.list) FROM groups WHERE name = ? ORDER BY id DESC"),
+                arguments: [name])
         }
     }
 
     public func members(of id: GroupID) async throws -> [Job] {
         try await pool.read { db in
-            try Self.jobs(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE group_id = ? ORDER BY id"), arguments: [id])
+            try Self.jobs(db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE group_id = ? ORDER BY id"), arguments: [id])
         }
     }
 
@@ -97,17 +100,5 @@ extension SQLiteJobStore {
     /// Ids of groups that are neither published nor canceled.
     public func openGroups() async throws -> [GroupID] {
         try await pool.read { db in try GroupID.fetchAll(db, sql: "SELECT id FROM groups WHERE closed IS NULL ORDER BY id") }
-    }
-
-    static func group(from row: Row) -> JobGroup {
-        let closed: String? = row["closed"]
-        let code: String? = row["error_code"]
-        let message: String? = row["error_message"]
-        let finished: Double? = row["finished_at"]
-        return JobGroup(
-            id: row["id"], name: row["name"], dir: row["dir"], staging: row["staging"], priority: row["priority"],
-            closed: closed.flatMap(GroupState.init(rawValue:)), error: code.map { JobError(code: $0, message: message ?? "") },
-            createdAt: Date(timeIntervalSince1970: row["created_at"]), updatedAt: Date(timeIntervalSince1970: row["updated_at"]),
-            finishedAt: finished.map(Date.init(timeIntervalSince1970:)))
     }
 }

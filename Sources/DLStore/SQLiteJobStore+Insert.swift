@@ -24,7 +24,7 @@ extension SQLiteJobStore {
                 try batch.write(into: &outcomes, events: &events)
             }
             if let key = new.key,
-                let job = try Self.jobs(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?"), arguments: [key])
+                let job = try Self.jobs(db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE key = ?"), arguments: [key])
                     .first
             {
                 outcomes.append(InsertOutcome(job: job, created: false))

@@ -109,7 +109,7 @@ extension SQLiteJobStore {
                             outcome.ready = try Self.jobs(
                                 db.cachedStatement(
                                     sql: """
-                                        SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_standalone_queue
+                                        SELECT \(JobColumn.list) FROM jobs INDEXED BY jobs_standalone_queue
                                         WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
                                         """),
                                 arguments: [claim.ready])
@@ -118,7 +118,7 @@ extension SQLiteJobStore {
                     if claim.readyMembers > 0 {
                         let members = try db.cachedStatement(
                             sql: """
-                                SELECT \(Self.jobColumns) FROM jobs INDEXED BY jobs_by_group_state
+                                SELECT \(JobColumn.list) FROM jobs INDEXED BY jobs_by_group_state
                                 WHERE group_id = ? AND state = 'queued' ORDER BY id LIMIT ?
                                 """)
                         for group in claim.excludingGroups {
@@ -179,7 +179,7 @@ extension SQLiteJobStore {
         ).execute(
             arguments: [now.timeIntervalSince1970, worker, leaseUntil.timeIntervalSince1970, RowSelection.jsonArray(ids)])
         try Self.recordStates(of: ids.sorted(), at: now, in: db)
-        let statement = try db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?")
+        let statement = try db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE id = ?")
         let jobs = try ids.compactMap { try Self.jobs(statement, arguments: [$0]).first }
         return (jobs, (before, try Self.lastSeq(db)))
     }

@@ -299,18 +299,10 @@ public final class SQLiteJobStore: JobTable {
     }
 
     static func events(after seq: Int64, through last: Int64, limit: Int, in db: Database) throws -> [StoredEvent] {
-        try Row.fetchAll(
-            db.cachedStatement(sql: "SELECT * FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"), arguments: [seq, last, limit]
-        ).map { row in
-            let code: String? = row["error_code"]
-            let message: String? = row["error_message"]
-            let reason: String? = row["wait_reason"]
-            return StoredEvent(
-                seq: row["seq"], at: Date(timeIntervalSince1970: row["at"]),
-                kind: StoredEvent.Kind(rawValue: row["kind"]) ?? .jobState, jobID: row["job_id"], groupID: row["group_id"],
-                state: row["state"], waitReason: reason.flatMap(WaitReason.init(rawValue:)),
-                error: code.map { JobError(code: $0, message: message ?? "") })
-        }
+        try rows(
+            EventColumn.self,
+            db.cachedStatement(sql: "SELECT \(EventColumn.list) FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"),
+            arguments: [seq, last, limit])
     }
 
     /// The newest event's number (0 when there is none).
@@ -364,7 +356,7 @@ public final class SQLiteJobStore: JobTable {
 
     public func fetch(_ id: JobID) async throws -> Job? {
         try await pool.read { db in
-            try Self.jobs(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?"), arguments: [id]).first
+            try Self.jobs(db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE id = ?"), arguments: [id]).first
         }
     }
 
@@ -372,7 +364,7 @@ public final class SQLiteJobStore: JobTable {
     public func fetch(_ ids: [JobID]) async throws -> [Job] {
         try await pool.read { db in
             try ids.compactMap { id in
-                try Self.jobs(db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE id = ?"), arguments: [id]).first
+                try Self.jobs(db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE id = ?"), arguments: [id]).first
             }
         }
     }
@@ -380,7 +372,7 @@ public final class SQLiteJobStore: JobTable {
     /// A page of jobs by ascending id, optionally only in some states.
     public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws -> [Job] {
         try await pool.read { db in
-            var sql = "SELECT \(Self.jobColumns) FROM jobs WHERE id > ?"
+            var sql = "SELECT \(JobColumn.list) FROM jobs WHERE id > ?"
             var arguments: StatementArguments = [afterID]
             if let states {
                 sql += " AND state IN (\(states.map { _ in "?" }.joined(separator: ",")))"
@@ -438,28 +430,39 @@ public final class SQLiteJobStore: JobTable {
             ])
     }
 
-    /// The columns `job(from:)` reads, in its order: rows are decoded by position, because
-    /// looking each column up by name cost more than the rest of decoding a row.
-    static let jobColumns = """
-        id, url, path, state, wait_reason, priority, size, received, error_code, error_message, attempts, \
-        created_at, updated_at, finished_at, next_attempt_at, key, meta, headers, overwrite, final_url, etag, \
-        last_modified, accepts_ranges, checksum, expected_size, sha256, digest, progress_at, group_id, \
-        staging_path, options, worker, lease_until, segments, unsynced, mirrors
-        """
+    /// The cells of a stepped statement's current row, read with SQLite's C API: GRDB's
+    /// generic `row[i]` looked up type metadata for every column and cost about as much as
+    /// writing the job out as JSON.
+    struct Cells: RowCells {
+        let handle: OpaquePointer
 
-    /// The jobs a `SELECT \(jobColumns) …` statement returns, read with SQLite's C API:
-    /// GRDB's generic `row[i]` looked up type metadata for every column and cost about as much
-    /// as writing the job out as JSON. A NULL where a value is expected reads as empty, never
-    /// a crash (a table edited by hand, say).
-    static func jobs(_ statement: Statement, arguments: StatementArguments) throws -> [Job] {
+        private func column(_ position: Int) -> Int32? {
+            let column = Int32(truncatingIfNeeded: position)
+            return sqlite3_column_type(handle, column) == SQLITE_NULL ? nil : column
+        }
+
+        func int64(_ position: Int) -> Int64? { column(position).map { sqlite3_column_int64(handle, $0) } }
+        func double(_ position: Int) -> Double? { column(position).map { sqlite3_column_double(handle, $0) } }
+        func bool(_ position: Int) -> Bool? { int64(position).map { $0 != 0 } }
+        /// As GRDB reads a text: up to its first NUL.
+        func text(_ position: Int) -> String? {
+            guard let column = column(position), let bytes = sqlite3_column_text(handle, column) else { return nil }
+            return String(cString: bytes)
+        }
+    }
+
+    /// Steps a statement that lists `columns` (`SELECT \(Columns.list) …`, or `… RETURNING`
+    /// them) and hands each row to `body` as it is read, decoded as both backends decode it.
+    static func each<Columns: TableColumns>(
+        _ columns: Columns.Type, _ statement: Statement, arguments: StatementArguments, _ body: (Columns.Value) throws -> Void
+    ) throws {
         try statement.setArguments(arguments)
         let handle = statement.sqliteStatement
         defer { sqlite3_reset(handle) }
-        var jobs: [Job] = []
         while true {
             switch sqlite3_step(handle) {
-            case SQLITE_DONE: return jobs
-            case SQLITE_ROW: jobs.append(job(from: ColumnReader(handle: handle)))
+            case SQLITE_DONE: return
+            case SQLITE_ROW: try body(try Columns.value(from: Cells(handle: handle)))
             case let code:
                 let message = sqlite3_db_handle(handle).map { String(cString: sqlite3_errmsg($0)) }
                 throw DatabaseError(resultCode: ResultCode(rawValue: code), message: message, sql: statement.sql)
@@ -467,47 +470,19 @@ public final class SQLiteJobStore: JobTable {
         }
     }
 
-    /// The columns of the current row, by position.
-    struct ColumnReader {
-        let handle: OpaquePointer
-
-        func isNull(_ column: Int32) -> Bool { sqlite3_column_type(handle, column) == SQLITE_NULL }
-        func int(_ column: Int32) -> Int64? { isNull(column) ? nil : sqlite3_column_int64(handle, column) }
-        func double(_ column: Int32) -> Double? { isNull(column) ? nil : sqlite3_column_double(handle, column) }
-        /// As GRDB reads a text: up to its first NUL.
-        func text(_ column: Int32) -> String? {
-            guard !isNull(column), let bytes = sqlite3_column_text(handle, column) else { return nil }
-            return String(cString: bytes)
-        }
+    /// The rows of a statement that lists `columns`, as `each` reads them.
+    static func rows<Columns: TableColumns>(_ columns: Columns.Type, _ statement: Statement, arguments: StatementArguments = []) throws
+        -> [Columns.Value]
+    {
+        var rows: [Columns.Value] = []
+        try each(columns, statement, arguments: arguments) { rows.append($0) }
+        return rows
     }
 
-    static func job(from row: ColumnReader) -> Job {
-        let date = { (column: Int32) in row.double(column).map(Date.init(timeIntervalSince1970:)) }
-        let errorCode = row.text(8)
-        var job = Job(
-            id: row.int(0) ?? 0, url: row.text(1) ?? "", path: row.text(2) ?? "",
-            // An unknown state can only come from a newer dld; show it as failed, never crash.
-            state: row.text(3).flatMap(JobState.init(rawValue:)) ?? .failed,
-            waitReason: row.text(4).flatMap(WaitReason.init(rawValue:)),
-            priority: Int(row.int(5) ?? 0), size: row.int(6), received: row.int(7) ?? 0,
-            error: errorCode.map { JobError(code: $0, message: row.text(9) ?? "") },
-            attempts: Int(row.int(10) ?? 0),
-            createdAt: date(11) ?? Date(timeIntervalSince1970: 0),
-            updatedAt: date(12) ?? Date(timeIntervalSince1970: 0),
-            finishedAt: date(13),
-            nextAttemptAt: date(14),
-            key: row.text(15), meta: row.text(16), headers: ColumnCoding.decodeHeaders(row.text(17) ?? "[]"),
-            overwrite: row.int(18) ?? 0 != 0, finalURL: row.text(19),
-            validators: Validators(etag: row.text(20), lastModified: row.text(21), acceptsRanges: row.int(22) ?? 0 != 0),
-            checksum: row.text(23).flatMap { try? Checksum.parse($0).get() }, expectedSize: row.int(24),
-            sha256: row.text(25), digest: row.text(26), progressAt: date(27),
-            groupID: row.int(28), stagingPath: row.text(29), options: ColumnCoding.decodeOptions(row.text(30)),
-            worker: row.text(31), leaseUntil: date(32), segments: row.text(33),
-            unsynced: row.text(34).flatMap(UnsyncedProgress.init(encoded:)))
-        if !row.isNull(35) { ColumnCoding.mirrors(from: row.text(35), into: &job) }
-        return job
+    /// The jobs a `SELECT \(JobColumn.list) …` statement returns.
+    static func jobs(_ statement: Statement, arguments: StatementArguments) throws -> [Job] {
+        try rows(JobColumn.self, statement, arguments: arguments)
     }
-
 }
 
 extension SQLiteJobStore {
@@ -515,7 +490,7 @@ extension SQLiteJobStore {
     public func fetch(keys: [String]) async throws -> [String: Job] {
         try await pool.read { db in
             var found: [String: Job] = [:]
-            let statement = try db.cachedStatement(sql: "SELECT \(Self.jobColumns) FROM jobs WHERE key = ?")
+            let statement = try db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE key = ?")
             for key in keys {
                 if let job = try Self.jobs(statement, arguments: [key]).first { found[key] = job }
             }

@@ -35,13 +35,17 @@ extension PostgresJobStore {
             let startOver = binds.texts(BulkCommand.startOverCodes)
             let states = binds.texts(command.sources.map(\.rawValue))
             let condition = Self.condition(selection, &binds)
-            let changed = try await connection.rows(
-                binds.query(
-                    "UPDATE jobs SET \(Self.assignments(command, now: at, startOver: startOver)) WHERE state = ANY(\(states)) AND \(condition) RETURNING id"
-                ),
-                logger: logger
-            ).map { try $0.decode(Int64.self) }.sorted()
-            let files = command == .cancel ? try await Self.partialFiles(of: changed, on: connection, logger: logger) : []
+            let update =
+                "UPDATE jobs SET \(Self.assignments(command, now: at, startOver: startOver)) WHERE state = ANY(\(states)) AND \(condition) RETURNING "
+            var changed: [JobID] = []
+            var files: [String] = []
+            if command == .cancel {
+                // What a canceled job leaves on disk goes: read back with the rows.
+                (changed, files) = FilesColumn.canceled(
+                    try await connection.rows(binds.query(update + FilesColumn.list), logger: logger).map(FilesColumn.decode))
+            } else {
+                changed = try await connection.rows(binds.query(update + "id"), logger: logger).map { try $0.decode(Int64.self) }.sorted()
+            }
             let range = try await Self.recordStates(of: changed, at: now, on: connection, logger: logger)
             return (BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files), range)
         }
@@ -56,18 +60,11 @@ extension PostgresJobStore {
             var removed: [(id: JobID, group: GroupID?)] = []
             var files: [String] = []
             for row in try await connection.rows(
-                binds.query("DELETE FROM jobs WHERE \(condition) RETURNING id, group_id, state, path, staging_path, attempts, received"),
-                logger: logger)
+                binds.query("DELETE FROM jobs WHERE \(condition) RETURNING \(FilesColumn.list)"), logger: logger)
             {
-                let (id, group, stateText, path, staging, attempts, received) = try row.decode(
-                    (Int64, Int64?, String, String, String?, Int64, Int64).self)
-                removed.append((id, group))
-                let state = JobState(rawValue: stateText) ?? .failed
-                if state == .completed {
-                    if deleteFiles { files.append(path) }
-                } else if state != .canceled, attempts > 0 || received > 0 {
-                    files.append((staging ?? path) + ".part")
-                }
+                let row = try FilesColumn.decode(row)
+                removed.append((row.id, row.groupID))
+                if let file = row.files.fileDeleted(onRemove: deleteFiles) { files.append(file) }
             }
             removed.sort { $0.id < $1.id }
             let ids = removed.prefix(BulkOutcome.idsShown).map(\.id)
@@ -114,16 +111,5 @@ extension PostgresJobStore {
         }
         await publishEvents(after: range.0, through: range.1)
         return count
-    }
-
-    /// Partial files that jobs which ever started may have left.
-    private static func partialFiles(of ids: [JobID], on connection: PostgresConnection, logger: Logger) async throws -> [String] {
-        guard !ids.isEmpty else { return [] }
-        return try await connection.rows(
-            "SELECT path, staging_path FROM jobs WHERE id = ANY(\(ids)) AND (attempts > 0 OR received > 0) ORDER BY id", logger: logger
-        ).map { row in
-            let (path, staging) = try row.decode((String, String?).self)
-            return (staging ?? path) + ".part"
-        }
     }
 }

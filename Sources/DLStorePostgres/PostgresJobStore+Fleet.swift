@@ -44,10 +44,10 @@ extension PostgresJobStore {
                 UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = \(at),
                     worker = \(text: worker), lease_until = \(leaseUntil.timeIntervalSince1970)
                 WHERE state = 'queued' AND id IN (SELECT id FROM picked)
-                RETURNING \(unescaped: Columns.job)
+                RETURNING \(unescaped: JobColumn.list)
                 """,
                 logger: logger
-            ).map(Columns.job)
+            ).map(JobColumn.decode)
             jobs.sort { ($0.priority, -$0.id) > ($1.priority, -$1.id) }
             let events = try await Self.record(
                 jobs.sorted { $0.id < $1.id }.map {

@@ -33,8 +33,8 @@ extension PostgresJobStore {
         var existing: [String: Job] = [:]
         let keys = Array(Set(jobs.compactMap { $0.key.map(storedText) }))
         if !keys.isEmpty {
-            for row in try await connection.rows("SELECT \(unescaped: Columns.job) FROM jobs WHERE key = ANY(\(keys))", logger: logger) {
-                let job = try Columns.job(row)
+            for row in try await connection.rows("SELECT \(unescaped: JobColumn.list) FROM jobs WHERE key = ANY(\(keys))", logger: logger) {
+                let job = try JobColumn.decode(row)
                 if let key = job.key { existing[key] = job }
             }
         }
@@ -310,15 +310,16 @@ extension PostgresJobStore {
     }
 
     public func fetchGroup(_ id: GroupID) async throws -> JobGroup? {
-        try await rows("SELECT \(unescaped: Columns.group) FROM groups WHERE id = \(id)").first.map(Columns.group)
+        try await rows("SELECT \(unescaped: GroupColumn.list) FROM groups WHERE id = \(id)").first.map(GroupColumn.decode)
     }
 
     public func fetchGroups(named name: String) async throws -> [JobGroup] {
-        try await rows("SELECT \(unescaped: Columns.group) FROM groups WHERE name = \(text: name) ORDER BY id DESC").map(Columns.group)
+        try await rows("SELECT \(unescaped: GroupColumn.list) FROM groups WHERE name = \(text: name) ORDER BY id DESC").map(
+            GroupColumn.decode)
     }
 
     public func members(of id: GroupID) async throws -> [Job] {
-        try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE group_id = \(id) ORDER BY id")
+        try await jobs("SELECT \(unescaped: JobColumn.list) FROM jobs WHERE group_id = \(id) ORDER BY id")
     }
 
     public func memberCounts(of id: GroupID) async throws -> [JobState: Int] {
@@ -326,14 +327,15 @@ extension PostgresJobStore {
     }
 
     public func firstFailedMember(of id: GroupID) async throws -> Job? {
-        try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE group_id = \(id) AND state = 'failed' ORDER BY id LIMIT 1").first
+        try await jobs("SELECT \(unescaped: JobColumn.list) FROM jobs WHERE group_id = \(id) AND state = 'failed' ORDER BY id LIMIT 1")
+            .first
     }
 
     public func groupTurn(_ id: GroupID) async throws -> (group: JobGroup?, counts: [JobState: Int]) {
         try await snapshot { connection in
             guard
-                let group = try await connection.rows("SELECT \(unescaped: Columns.group) FROM groups WHERE id = \(id)", logger: logger)
-                    .first.map(Columns.group)
+                let group = try await connection.rows("SELECT \(unescaped: GroupColumn.list) FROM groups WHERE id = \(id)", logger: logger)
+                    .first.map(GroupColumn.decode)
             else {
                 return (nil, [:])
             }

@@ -85,9 +85,9 @@ public final class PostgresJobStore: JobTable {
                 read: { after, limit in
                     try await client.withConnection { connection in
                         try await connection.rows(
-                            "SELECT \(unescaped: Columns.event) FROM events WHERE seq > \(after) ORDER BY seq LIMIT \(Int64(limit))",
+                            "SELECT \(unescaped: EventColumn.list) FROM events WHERE seq > \(after) ORDER BY seq LIMIT \(Int64(limit))",
                             logger: logger
-                        ).map(Columns.event)
+                        ).map(EventColumn.decode)
                     }
                 },
                 last: {
@@ -176,7 +176,7 @@ public final class PostgresJobStore: JobTable {
     }
 
     func jobs(_ query: PostgresQuery) async throws -> [Job] {
-        try await rows(query).map(Columns.job)
+        try await rows(query).map(JobColumn.decode)
     }
 
     // MARK: Events
@@ -208,7 +208,8 @@ public final class PostgresJobStore: JobTable {
     }
 
     public func events(after seq: Int64, limit: Int) async throws -> [StoredEvent] {
-        try await rows("SELECT \(unescaped: Columns.event) FROM events WHERE seq > \(seq) ORDER BY seq LIMIT \(limit)").map(Columns.event)
+        try await rows("SELECT \(unescaped: EventColumn.list) FROM events WHERE seq > \(seq) ORDER BY seq LIMIT \(limit)").map(
+            EventColumn.decode)
     }
 
     public func lastEventSeq() async throws -> Int64 {
@@ -288,14 +289,14 @@ public final class PostgresJobStore: JobTable {
 
     public func fetch(_ ids: [JobID]) async throws -> [Job] {
         guard !ids.isEmpty else { return [] }
-        let found = try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE id = ANY(\(ids))")
+        let found = try await jobs("SELECT \(unescaped: JobColumn.list) FROM jobs WHERE id = ANY(\(ids))")
         let byID = Dictionary(found.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
         return ids.compactMap { byID[$0] }
     }
 
     public func fetch(keys: [String]) async throws -> [String: Job] {
         guard !keys.isEmpty else { return [:] }
-        let found = try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE key = ANY(\(texts: keys))")
+        let found = try await jobs("SELECT \(unescaped: JobColumn.list) FROM jobs WHERE key = ANY(\(texts: keys))")
         var byKey: [String: Job] = [:]
         for job in found { if let key = job.key { byKey[key] = job } }
         // Keys as asked: a key with a NUL was stored (and found) cut at it.
@@ -308,10 +309,10 @@ public final class PostgresJobStore: JobTable {
         let limit = Int64(min(limit, Int(Int32.max)))
         if let states {
             return try await jobs(
-                "SELECT \(unescaped: Columns.job) FROM jobs WHERE id > \(afterID) AND state = ANY(\(states.map(\.rawValue))) ORDER BY id LIMIT \(limit)"
+                "SELECT \(unescaped: JobColumn.list) FROM jobs WHERE id > \(afterID) AND state = ANY(\(states.map(\.rawValue))) ORDER BY id LIMIT \(limit)"
             )
         }
-        return try await jobs("SELECT \(unescaped: Columns.job) FROM jobs WHERE id > \(afterID) ORDER BY id LIMIT \(limit)")
+        return try await jobs("SELECT \(unescaped: JobColumn.list) FROM jobs WHERE id > \(afterID) ORDER BY id LIMIT \(limit)")
     }
 
     public func counts() async throws -> [JobState: Int] {
@@ -371,11 +372,11 @@ public final class PostgresJobStore: JobTable {
         try await snapshot { connection in
             let jobs = try await connection.rows(
                 """
-                SELECT \(unescaped: Columns.job) FROM jobs
+                SELECT \(unescaped: JobColumn.list) FROM jobs
                 WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT \(Int64(limit))
                 """,
                 logger: logger
-            ).map(Columns.job)
+            ).map(JobColumn.decode)
             var groups: [(entry: QueueEntry, groupID: GroupID)] = []
             for row in try await connection.rows(
                 """
@@ -401,7 +402,7 @@ public final class PostgresJobStore: JobTable {
     public func completed(since: Date, limit: Int) async throws -> [Job] {
         try await jobs(
             """
-            SELECT \(unescaped: Columns.job) FROM jobs WHERE state = 'completed' AND finished_at >= \(since.timeIntervalSince1970)
+            SELECT \(unescaped: JobColumn.list) FROM jobs WHERE state = 'completed' AND finished_at >= \(since.timeIntervalSince1970)
             ORDER BY finished_at DESC LIMIT \(Int64(limit))
             """)
     }
@@ -409,7 +410,7 @@ public final class PostgresJobStore: JobTable {
     public func reconcilePage(afterID: JobID, limit: Int) async throws -> [Job] {
         try await jobs(
             """
-            SELECT \(unescaped: Columns.job) FROM jobs WHERE id > \(afterID)
+            SELECT \(unescaped: JobColumn.list) FROM jobs WHERE id > \(afterID)
                 AND (state IN ('running', 'completed', 'canceled') OR attempts > 0 OR received > 0)
             ORDER BY id LIMIT \(Int64(limit))
             """)

@@ -152,82 +152,25 @@ public struct PostgresStoreError: Error, Sendable, CustomStringConvertible, Word
 
 // MARK: Rows
 
+/// A row's cells by position, for the column sets of `DLJobTable` (`TableColumns`), which
+/// decode rows the same in both backends. A cell of another type than asked throws.
+struct Cells: RowCells {
+    let cells: PostgresRandomAccessRow
+
+    init(_ row: PostgresRow) { cells = row.makeRandomAccess() }
+
+    func int64(_ position: Int) throws -> Int64? { try cells[position].decode(Int64?.self) }
+    func double(_ position: Int) throws -> Double? { try cells[position].decode(Double?.self) }
+    func text(_ position: Int) throws -> String? { try cells[position].decode(String?.self) }
+    func bool(_ position: Int) throws -> Bool? { try cells[position].decode(Bool?.self) }
+}
+
+extension TableColumns {
+    /// A row of `SELECT \(list) …`.
+    static func decode(_ row: PostgresRow) throws -> Value { try value(from: Cells(row)) }
+}
+
 enum Columns {
-    /// The columns `job(_:)` reads, in its order (the SQLite store's list).
-    static let job = """
-        id, url, path, state, wait_reason, priority, size, received, error_code, error_message, attempts, \
-        created_at, updated_at, finished_at, next_attempt_at, key, meta, headers, overwrite, final_url, etag, \
-        last_modified, accepts_ranges, checksum, expected_size, sha256, digest, progress_at, group_id, \
-        staging_path, options, worker, lease_until, segments, unsynced, mirrors
-        """
-
-    static let group = "id, name, dir, staging, priority, closed, error_code, error_message, created_at, updated_at, finished_at"
-
-    static let event = "seq, at, kind, job_id, group_id, state, wait_reason, error_code, error_message"
-
-    static func job(_ row: PostgresRow) throws -> Job {
-        let cells = row.makeRandomAccess()
-        let errorCode = try cells[8].decode(String?.self)
-        let errorMessage = try cells[9].decode(String?.self)
-        let checksum = try cells[23].decode(String?.self)
-        var job = Job(
-            id: try cells[0].decode(Int64.self), url: try cells[1].decode(String.self), path: try cells[2].decode(String.self),
-            // An unknown state can only come from a newer dld; show it as failed, never crash.
-            state: JobState(rawValue: try cells[3].decode(String.self)) ?? .failed,
-            waitReason: try cells[4].decode(String?.self).flatMap(WaitReason.init(rawValue:)),
-            priority: try cells[5].decode(Int.self), size: try cells[6].decode(Int64?.self), received: try cells[7].decode(Int64.self),
-            error: errorCode.map { JobError(code: $0, message: errorMessage ?? "") },
-            attempts: try cells[10].decode(Int.self),
-            createdAt: Date(timeIntervalSince1970: try cells[11].decode(Double.self)),
-            updatedAt: Date(timeIntervalSince1970: try cells[12].decode(Double.self)),
-            finishedAt: try cells[13].decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
-            nextAttemptAt: try cells[14].decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
-            key: try cells[15].decode(String?.self), meta: try cells[16].decode(String?.self),
-            headers: ColumnCoding.headers(from: try cells[17].decode(String.self)),
-            overwrite: try cells[18].decode(Bool.self), finalURL: try cells[19].decode(String?.self),
-            validators: Validators(
-                etag: try cells[20].decode(String?.self), lastModified: try cells[21].decode(String?.self),
-                acceptsRanges: try cells[22].decode(Bool.self)),
-            checksum: checksum.flatMap { try? Checksum.parse($0).get() }, expectedSize: try cells[24].decode(Int64?.self),
-            sha256: try cells[25].decode(String?.self), digest: try cells[26].decode(String?.self),
-            progressAt: try cells[27].decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
-            groupID: try cells[28].decode(Int64?.self), stagingPath: try cells[29].decode(String?.self),
-            options: ColumnCoding.options(from: try cells[30].decode(String.self)),
-            worker: try cells[31].decode(String?.self),
-            leaseUntil: try cells[32].decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
-            segments: try cells[33].decode(String?.self),
-            unsynced: try cells[34].decode(String?.self).flatMap(UnsyncedProgress.init(encoded:)))
-        ColumnCoding.mirrors(from: try cells[35].decode(String?.self), into: &job)
-        return job
-    }
-
-    static func group(_ row: PostgresRow) throws -> JobGroup {
-        let cells = row.makeRandomAccess()
-        let code = try cells[6].decode(String?.self)
-        let message = try cells[7].decode(String?.self)
-        return JobGroup(
-            id: try cells[0].decode(Int64.self), name: try cells[1].decode(String.self), dir: try cells[2].decode(String.self),
-            staging: try cells[3].decode(String.self), priority: try cells[4].decode(Int.self),
-            closed: try cells[5].decode(String?.self).flatMap(GroupState.init(rawValue:)),
-            error: code.map { JobError(code: $0, message: message ?? "") },
-            createdAt: Date(timeIntervalSince1970: try cells[8].decode(Double.self)),
-            updatedAt: Date(timeIntervalSince1970: try cells[9].decode(Double.self)),
-            finishedAt: try cells[10].decode(Double?.self).map(Date.init(timeIntervalSince1970:)))
-    }
-
-    static func event(_ row: PostgresRow) throws -> StoredEvent {
-        let cells = row.makeRandomAccess()
-        let code = try cells[7].decode(String?.self)
-        let message = try cells[8].decode(String?.self)
-        return StoredEvent(
-            seq: try cells[0].decode(Int64.self), at: Date(timeIntervalSince1970: try cells[1].decode(Double.self)),
-            kind: StoredEvent.Kind(rawValue: try cells[2].decode(String.self)) ?? .jobState,
-            jobID: try cells[3].decode(Int64?.self), groupID: try cells[4].decode(Int64?.self),
-            state: try cells[5].decode(String.self),
-            waitReason: try cells[6].decode(String?.self).flatMap(WaitReason.init(rawValue:)),
-            error: code.map { JobError(code: $0, message: message ?? "") })
-    }
-
     /// Counts by state from `state, count` rows.
     static func counts(_ rows: [PostgresRow]) throws -> [JobState: Int] {
         var counts: [JobState: Int] = [:]
