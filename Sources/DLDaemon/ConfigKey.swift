@@ -188,6 +188,7 @@ enum TOMLText {
 
     static func array(_ items: [String]) -> String { "[\(items.map(quote).joined(separator: ", "))]" }
 
-    /// Whole numbers without a fraction ("2", not "2.0"), as they were most likely written.
-    static func number(_ d: Double) -> String { d.rounded() == d ? String(Int64(d)) : String(d) }
+    /// Whole numbers without a fraction ("2", not "2.0"), as they were most likely written;
+    /// one too large for an Int64 as a Double ("1e+19"), which reads back (and does not trap).
+    static func number(_ d: Double) -> String { Int64(exactly: d).map(String.init) ?? String(d) }
 }

@@ -102,11 +102,27 @@ extension ConfigTests {
         #expect(example.map { $0.prefix { $0 != " " } } == printed.map { $0.prefix { $0 != " " } })
     }
 
+    /// The defaults with `settings` read over them, what `--print-config` prints for them, and
+    /// that printout read back over the defaults.
+    static func readBack(_ settings: String) throws -> (config: DaemonConfig, printed: String, reread: DaemonConfig) {
+        let folder = NSTemporaryDirectory() + "dld-config-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        try settings.write(toFile: folder + "/set.toml", atomically: true, encoding: .utf8)
+        var config = DaemonConfig.defaults()
+        try config.apply(file: folder + "/set.toml")
+        let printed = config.rendered()
+        try printed.write(toFile: folder + "/printed.toml", atomically: true, encoding: .utf8)
+        var reread = DaemonConfig.defaults()
+        try reread.apply(file: folder + "/printed.toml")
+        return (config, printed, reread)
+    }
+
     /// `--print-config` writes a file that reads back as the same configuration: each entry's
     /// render and parse agree.
     @Test func printedConfigReadsBackTheSame() throws {
-        var config = DaemonConfig.defaults()
-        let settings = """
+        let (config, printed, reread) = try Self.readBack(
+            """
             on_complete = ["/bin/echo", "done \\"quoted\\""]
             speed_schedule = "08:00-18:00 2M"
             max_speed = "3M"
@@ -114,17 +130,17 @@ extension ConfigTests {
             no_proxy = "localhost,.lan"
             retry_base = 2.5
             keep_failed = "12h"
-            """
-        let folder = NSTemporaryDirectory() + "dld-config-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: folder) }
-        try settings.write(toFile: folder + "/set.toml", atomically: true, encoding: .utf8)
-        try config.apply(file: folder + "/set.toml")
-        let printed = config.rendered()
-        try printed.write(toFile: folder + "/printed.toml", atomically: true, encoding: .utf8)
-        var reread = DaemonConfig.defaults()
-        try reread.apply(file: folder + "/printed.toml")
+            """)
         #expect(DaemonConfig.changedKeys(config, reread).isEmpty, "\(printed)")
+    }
+
+    /// Seconds too many for an Int64 are printed (by `--print-config`, and by a reload, which
+    /// compares what the old and new values print) as a Double that reads back, not trapped on.
+    @Test func hugeSecondsPrintAndReadBack() throws {
+        let (config, printed, reread) = try Self.readBack("retry_max_delay = 1e19\nkeep_finished = \"1e20s\"\n")
+        #expect(printed.contains("retry_max_delay = 1e+19\n") && printed.contains("keep_finished = \"1e+20s\"\n"), "\(printed)")
+        #expect(DaemonConfig.changedKeys(config, reread).isEmpty, "\(printed)")
+        #expect(DaemonConfig.changedKeys(DaemonConfig.defaults(), config) == ["keep_finished", "retry_max_delay"])
     }
 
     /// A reload keeps exactly the table's `.restart` keys as they were.
