@@ -68,17 +68,19 @@ public enum DurationText {
         guard let last = trimmed.last else { return nil }
         let units: [Character: TimeInterval] = ["s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800]
         let (number, unit) = last.isLetter ? (String(trimmed.dropLast()), units[last]) : (trimmed, 1)
-        guard let unit, let value = Double(number), value.isFinite, value >= 0 else { return nil }
+        guard let unit, let value = Double(number), value >= 0, (value * unit).isFinite else { return nil }
         return value * unit
     }
 
-    /// The largest whole unit: "30d", "36h", "90s"; "0" for zero.
+    /// The largest whole unit: "30d", "36h", "90s"; "0" for zero. A count too large for an
+    /// Int is written as a Double ("1e+20s"), which `seconds` reads back: a config file may
+    /// say that much, and printing it must not trap.
     public static func describe(_ seconds: TimeInterval) -> String {
         if seconds <= 0 { return "0" }
         for (unit, size) in [("w", 604_800.0), ("d", 86_400), ("h", 3600), ("m", 60)]
         where seconds.truncatingRemainder(dividingBy: size) == 0 {
-            return "\(Int(seconds / size))\(unit)"
+            if let count = Int(exactly: seconds / size) { return "\(count)\(unit)" }
         }
-        return seconds == seconds.rounded() ? "\(Int(seconds))s" : "\(seconds)s"
+        return Int(exactly: seconds).map { "\($0)s" } ?? "\(seconds)s"
     }
 }

@@ -6,7 +6,7 @@ import Foundation
 import Logging
 
 /// The daemon's effective configuration: defaults from XDG, then the config file, then flags.
-/// Every key is documented in docs/configuration.md.
+/// Every key is an entry of `table` below and a row of docs/configuration.md.
 public struct DaemonConfig: Sendable, Equatable {
     public var socket: String
     public var stateDir: String
@@ -174,192 +174,102 @@ public struct DaemonConfig: Sendable, Equatable {
         TLSSettings(caFiles: caFile.map { [$0] } ?? [], caDirs: caDir.map { [$0] } ?? [], clientCert: clientCert, clientKey: clientKey)
     }
 
-    public static let keys = [
-        "socket", "state_dir", "download_dir", "max_active", "log_level", "max_attempts", "retry_base",
-        "retry_max_delay", "connect_timeout", "read_timeout", "max_line_bytes", "max_connections", "min_free",
-        "give_up_after", "checkpoint_interval", "disk_recheck", "group_parallel", "max_per_host", "on_complete", "on_error", "hook_timeout",
-        "allowed_roots", "max_queued", "idle_timeout", "netrc", "database", "database_pool_size", "worker_name", "lease",
-        "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy", "keep_finished", "keep_failed", "max_speed",
-        "speed_schedule", "segments", "segment_min_size", "metered", "cache_dir", "cache_max_bytes", "cache_max_age",
-        "cache_default_max_age", "max_light", "max_streams_per_host", "http2",
+    /// Every key of the config file, in the order `--print-config` writes them. The parser,
+    /// `--print-config`, a reload (which keeps the `.restart` keys as they were) and the test
+    /// of docs/configuration.md all read this table: a new key is one entry here, a property
+    /// above (with its default), and a row in the docs.
+    public static let table: [ConfigKey] = [
+        .path("socket", \.socket, .restart, "The control socket."),
+        .path("state_dir", \.stateDir, .restart, "The folder of the job table and the lock."),
+        .path("download_dir", \.downloadDir, .live, "Where a job goes that names no folder."),
+        .int("max_active", \.maxActive, 1...64, .live, "Bulk transfers at once (more than 2 MiB left)."),
+        ConfigKey(
+            "log_level", \.logLevel, .live, "trace, debug, info, notice, warning, error or critical.", parse: { try $0.logLevel() },
+            render: { TOMLText.quote($0.logLevel.rawValue) }),
+        .int("max_attempts", \.maxAttempts, 1...1_000_000, .live, "Attempts in a row without progress before a job fails."),
+        .seconds("retry_base", \.retryBase, .live, "The backoff's base delay."),
+        .seconds("retry_max_delay", \.retryMaxDelay, .live, "The backoff's longest delay, and Retry-After's."),
+        .int("connect_timeout", \.connectTimeout, 1...3600, .restart, "Seconds to connect to a server."),
+        .int("read_timeout", \.readTimeout, 1...86400, .restart, "Seconds without a byte before a transfer fails."),
+        .int("max_line_bytes", \.maxLineBytes, 1024...(64 << 20), .live, "The longest request line on the socket."),
+        .int("max_connections", \.maxConnections, 1...10_000, .live, "Socket connections open at once."),
+        .int("min_free", \.minFree, 0...Int64.max, .live, "Bytes a transfer leaves free on its filesystem."),
+        .seconds("give_up_after", \.giveUpAfter, .live, "Seconds without progress before a job fails."),
+        .seconds("checkpoint_interval", \.checkpointInterval, atLeast: 0.05, .live, "How often a transfer syncs and records its offset."),
+        .seconds("disk_recheck", \.diskRecheck, atLeast: 0.1, .live, "How often a job waiting for disk space looks again."),
+        .int("group_parallel", \.groupParallel, 1...64, .live, "Bulk members of one group at once."),
+        .int("max_per_host", \.maxPerHost, 1...64, .live, "Connections to one host at once over HTTP/1.1."),
+        .int("max_streams_per_host", \.maxStreamsPerHost, 1...256, .live, "Transfers to one host at once over HTTP/2."),
+        .int("max_light", \.maxLight, 0...256, .live, "Small transfers at once beside the bulk ones; 0: no light lane."),
+        .bool("http2", \.http2, .restart, "HTTP/2 where a server offers it over TLS."),
+        .duration("keep_finished", \.keepFinished, .live, "How long records of completed and canceled jobs stay; 0: forever."),
+        .duration("keep_failed", \.keepFailed, .live, "How long records of failed jobs stay; 0: forever."),
+        .int("segments", \.segments, 1...16, .live, "Byte ranges one job fetches at once; 1: not segmented."),
+        .int("segment_min_size", \.segmentMinSize, 1...Int64.max, .live, "Bytes left under which a file is one stream."),
+        .bool("metered", \.metered, .live, "Whether jobs that do not say may download on a metered connection."),
+        .int("hook_timeout", \.hookTimeout, 1...86400, .live, "Seconds a hook may run."),
+        .command("on_complete", \.onComplete, .live, "A command run when a job or a group completes."),
+        .command("on_error", \.onError, .live, "A command run when a job or a group fails."),
+        ConfigKey(
+            "allowed_roots", \.allowedRoots, .live, "Folders downloads may be written into.", parse: { try $0.absolutePaths() },
+            render: { TOMLText.array($0.effectiveAllowedRoots) }),
+        .int("max_queued", \.maxQueued, 1...100_000_000, .live, "Unfinished jobs at most."),
+        .int("idle_timeout", \.idleTimeout, 1...86_400, .live, "Seconds a silent socket connection stays open."),
+        ConfigKey(
+            "netrc", \.netrc, .live, "The netrc file of credentials by host; \"\" for none.", parse: { try $0.netrc() },
+            render: { TOMLText.quote($0.effectiveNetrc ?? "") }),
+        // The password stays out of what is printed (it is often pasted into bug reports).
+        ConfigKey(
+            "database", \.database, .restart, "postgresql://…: the job table in PostgreSQL.", parse: { try $0.database() },
+            render: { TOMLText.quote($0.database.map(PostgresURL.redacted) ?? "") }),
+        .int("database_pool_size", \.databasePoolSize, 1...256, .restart, "Connections to PostgreSQL at most."),
+        ConfigKey(
+            "worker_name", \.workerName, .restart, "This daemon's name among the workers of a shared queue.",
+            parse: { try $0.workerName() }, render: { TOMLText.quote($0.workerName) }),
+        .seconds("lease", \.lease, atLeast: 3, atMost: 3600, .restart, "Seconds a worker's claim on a job holds unrenewed."),
+        ConfigKey(
+            "max_speed", \.maxSpeed, .live, "The global speed limit in bytes per second; 0: none.",
+            parse: { try $0.bytes(atMost: 1 << 40, "bytes per second: an integer, or a string such as \"2M\" or \"512K\" (0: no limit)") },
+            render: { $0.maxSpeed == 0 ? "0" : TOMLText.quote(ByteRate.format($0.maxSpeed)) }),
+        .path("cache_dir", \.cacheDir, .restart, "The URL cache's folder."),
+        ConfigKey(
+            "cache_max_bytes", \.cacheMaxBytes, .live, "The URL cache's byte budget; 0: none.",
+            parse: { try $0.bytes(atMost: Int64.max, "bytes: an integer, or a string such as \"2G\" or \"512M\" (0: no limit)") },
+            render: { "\($0.cacheMaxBytes)" }),
+        .duration("cache_max_age", \.cacheMaxAge, .live, "How long an unused cache entry stays; 0: forever."),
+        .duration("cache_default_max_age", \.cacheDefaultMaxAge, .live, "How long a copy is fresh when the server says nothing."),
+        ConfigKey(
+            "speed_schedule", \.speedSchedule, .live, "Global speed limits by time of day.", parse: { try $0.speedSchedule() },
+            render: { $0.speedSchedule.isEmpty ? nil : TOMLText.quote($0.speedSchedule.text) }),
+        .tlsPath("ca_file", \.caFile, .restart, "PEM certificates trusted beside the system's.") {
+            TLSFileCheck.certificates($0, what: "CA file")
+        },
+        .tlsPath("ca_dir", \.caDir, .restart, "A folder of PEM certificates trusted beside the system's.") {
+            TLSFileCheck.folder($0, what: "CA folder")
+        },
+        .tlsPath("client_cert", \.clientCert, .restart, "A client certificate for servers that ask.") {
+            TLSFileCheck.certificates($0, what: "client certificate")
+        },
+        .tlsPath("client_key", \.clientKey, .restart, "The client certificate's unencrypted key.") {
+            TLSFileCheck.privateKey($0, what: "client key")
+        },
+        // Credentials in a proxy URL are shown as ***, as the database's password.
+        ConfigKey(
+            "proxy", \.proxy, .restart, "A proxy for every URL instead of the environment's; \"\" for none.", parse: { try $0.proxy() },
+            render: { $0.proxy.map { TOMLText.quote(ProxyServer.redacted($0)) } }),
+        ConfigKey(
+            "no_proxy", \.noProxy, .restart, "Hosts reached directly, instead of the environment's no_proxy.", parse: { try $0.string() },
+            render: { $0.noProxy.map(TOMLText.quote) }),
     ]
 
+    /// The names, in the table's order, for messages.
+    public static var keys: [String] { table.map(\.name) }
+
     mutating func set(_ key: String, _ value: TOMLLite.Value) throws {
-        func string() throws -> String {
-            guard case .string(let s) = value else { throw DaemonError("\(key) must be a string") }
-            return s
-        }
-        func path() throws -> String {
-            let s = try string()
-            guard s.hasPrefix("/") else { throw DaemonError("\(key) must be an absolute path") }
-            return s
-        }
-        func int(_ range: ClosedRange<Int64>) throws -> Int {
-            guard case .integer(let i) = value, range.contains(i) else {
-                throw DaemonError("\(key) must be an integer from \(range.lowerBound) to \(range.upperBound)")
-            }
-            return Int(i)
-        }
-        func seconds() throws -> Double {
-            switch value {
-            case .integer(let i) where i >= 0: return Double(i)
-            case .float(let d) where d >= 0: return d
-            default: throw DaemonError("\(key) must be a number of seconds ≥ 0")
-            }
-        }
-        /// Seconds, as a number or as text with a unit ("30d", "12h").
-        func duration() throws -> Double {
-            switch value {
-            case .integer(let i) where i >= 0: return Double(i)
-            case .string(let text):
-                if let seconds = DurationText.seconds(text) { return seconds }
-            default: break
-            }
-            throw DaemonError("\(key) must be a duration: seconds, or a number with s, m, h, d or w (\"30d\"); 0 keeps forever")
-        }
-        switch key {
-        case "socket": socket = try path()
-        case "state_dir": stateDir = try path()
-        case "download_dir": downloadDir = try path()
-        case "max_active": maxActive = try int(1...64)
-        case "log_level":
-            guard let level = Logger.Level(rawValue: try string()) else {
-                throw DaemonError("log_level must be one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
-            }
-            logLevel = level
-        case "max_attempts": maxAttempts = try int(1...1_000_000)
-        case "retry_base": retryBase = try seconds()
-        case "retry_max_delay": retryMaxDelay = try seconds()
-        case "connect_timeout": connectTimeout = try int(1...3600)
-        case "read_timeout": readTimeout = try int(1...86400)
-        case "max_line_bytes": maxLineBytes = try int(1024...(64 << 20))
-        case "max_connections": maxConnections = try int(1...10_000)
-        case "group_parallel": groupParallel = try int(1...64)
-        case "max_per_host": maxPerHost = try int(1...64)
-        case "max_streams_per_host": maxStreamsPerHost = try int(1...256)
-        case "max_light": maxLight = try int(0...256)
-        case "http2":
-            guard case .bool(let allowed) = value else { throw DaemonError("http2 must be true or false") }
-            http2 = allowed
-        case "keep_finished": keepFinished = try duration()
-        case "keep_failed": keepFailed = try duration()
-        case "segments": segments = try int(1...16)
-        case "segment_min_size": segmentMinSize = Int64(try int(1...Int64.max))
-        case "metered":
-            guard case .bool(let allowed) = value else { throw DaemonError("metered must be true or false") }
-            metered = allowed
-        case "max_queued": maxQueued = try int(1...100_000_000)
-        case "idle_timeout": idleTimeout = try int(1...86_400)
-        case "netrc":
-            let s = try string()
-            guard s.isEmpty || s.hasPrefix("/") else { throw DaemonError("netrc must be an absolute path, or \"\" for none") }
-            netrc = s
-        case "allowed_roots":
-            guard case .array(let items) = value else { throw DaemonError("allowed_roots must be an array of absolute paths") }
-            var roots: [String] = []
-            for item in items {
-                guard case .string(let s) = item, s.hasPrefix("/") else {
-                    throw DaemonError("allowed_roots must be an array of absolute paths")
-                }
-                roots.append(s)
-            }
-            allowedRoots = roots
-        case "hook_timeout": hookTimeout = try int(1...86400)
-        case "database":
-            let text = try string()
-            if text.isEmpty {
-                database = nil
-            } else {
-                do {
-                    _ = try PostgresURL.parse(text, defaultUser: NSUserName())
-                } catch {
-                    throw DaemonError("database: \(error)")
-                }
-                database = text
-            }
-        case "database_pool_size": databasePoolSize = try int(1...256)
-        case "ca_file":
-            let file = try path()
-            if let problem = TLSFileCheck.certificates(file, what: "CA file") { throw DaemonError("ca_file: \(problem)") }
-            caFile = file
-        case "ca_dir":
-            let dir = try path()
-            if let problem = TLSFileCheck.folder(dir, what: "CA folder") { throw DaemonError("ca_dir: \(problem)") }
-            caDir = dir
-        case "client_cert":
-            let file = try path()
-            if let problem = TLSFileCheck.certificates(file, what: "client certificate") { throw DaemonError("client_cert: \(problem)") }
-            clientCert = file
-        case "client_key":
-            let file = try path()
-            if let problem = TLSFileCheck.privateKey(file, what: "client key") { throw DaemonError("client_key: \(problem)") }
-            clientKey = file
-        case "proxy":
-            let text = try string()
-            if !text.isEmpty {
-                do {
-                    _ = try ProxyServer.parse(text)
-                } catch {
-                    throw DaemonError("proxy: \(error.description)")
-                }
-            }
-            proxy = text
-        case "no_proxy": noProxy = try string()
-        case "worker_name":
-            let name = try string()
-            guard (1...64).contains(name.utf8.count),
-                name.unicodeScalars.allSatisfy({
-                    $0.isASCII && (CharacterSet.alphanumerics.contains($0) || "-_.".unicodeScalars.contains($0))
-                })
-            else {
-                throw DaemonError("worker_name must be 1 to 64 characters of letters, digits, '-', '_' and '.'")
-            }
-            workerName = name
-        case "lease":
-            lease = try seconds()
-            guard (3...3600).contains(lease) else { throw DaemonError("lease must be from 3 to 3600 seconds") }
-        case "on_complete", "on_error":
-            guard case .array(let items) = value, !items.isEmpty else {
-                throw DaemonError("\(key) must be a non-empty array of strings: the command and its arguments")
-            }
-            var argv: [String] = []
-            for item in items {
-                guard case .string(let s) = item else { throw DaemonError("\(key) must be an array of strings") }
-                argv.append(s)
-            }
-            if key == "on_complete" { onComplete = argv } else { onError = argv }
-        case "min_free": minFree = Int64(try int(0...Int64.max))
-        case "give_up_after": giveUpAfter = try seconds()
-        case "checkpoint_interval":
-            checkpointInterval = try seconds()
-            guard checkpointInterval >= 0.05 else { throw DaemonError("checkpoint_interval must be at least 0.05 seconds") }
-        case "cache_dir": cacheDir = try path()
-        case "cache_max_bytes":
-            switch value {
-            case .integer(let i) where i >= 0: cacheMaxBytes = i
-            case .string(let s) where ByteRate.parse(s) != nil: cacheMaxBytes = ByteRate.parse(s) ?? 0
-            default: throw DaemonError("cache_max_bytes must be bytes: an integer, or a string such as \"2G\" or \"512M\" (0: no limit)")
-            }
-        case "cache_max_age": cacheMaxAge = try duration()
-        case "cache_default_max_age": cacheDefaultMaxAge = try duration()
-        case "max_speed":
-            switch value {
-            case .integer(let i) where (0...(1 << 40)).contains(i): maxSpeed = i
-            case .string(let s) where ByteRate.parse(s) != nil: maxSpeed = ByteRate.parse(s) ?? 0
-            default:
-                throw DaemonError("max_speed must be bytes per second: an integer, or a string such as \"2M\" or \"512K\" (0: no limit)")
-            }
-        case "speed_schedule":
-            switch SpeedSchedule.parse(try string()) {
-            case .success(let schedule): speedSchedule = schedule
-            case .failure(let error): throw DaemonError("speed_schedule: \(error.description)")
-            }
-        case "disk_recheck":
-            diskRecheck = try seconds()
-            guard diskRecheck >= 0.1 else { throw DaemonError("disk_recheck must be at least 0.1 seconds") }
-        default:
+        guard let entry = Self.table.first(where: { $0.name == key }) else {
             throw DaemonError("unknown key \(key); keys: \(Self.keys.joined(separator: ", "))")
         }
+        try entry.parse(ConfigValue(key: key, value: value), &self)
     }
 
     /// The download folder and $HOME unless configured.
@@ -387,62 +297,10 @@ public struct DaemonConfig: Sendable, Equatable {
 
     /// The configuration as a TOML file that would reproduce it (`dld --print-config`).
     public func rendered() -> String {
-        func quote(_ s: String) -> String {
-            "\"" + s.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""
-        }
-        func number(_ d: Double) -> String { d.rounded() == d ? String(Int64(d)) : String(d) }
         var lines = ["# effective dld configuration" + (configFile.map { " (file: \($0))" } ?? " (no config file)")]
-        lines.append("socket = \(quote(socket))")
-        lines.append("state_dir = \(quote(stateDir))")
-        lines.append("download_dir = \(quote(downloadDir))")
-        lines.append("max_active = \(maxActive)")
-        lines.append("log_level = \(quote(logLevel.rawValue))")
-        lines.append("max_attempts = \(maxAttempts)")
-        lines.append("retry_base = \(number(retryBase))")
-        lines.append("retry_max_delay = \(number(retryMaxDelay))")
-        lines.append("connect_timeout = \(connectTimeout)")
-        lines.append("read_timeout = \(readTimeout)")
-        lines.append("max_line_bytes = \(maxLineBytes)")
-        lines.append("max_connections = \(maxConnections)")
-        lines.append("min_free = \(minFree)")
-        lines.append("give_up_after = \(number(giveUpAfter))")
-        lines.append("checkpoint_interval = \(number(checkpointInterval))")
-        lines.append("disk_recheck = \(number(diskRecheck))")
-        lines.append("group_parallel = \(groupParallel)")
-        lines.append("max_per_host = \(maxPerHost)")
-        lines.append("max_streams_per_host = \(maxStreamsPerHost)")
-        lines.append("max_light = \(maxLight)")
-        lines.append("http2 = \(http2)")
-        lines.append("keep_finished = \"\(DurationText.describe(keepFinished))\"")
-        lines.append("keep_failed = \"\(DurationText.describe(keepFailed))\"")
-        lines.append("segments = \(segments)")
-        lines.append("segment_min_size = \(segmentMinSize)")
-        lines.append("metered = \(metered)")
-        lines.append("hook_timeout = \(hookTimeout)")
-        if let onComplete { lines.append("on_complete = [\(onComplete.map(quote).joined(separator: ", "))]") }
-        if let onError { lines.append("on_error = [\(onError.map(quote).joined(separator: ", "))]") }
-        lines.append("allowed_roots = [\(effectiveAllowedRoots.map(quote).joined(separator: ", "))]")
-        lines.append("max_queued = \(maxQueued)")
-        lines.append("idle_timeout = \(idleTimeout)")
-        lines.append("netrc = \(quote(effectiveNetrc ?? ""))")
-        // The password stays out of what is printed (it is often pasted into bug reports).
-        lines.append("database = \(quote(database.map(PostgresURL.redacted) ?? ""))")
-        lines.append("database_pool_size = \(databasePoolSize)")
-        lines.append("worker_name = \(quote(workerName))")
-        lines.append("lease = \(number(lease))")
-        lines.append("max_speed = \(maxSpeed == 0 ? "0" : quote(ByteRate.format(maxSpeed)))")
-        lines.append("cache_dir = \(quote(cacheDir))")
-        lines.append("cache_max_bytes = \(cacheMaxBytes)")
-        lines.append("cache_max_age = \"\(DurationText.describe(cacheMaxAge))\"")
-        lines.append("cache_default_max_age = \"\(DurationText.describe(cacheDefaultMaxAge))\"")
-        if !speedSchedule.isEmpty { lines.append("speed_schedule = \(quote(speedSchedule.text))") }
-        if let caFile { lines.append("ca_file = \(quote(caFile))") }
-        if let caDir { lines.append("ca_dir = \(quote(caDir))") }
-        if let clientCert { lines.append("client_cert = \(quote(clientCert))") }
-        if let clientKey { lines.append("client_key = \(quote(clientKey))") }
-        // Credentials in a proxy URL are shown as ***, as the database's password.
-        if let proxy { lines.append("proxy = \(quote(ProxyServer.redacted(proxy)))") }
-        if let noProxy { lines.append("no_proxy = \(quote(noProxy))") }
+        for key in Self.table {
+            if let value = key.render(self) { lines.append("\(key.name) = \(value)") }
+        }
         if let (rules, source, ignored) = try? proxyRules(), source == .environment || !ignored.isEmpty {
             for line in rules.summary { lines.append("# from the environment: \(line)") }
             for line in ignored { lines.append("# ignored: \(line)") }
@@ -469,5 +327,66 @@ extension DaemonConfig {
     /// The URL cache's policy from these settings.
     public var cachePolicy: CachePolicy {
         CachePolicy(defaultMaxAge: cacheDefaultMaxAge, maxBytes: cacheMaxBytes, maxAge: cacheMaxAge)
+    }
+}
+
+// The readers of the keys that are their own type, for `DaemonConfig.table`.
+extension ConfigValue {
+    func logLevel() throws -> Logger.Level {
+        guard let level = Logger.Level(rawValue: try string()) else {
+            throw DaemonError("\(key) must be one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        return level
+    }
+
+    func netrc() throws -> String {
+        let s = try string()
+        guard s.isEmpty || s.hasPrefix("/") else { throw DaemonError("\(key) must be an absolute path, or \"\" for none") }
+        return s
+    }
+
+    /// A PostgreSQL URL, checked now so that a typo stops dld before it starts; "": SQLite.
+    func database() throws -> String? {
+        let text = try string()
+        if text.isEmpty { return nil }
+        do {
+            _ = try PostgresURL.parse(text, defaultUser: NSUserName())
+        } catch {
+            throw DaemonError("\(key): \(error)")
+        }
+        return text
+    }
+
+    /// Part of the worker id `<host name>/<worker_name>`, so no '/' and nothing a log would garble.
+    func workerName() throws -> String {
+        let name = try string()
+        guard (1...64).contains(name.utf8.count),
+            name.unicodeScalars.allSatisfy({
+                $0.isASCII && (CharacterSet.alphanumerics.contains($0) || "-_.".unicodeScalars.contains($0))
+            })
+        else {
+            throw DaemonError("\(key) must be 1 to 64 characters of letters, digits, '-', '_' and '.'")
+        }
+        return name
+    }
+
+    func speedSchedule() throws -> SpeedSchedule {
+        switch SpeedSchedule.parse(try string()) {
+        case .success(let schedule): return schedule
+        case .failure(let error): throw DaemonError("\(key): \(error.description)")
+        }
+    }
+
+    /// A proxy URL, checked now; "" stays "" (no proxy whatever the environment says).
+    func proxy() throws -> String {
+        let text = try string()
+        if !text.isEmpty {
+            do {
+                _ = try ProxyServer.parse(text)
+            } catch {
+                throw DaemonError("\(key): \(error.description)")
+            }
+        }
+        return text
     }
 }

@@ -178,7 +178,9 @@ public enum Daemon {
         }
     }
 
-    /// The engine's settings that follow the config file, at start and at a reload.
+    /// The engine's settings that follow the config file, at start and at a reload. At a
+    /// reload the keys marked `.restart` in `DaemonConfig.table` hold their running values
+    /// already (`keepingRestartKeys`), so only the live ones change here.
     static func applyLive(_ config: DaemonConfig, policy: PathPolicy, to configuration: inout EngineConfiguration) {
         configuration.downloadDir = config.downloadDir
         configuration.maxActive = config.maxActive

@@ -12,50 +12,19 @@ final class Reloadable<Value: Sendable>: Sendable {
 }
 
 extension DaemonConfig {
-    /// Keys that cannot change while dld runs: the socket and the state folder are in use, the
-    /// job table is open, the HTTP clients hold their TLS files, proxies and timeouts, and a
-    /// worker's name and lease are known to the others. A reload names them in the log and
-    /// leaves them as they were.
-    public static let restartKeys: Set<String> = [
-        "socket", "state_dir", "database", "database_pool_size", "worker_name", "lease",
-        "connect_timeout", "read_timeout", "ca_file", "ca_dir", "client_cert", "client_key", "proxy", "no_proxy",
-        "cache_dir", "http2",
-    ]
+    /// The keys marked `.restart` in `table`: a reload names them in the log and leaves them as
+    /// they were.
+    public static var restartKeys: Set<String> { Set(table.filter { $0.reload == .restart }.map(\.name)) }
 
     /// The keys whose values differ, as `--print-config` shows them.
     public static func changedKeys(_ old: DaemonConfig, _ new: DaemonConfig) -> [String] {
-        func values(_ config: DaemonConfig) -> [String: String] {
-            var out: [String: String] = [:]
-            for line in config.rendered().split(separator: "\n") where !line.hasPrefix("#") {
-                guard let equals = line.range(of: " = ") else { continue }
-                out[String(line[..<equals.lowerBound])] = String(line[equals.upperBound...])
-            }
-            return out
-        }
-        let before = values(old)
-        let after = values(new)
-        return Set(before.keys).union(after.keys).filter { before[$0] != after[$0] }.sorted()
+        table.filter { $0.render(old) != $0.render(new) }.map(\.name).sorted()
     }
 
     /// These settings with the restart-only ones taken from `running`.
     func keepingRestartKeys(of running: DaemonConfig) -> DaemonConfig {
         var out = self
-        out.socket = running.socket
-        out.stateDir = running.stateDir
-        out.database = running.database
-        out.databasePoolSize = running.databasePoolSize
-        out.workerName = running.workerName
-        out.lease = running.lease
-        out.connectTimeout = running.connectTimeout
-        out.readTimeout = running.readTimeout
-        out.caFile = running.caFile
-        out.caDir = running.caDir
-        out.clientCert = running.clientCert
-        out.clientKey = running.clientKey
-        out.proxy = running.proxy
-        out.noProxy = running.noProxy
-        out.cacheDir = running.cacheDir
-        out.http2 = running.http2
+        for key in Self.table where key.reload == .restart { key.copy(running, &out) }
         return out
     }
 }

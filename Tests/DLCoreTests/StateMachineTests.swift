@@ -392,6 +392,15 @@ extension SchedulerPolicyTests {
         #expect(DurationText.describe(5400) == "90m")
         #expect(DurationText.describe(0) == "0")
     }
+
+    /// A duration too long for an Int (a config file may say one) is written as a Double
+    /// that reads back, not trapped on; one that overflows to infinity is refused.
+    @Test func hugeDurations() {
+        #expect(DurationText.describe(1e20) == "1e+20s")
+        #expect(DurationText.seconds(DurationText.describe(1e20)) == 1e20)
+        #expect(DurationText.seconds(DurationText.describe(604_800e300)) == 604_800e300)
+        #expect(DurationText.seconds("1e308w") == nil)
+    }
 }
 
 /// Whether a route table reaches a network: samples of /proc/net/route and /proc/net/ipv6_route.
