@@ -190,7 +190,11 @@ public struct Destination {
 
     /// Removes `.` and `..` segments and doubled slashes, without touching the filesystem.
     static func normalized(_ path: String) -> String {
-        if isNormalized(path) { return path }
+        isNormalized(path) ? path : normalizedByParts(path)
+    }
+
+    /// `normalized` the long way, segment by segment (what the fast path must agree with).
+    static func normalizedByParts(_ path: String) -> String {
         var parts: [Substring] = []
         for part in path.split(separator: "/", omittingEmptySubsequences: true) {
             if part == "." { continue }
