@@ -217,7 +217,7 @@ public struct Job: Sendable, Equatable {
         set { unsyncedBox = newValue.map(UnsyncedBox.init) }
     }
     /// `unsynced`, held by reference: almost every row has none, and rows are copied by the
-    /// thousand (an `enqueue` of 5000 jobs peaked 3–4 MiB higher with it held inline).
+    /// thousand (an `enqueue` of thousands of jobs peaked higher with it held inline).
     private var unsyncedBox: UnsyncedBox?
 
     public init(

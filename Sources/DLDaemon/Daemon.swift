@@ -23,9 +23,9 @@ public enum Daemon {
         // Large buffers (a request line, a page of `list`, a batch of inserts) come and go. Left
         // to itself glibc raises its mapping threshold after the first large free, so later
         // ones stay in the heap for good: blocks of 1 MiB and more are mapped on their own, and
-        // the heap's top is given back past 4 MiB free. Peak RSS with 100 000 jobs went from
-        // 65.5–66.4 to 61.4–62.1 MiB, enqueue and list as fast (docs/benchmarks.md). The
-        // MALLOC_*_THRESHOLD_ variables, when set, win.
+        // the heap's top is given back past 4 MiB free. That lowered the peak RSS with 100 000
+        // jobs, with enqueue and list as fast (docs/benchmarks.md, "What was tried": glibc's
+        // thresholds). The MALLOC_*_THRESHOLD_ variables, when set, win.
         let environment = ProcessInfo.processInfo.environment
         if environment["MALLOC_MMAP_THRESHOLD_"] == nil && environment["MALLOC_TRIM_THRESHOLD_"] == nil {
             _ = dld_malloc_thresholds(1 << 20, 4 << 20)

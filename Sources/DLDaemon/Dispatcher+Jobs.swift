@@ -97,7 +97,7 @@ extension Dispatcher {
             return ["jobs": .array(try await engine.status(ids).map(JobJSON.encode))]
         case .group(let reference):
             let (group, summary, jobs) = try await engine.groupStatus(reference)
-            // Members as JSON text, not objects: a group of 2000 small files took 5 MB of
+            // Members as JSON text, not objects: a group of 2000 small files took megabytes of
             // dictionaries for one `status`, the daemon's peak.
             return ["group": JobJSON.encodeGroup(group, summary), "jobs": .array(jobs.map(JobJSON.raw))]
         }
@@ -109,7 +109,8 @@ extension Dispatcher {
             return ["jobs": .array(jobs.map(JobJSON.raw)), "next_after_id": .null]
         }
         // A page holds at most `maxPage` jobs whatever the limit: a page of 10 000 whole jobs
-        // cost over 100 MiB to build; `next_after_id` continues where it stopped.
+        // cost more than the daemon's memory budget to build; `next_after_id` continues where it
+        // stopped.
         let limit = min(limits.maxPage, params.limit ?? 1000)
         let jobs = try await engine.list(states: params.states, afterID: params.afterID, limit: limit + 1)
         let page = jobs.prefix(limit)

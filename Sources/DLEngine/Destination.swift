@@ -31,9 +31,9 @@ public struct Destination {
     }
 
     /// The names in one folder, read with `readdir` when a request puts many jobs into it: 5000
-    /// jobs cost one pass over the folder instead of 10 000 `lstat` calls (about 4 µs each
-    /// here). A name that appears after the listing is caught where it is caught anyway: the
-    /// file is published with `renameat2(RENAME_NOREPLACE)`.
+    /// jobs cost one pass over the folder instead of 10 000 `lstat` calls. A name that appears
+    /// after the listing is caught where it is caught anyway: the file is published with
+    /// `renameat2(RENAME_NOREPLACE)`.
     struct Listing {
         static let minimumJobs = 64
         /// The names and whether each is a folder (nil: the folder did not say).

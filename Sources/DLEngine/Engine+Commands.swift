@@ -73,8 +73,9 @@ extension Engine {
             }
             let inserted = try await storage { try await store.insert(news, now: now()) }
             // A call of thousands: every array here is reserved once and none copied, as an
-            // outcome holds a whole job (a copy of 5000 of them was 3 MB of peak memory). Jobs
-            // whose key existed are merged in; without them the store's outcomes are the reply.
+            // outcome holds a whole job and a copy of thousands of them raised the peak memory
+            // (docs/benchmarks.md, "What was tried": an `enqueue` without copies). Jobs whose
+            // key existed are merged in; without them the store's outcomes are the reply.
             var outcomes: [InsertOutcome] = []
             if existing.isEmpty {
                 outcomes = inserted
@@ -363,8 +364,8 @@ extension Engine {
 
     /// A command that changed tens of thousands of rows read their ids and events through
     /// buffers that glibc keeps after they are freed: given back, so that the next such
-    /// command does not grow the daemon further (seen on PostgreSQL: 43, 51, 58 MiB after
-    /// resume, pause and cancel of 100 000 jobs).
+    /// command does not grow the daemon further (on PostgreSQL, each of resume, pause and
+    /// cancel of 100 000 jobs left it larger than the one before).
     static func trimAfterBulk(_ count: Int) {
         if count >= 10_000 { _ = dld_trim_malloc() }
     }

@@ -345,8 +345,8 @@ extension Engine {
     /// slot, so the next ends need no turn either. The claims then wait for the next commit (any
     /// turn that writes, and every section of `serial` that is not a turn, commits them first),
     /// for the publisher (a completion is written after its claim), or for `claimDelay`,
-    /// whichever comes first; a small file's slot then costs no transaction of
-    /// its own (2000 files of 16 KiB: a turn each 1.6 files before).
+    /// whichever comes first; a small file's slot then costs no transaction of its own
+    /// (docs/benchmarks.md, "What was tried": a turn that only commits claims is left out).
     func deferStartedClaims() -> Bool {
         switch scheduling.deferClaims() {
         case .commitNow: return false

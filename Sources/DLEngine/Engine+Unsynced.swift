@@ -12,9 +12,9 @@ import Logging
 extension Engine {
     /// How often the running transfers' unsynced progress is recorded: at most this much
     /// transfer is fetched again after a kill of dld (plus what was in flight and the tick's
-    /// own latency, so that the whole stays about 0.25 s). 0.25 s measured 1.21 × the file in
-    /// the bench's kill cycle (one stream), over its 1.2 target; each tick is one small write
-    /// without an fsync.
+    /// own latency, so that the whole stays about 0.25 s). A tick of 0.25 s missed the target of
+    /// the bench's kill cycle (docs/benchmarks.md, "What was tried": unsynced progress every
+    /// 0.2 s); each tick is one small write without an fsync.
     public static let unsyncedInterval: Duration = .milliseconds(200)
 
     /// The kernel's id of this boot; nil when it cannot be read (then nothing unsynced is

@@ -39,10 +39,10 @@ public struct SchedulingLimits {
         self.groupLanes = groupLanes
         self.hosts = hosts
         self.multiplexed = multiplexed
-        // Four rows a slot with strictly one at a time or `max_light = 0`, at most 16 (2000
-        // files of 16 KiB with three slots took 0.72–0.81 s with 12 rows, 1.02 s with 3, 0.85 s
-        // with 48); 16 with the light lane (the same files, three alternating runs: 1.27–1.75 s
-        // with 16 rows, 1.38–1.95 s with 64: each turn reads every row).
+        // Four rows a slot with strictly one at a time or `max_light = 0`, at most 16; 16 with
+        // the light lane. With small files fewer rows were slower, and so were more: each turn
+        // reads every row (docs/benchmarks.md, "What was tried": a slot handed straight to the
+        // next job).
         self.readyRows = lanes.strict ? min(4 * lanes.maxActive, 16) : 16
         self.readyMemberRows = lanes.strict ? min(4 * groupLanes.maxActive, 16) : 16
     }

@@ -40,8 +40,8 @@ public enum EnqueueParams: MethodParams {
         }
     }
 
-    /// The jobs of a batch. A call of thousands checks its two halves at once (on two cores,
-    /// the half of its time it spent here); the first job in error is named.
+    /// The jobs of a batch. A call of thousands checks its two halves at once (the checks were
+    /// a large share of its time); the first job in error is named.
     static func jobs(_ list: [JSONValue], limits: RPCLimits) throws(DLError) -> [EnqueueSpec] {
         guard list.count >= 1000 else { return try jobs(list[...], limits: limits) }
         let middle = list.count / 2

@@ -3,12 +3,12 @@ import Foundation
 /// Reads one JSON text (RFC 8259) straight into a `JSONValue`.
 ///
 /// Requests are parsed here and not by `JSONDecoder` because decoding into an enum through
-/// `Codable` cost about 15 µs a job in an `enqueue` of 5000 (a thrown `DecodingError` for every
-/// kind tried before the right one); this reads each byte once. On UTF-8 input it accepts
-/// what `JSONDecoder` accepts and gives the same values (a test compares the two on valid and
-/// mutated input; a byte-order mark, which `JSONDecoder` skips, is refused), and it never
-/// traps: nesting deeper than `maxDepth`, bad UTF-8, lone surrogates, control characters in
-/// strings, and trailing bytes are errors.
+/// `Codable` was slow (a thrown `DecodingError` for every kind tried before the right one;
+/// docs/benchmarks.md, "What was tried": `enqueue` and `list` on SQLite's C API); this reads
+/// each byte once. On UTF-8 input it accepts what `JSONDecoder` accepts and gives the same
+/// values (a test compares the two on valid and mutated input; a byte-order mark, which
+/// `JSONDecoder` skips, is refused), and it never traps: nesting deeper than `maxDepth`, bad
+/// UTF-8, lone surrogates, control characters in strings, and trailing bytes are errors.
 struct JSONParser {
     struct Failure: Error, Equatable {
         var offset: Int

@@ -121,7 +121,7 @@ extension JSONValue {
     /// Compact JSON text with sorted keys (stable output for people and tests): the same
     /// bytes as `JSONEncoder` with `.sortedKeys` and `.withoutEscapingSlashes` give (a test
     /// checks it), written directly, because a reply of 10 000 jobs spent most of its time in
-    /// the encoder's containers (about 45 µs a job).
+    /// the encoder's containers.
     public func serialized() -> Data {
         var out: [UInt8] = []
         out.reserveCapacity(256)
@@ -167,7 +167,7 @@ extension JSONValue {
     static func write(string: String, into out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
         // Most strings need no escape: scanned and copied whole from their UTF-8 storage (a
-        // native string's own bytes; the generic scan over `utf8` was a tenth of a `list`).
+        // native string's own bytes; the generic scan over `utf8` was a sizeable part of a `list`).
         var text = string
         let plain = text.withUTF8 { bytes -> Bool in
             for byte in bytes where byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\") { return false }

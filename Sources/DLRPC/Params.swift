@@ -17,8 +17,8 @@ public struct Params: Sendable {
     }
 
     /// The value of `key`, nil when absent or null. A job of an `enqueue` gives a few of the
-    /// two dozen names asked for: a few entries are compared one by one, which takes half the
-    /// time of hashing the name (the hashes were most of an enqueue's look-ups).
+    /// two dozen names asked for: a few entries are compared one by one, which is quicker than
+    /// hashing the name (the hashes were most of an enqueue's look-ups).
     public func value(_ key: String) -> JSONValue? {
         var found: JSONValue? = nil
         if values.count <= 6 {

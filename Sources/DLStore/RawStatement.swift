@@ -3,8 +3,9 @@ import GRDBSQLite
 
 /// A cached statement bound and stepped with SQLite's C API, for the few statements run once a
 /// job in bulk (the inserts of an `enqueue` of thousands). Binding through GRDB's
-/// `StatementArguments` boxed every value and cost most of an insert (about 8 of 12 µs a job);
-/// these bind in place. Runs inside a GRDB write transaction only.
+/// `StatementArguments` boxed every value and cost most of an insert; these bind in place
+/// (docs/benchmarks.md, "What was tried": `enqueue` and `list` on SQLite's C API). Runs inside
+/// a GRDB write transaction only.
 struct RawStatement {
     private let db: Database
     private let sql: String

@@ -8,10 +8,11 @@ extension SQLiteJobStore {
     ///
     /// Row by row as far as what it decides goes: a job whose key exists returns the existing
     /// job, a path that an unfinished job writes to is refused (and the caller's transaction is
-    /// rolled back). Rows are written many to a statement: a statement a row cost about 8 µs a
-    /// job here (its AUTOINCREMENT bookkeeping and the statement itself), a statement of 256
-    /// rows about 3. A job whose key or path repeats one still waiting to be written sends
-    /// those first, so that the look-ups see them as they would have row by row.
+    /// rolled back). Rows are written many to a statement: a statement a row paid its
+    /// AUTOINCREMENT bookkeeping and the statement itself for every job, a statement of 256
+    /// rows shares them (docs/benchmarks.md, "What was tried": `enqueue` and `list` on SQLite's
+    /// C API). A job whose key or path repeats one still waiting to be written sends those
+    /// first, so that the look-ups see them as they would have row by row.
     static func insert(_ jobs: [NewJob], groupID: GroupID?, now: Date, events: inout [StoredEvent], in db: Database) throws
         -> [InsertOutcome]
     {

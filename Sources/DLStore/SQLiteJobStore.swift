@@ -166,7 +166,7 @@ public final class SQLiteJobStore: JobTable {
         }
         migrator.registerMigration("v6-one-group-index") { db in
             // jobs_by_group_state starts with group_id and serves every look-up by group;
-            // jobs_by_group only cost its upkeep (about a tenth of an insert).
+            // jobs_by_group only cost its upkeep on every insert.
             try db.execute(sql: "DROP INDEX IF EXISTS jobs_by_group")
         }
         migrator.registerMigration("v7-workers") { db in

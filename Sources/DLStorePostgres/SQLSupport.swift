@@ -74,8 +74,8 @@ struct Binds {
 /// Many rows in one statement, as one parameter: a JSON array of objects that
 /// `json_to_recordset` turns back into typed rows (a missing key is a NULL).
 ///
-/// Why JSON: a `VALUES` list with one parameter a value cost PostgreSQL about 200 µs a row of
-/// 19 columns to parse and plan, most of an insert; and `unnest` of one array a column cannot
+/// Why JSON: with a `VALUES` list of one parameter a value, PostgreSQL spent most of an insert
+/// parsing and planning each row of 19 columns; and `unnest` of one array a column cannot
 /// carry NULLs, which postgres-nio does not bind inside arrays. Times are numbers written
 /// shortest-exact, so they read back as the same `Double`.
 struct RecordSet<Record: Encodable>: Sendable {

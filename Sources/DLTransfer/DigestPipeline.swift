@@ -6,9 +6,9 @@ import Synchronization
 /// file's contiguous prefix, so that hashing overlaps receiving and writing instead of
 /// following them on the same thread.
 ///
-/// A profile of one stream of 1 GiB from nginx put SHA-256 at 56 % of dld's samples, all on
-/// the thread that also copied the bytes into the page cache (24 %): one thread did both in
-/// turn (docs/benchmarks.md, "What was tried": the digest on its own thread). The bound is that
+/// A profile of one stream of 1 GiB from nginx put most of dld's samples in SHA-256, all on
+/// the thread that also copied the bytes into the page cache: one thread did both in turn
+/// (docs/benchmarks.md, "What was tried": the digest on its own thread). The bound is that
 /// measurement's too: 8 MiB pushed the peak RSS of four ranges past 64 MiB, 2 MiB was slower.
 ///
 /// What is queued is bounded: a worker that finds more than `highWater` bytes waiting waits

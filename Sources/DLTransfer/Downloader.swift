@@ -245,14 +245,14 @@ public final class Downloader: Sendable {
 
     /// Reads of up to 256 KiB instead of NIO's 64 KiB: a fast body arrives in fewer chunks, so
     /// fewer wake-ups, pwrites and digest calls per byte. Memory stays bounded by the body
-    /// stream's backpressure. 1 MiB reads put a segmented download's peak RSS at 69–70 MiB
-    /// (four connections' buffers); 256 KiB: 53 MiB, as fast (docs/benchmarks.md). While a
-    /// speed limit is set, reads are cut to its `readCap`.
+    /// stream's backpressure. 1 MiB reads were no faster, and four connections' buffers put a
+    /// segmented download's peak RSS over 64 MiB (docs/benchmarks.md, "What was tried": 256 KiB
+    /// reads). While a speed limit is set, reads are cut to its `readCap`.
     static func largeReads(_ channel: any Channel, limiter: SpeedLimiter) -> EventLoopFuture<Void> {
         // Over TLS each read is decrypted into a plaintext buffer of its size as well: reads
-        // of up to 64 KiB keep four TLS connections' buffers small (a 200 MiB download over
-        // https over the wan relay: peak RSS 70.9–71.8 MiB, against 79.2–81.5 MiB with 256 KiB
-        // reads, in the same time).
+        // of up to 64 KiB keep four TLS connections' buffers small: a lower peak RSS than with
+        // 256 KiB reads, in the same time (docs/benchmarks.md, "What was tried": reads of at most
+        // 64 KiB on TLS).
         channel.pipeline.handler(type: NIOSSLClientHandler.self).map { _ in true }.recover { _ in false }.flatMap { tls in
             channel.setOption(
                 ChannelOptions.recvAllocator,
@@ -792,8 +792,8 @@ public final class Downloader: Sendable {
     /// With `bulk` (the ranges of a segmented download, the rest of a big file), over
     /// HTTP/1.1 connections of its own even where the server offers HTTP/2: streams of one
     /// connection share its TCP window and AsyncHTTPClient's HTTP/2 flow control, which over a
-    /// link with 40 ms round trips moved 200 MiB at about half the speed of four connections
-    /// (docs/benchmarks.md).
+    /// link with 40 ms round trips was slower than four connections (docs/benchmarks.md, "What
+    /// was tried": ranges over HTTP/1.1 connections of their own).
     func fetch(
         _ request: TransferRequest, state: inout AttemptState, rangeFrom offset: Int64, rangeEnd: Int64? = nil, source: String? = nil,
         bulk: Bool = false

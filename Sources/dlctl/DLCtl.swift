@@ -606,8 +606,9 @@ func absolute(_ path: String) -> String {
 
 /// Splits an enqueue list into calls the daemon accepts: at most `maxJobs` jobs and about
 /// `maxBytes` of JSON each (the daemon's defaults are 10 000 jobs and 4 MiB lines). Calls of
-/// 2000 keep the daemon's memory for one call small (its peak with a 100 000-line list was
-/// about 64 MiB with calls of 5000) and cost about as much time.
+/// 2000 keep the daemon's memory for one call small (calls of 5000 took its peak with a
+/// 100 000-line list up to its memory budget) and take about as long in all
+/// (docs/benchmarks.md, the `scale` part: `dlctl enqueue -i`).
 enum EnqueueChunks {
     static let maxJobs = 2000
     static let maxBytes = 1 << 20

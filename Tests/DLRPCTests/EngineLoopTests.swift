@@ -99,7 +99,8 @@ struct WakeLogHandler: LogHandler {
         do { try await f.engine.start() } catch { Issue.record(error, "the engine did not start") }
         try? await Task.sleep(for: .seconds(3))
         let seen = f.wakes.all
-        // None is expected. Polling, the progress and unsynced loops alone woke 7 times a second.
+        // None is expected. Polling, the progress and unsynced loops alone woke several times a
+        // second (docs/benchmarks.md, "An idle dld").
         #expect(seen.count <= 2, "an idle engine's loops woke: \(seen)")
         await f.close()
     }

@@ -12,7 +12,8 @@ import Testing
     static let size: Int64 = 4 << 20
     /// Big enough that buffers cannot hold half of it: the kernel's autotuned receive window may
     /// grow to tcp_rmem's maximum (32 MiB on these machines) and the origin's send buffer to
-    /// tcp_wmem's (4 MiB); under load the origin got 33.7 MB ahead of a 64 MiB file's limit.
+    /// tcp_wmem's (4 MiB); under load the origin got more than half of a 64 MiB file ahead of
+    /// its limit.
     /// An hour at 32 KiB/s, a second or two at full speed.
     static let big: Int64 = 128 << 20
 
