@@ -21,14 +21,18 @@ public enum EnqueueParams: MethodParams {
         "mirrors", "encrypt_to",
     ]
 
+    /// The form's names: `group` makes a group, `jobs` a batch, anything else one job.
+    public static func keys(of raw: [String: JSONValue]) -> Set<String> {
+        raw["group"] != nil ? GroupEnqueue.keys : raw["jobs"] != nil ? ["jobs"] : jobKeys
+    }
+
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {
         if params.values["group"] != nil {
-            self = .group(try GroupEnqueue(try Params(params.values, allowed: GroupEnqueue.keys), limits: limits))
+            self = .group(try GroupEnqueue(params, limits: limits))
         } else if params.values["jobs"] != nil {
-            let batch = try Params(params.values, allowed: ["jobs"])
-            self = .jobs(try Self.jobs(try JobParamRules.list(batch, limits: limits), limits: limits))
+            self = .jobs(try Self.jobs(try JobParamRules.list(params, limits: limits), limits: limits))
         } else {
-            self = .job(try EnqueueSpec(try Params(params.values, allowed: Self.jobKeys), limits: limits))
+            self = .job(try EnqueueSpec(params, limits: limits))
         }
     }
 

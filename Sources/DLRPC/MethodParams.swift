@@ -20,15 +20,20 @@ public struct RPCLimits: Sendable {
 public protocol MethodParams: Sendable, Equatable {
     /// The names this method takes; any other is refused.
     static var keys: Set<String> { get }
+    /// The names these params may use: `keys`, unless the method has forms that each take
+    /// some of them (`enqueue`: a job, a batch or a group), when an error names the form's.
+    static func keys(of raw: [String: JSONValue]) -> Set<String>
     init(decoding params: Params, limits: RPCLimits) throws(DLError)
     /// The params as sent on the wire.
     var params: [String: JSONValue] { get }
 }
 
 extension MethodParams {
+    public static func keys(of raw: [String: JSONValue]) -> Set<String> { keys }
+
     /// Decodes a request's named params: unknown names first, then each param.
     public init(_ raw: [String: JSONValue], limits: RPCLimits = RPCLimits()) throws(DLError) {
-        try self.init(decoding: Params(raw, allowed: Self.keys), limits: limits)
+        try self.init(decoding: Params(raw, allowed: Self.keys(of: raw)), limits: limits)
     }
 }
 

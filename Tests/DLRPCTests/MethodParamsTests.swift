@@ -81,6 +81,23 @@ import Testing
         }
     }
 
+    /// A typo in an `enqueue` is answered with the names of the form it was in.
+    @Test func enqueueNamesTheFormsParams() {
+        for (raw, listed, unlisted) in [
+            (["url": "https://example.com/a", "priorty": 1] as [String: JSONValue], "checksum", "jobs"),
+            (["jobs": [["url": "https://example.com/a"]], "priorty": 1], "jobs", "checksum"),
+            (["group": ["name": "g", "dir": "/tmp/g"], "jobs": [], "priorty": 1], "encrypt_to", "checksum"),
+        ] {
+            do {
+                _ = try EnqueueParams(raw)
+                Issue.record("accepted \(raw)")
+            } catch {
+                let known = error.message.components(separatedBy: "this method takes: ").last ?? ""
+                #expect(known.contains(listed) && !known.contains(unlisted), "\(error.message)")
+            }
+        }
+    }
+
     /// One job's rules whatever the form: the same bad checksum gets the same words alone, in
     /// a batch and as a group member (the batch and the group also say which job).
     @Test func oneJobsRulesInEveryForm() {
