@@ -100,6 +100,10 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 // SIGHUP, for a reload of the config file.
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+            ],
+            // The dashboard's files, built into the binary: plain HTML, CSS and JavaScript.
+            resources: [
+                .embedInCode("Dashboard/index.html"), .embedInCode("Dashboard/app.css"), .embedInCode("Dashboard/app.js"),
             ]
         ),
         // Test origin server (deterministic bytes, Range, throttling, faults) and daemon launcher.

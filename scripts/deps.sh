@@ -15,6 +15,8 @@
 # implementation that decrypts the files dld encrypts at rest; fuse3 and libfuse3-dev (with cc
 # and pkg-config) for powercutfs (scripts/powercutfs.c), the FUSE filesystem the power-cut tests
 # build and mount to cut the power under dld (they fail, saying why, without it or /dev/fuse).
+# And a real browser for the dashboard's tests: Debian's chromium and chromium-driver, driven by
+# Selenium (python3-selenium, for Debian's /usr/bin/python3), without their recommends.
 set -euo pipefail
 missing=()
 [ -f /usr/include/sqlite3.h ] || missing+=(libsqlite3-dev)
@@ -36,7 +38,11 @@ command -v fusermount3 >/dev/null 2>&1 || tools_missing+=(fuse3)
 command -v pkg-config >/dev/null 2>&1 || tools_missing+=(pkg-config)
 command -v cc >/dev/null 2>&1 || tools_missing+=(gcc)
 command -v sqlite3 >/dev/null 2>&1 || tools_missing+=(sqlite3)
-[ ${#missing[@]} -eq 0 ] && [ -z "$postgres_missing" ] && [ ${#tools_missing[@]} -eq 0 ] && exit 0
+browser_missing=()
+command -v chromium >/dev/null 2>&1 || browser_missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || browser_missing+=(chromium-driver)
+/usr/bin/python3 -c 'import selenium' >/dev/null 2>&1 || browser_missing+=(python3-selenium)
+[ ${#missing[@]} -eq 0 ] && [ -z "$postgres_missing" ] && [ ${#tools_missing[@]} -eq 0 ] && [ ${#browser_missing[@]} -eq 0 ] && exit 0
 
 can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
 updated=
@@ -69,6 +75,15 @@ if [ ${#tools_missing[@]} -gt 0 ]; then
   else
     echo "note: ${tools_missing[*]} could not be installed here; dld builds without them, but the tests" >&2
     echo "      that start them will fail until they are: sudo apt-get install ${tools_missing[*]}" >&2
+  fi
+fi
+if [ ${#browser_missing[@]} -gt 0 ]; then
+  if can_install && { echo "installing ${browser_missing[*]} (the dashboard's browser tests)" >&2; \
+      apt_install --no-install-recommends "${browser_missing[@]}"; }; then
+    :
+  else
+    echo "note: ${browser_missing[*]} could not be installed here; the dashboard's browser tests will fail" >&2
+    echo "      until they are: sudo apt-get install --no-install-recommends ${browser_missing[*]}" >&2
   fi
 fi
 exit 0
