@@ -10,7 +10,10 @@ wall time. See docs/benchmarks.md.
 2. `openssl speed -evp sha256` at 16 KiB blocks: what the SHA-256 every job records costs
    per GiB on this machine's cores.
 3. 2000 × 16 KiB from nginx into a fresh ext4 (as the `small` part makes one), BENCH_CPU_RUNS
-   times with a fresh dld each: wall time and dld's CPU per file.
+   times with a fresh dld each: wall time and dld's CPU per file; and, where `perf` can put
+   uprobes (root), what dld did per file: `sqlite3_step` calls, `swift_task_switch` (thread
+   hops of Swift tasks), `swift_task_create`, and context switches. Counts move far less
+   than times on a busy machine, so they compare builds where times cannot.
 
 Figures only; nothing is asserted. Imported by scripts/bench.py.
 """
@@ -117,6 +120,48 @@ def one_big_file(work):
         print(f"  SHA-256 on one core: {rate / 1e9:.2f} GB/s, {SIZE / rate:.2f} s of CPU for {SIZE >> 20} MiB")
 
 
+PROBES = {
+    "probe_libsqlite3:sqlite3_step": ("/lib/x86_64-linux-gnu/libsqlite3.so.0", "sqlite3_step"),
+    "probe_libswift_Concurrency:swift_task_switch": ("libswift_Concurrency.so", "swift_task_switch"),
+    "probe_libswift_Concurrency:swift_task_create": ("libswift_Concurrency.so", "swift_task_create"),
+}
+
+
+def probes_ready(dld):
+    """Adds the uprobes `counting` reads, once; False where perf or root is missing."""
+    if os.geteuid() != 0 or shutil.which("perf") is None:
+        return False
+    have = subprocess.run(["perf", "probe", "-l"], capture_output=True, text=True).stdout
+    libs = subprocess.run(["ldd", dld], capture_output=True, text=True).stdout.split("\n")
+    for event, (library, function) in PROBES.items():
+        if event.split(":")[1] in have:
+            continue
+        path = next((line.split("=>")[1].split()[0] for line in libs if library.split("/")[-1].split(".so")[0] + ".so" in line
+                     and "=>" in line), library)
+        if subprocess.run(["perf", "probe", "-x", path, function], capture_output=True).returncode != 0:
+            return False
+    return True
+
+
+def counting(pid, out):
+    """`perf stat` of the probes and context switches on `pid`, written to `out` when stopped."""
+    return subprocess.Popen(["perf", "stat", "-x,", "-o", out, "-e", ",".join(list(PROBES) + ["context-switches"]),
+                             "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def counted(perf, out, files):
+    perf.send_signal(signal.SIGINT)
+    perf.wait(timeout=30)
+    names = {"sqlite3_step": "steps", "swift_task_switch": "task switches", "swift_task_create": "tasks",
+             "context-switches": "context switches"}
+    figures = []
+    for line in open(out):
+        parts = line.strip().split(",")
+        if len(parts) > 2 and parts[0][:1].isdigit():
+            figures.append(f"{float(parts[0]) / files:.1f} {names.get(parts[2].split(':')[-1], parts[2])}")
+    return ", ".join(figures) + " a file"
+
+
 def small_files(bin_dir, files=2000):
     point, cleanup, why = bench_many.fresh_filesystem(files, RUNS)
     work = tempfile.mkdtemp(prefix="dld-bench-cpu-", dir=point) if point else tempfile.mkdtemp(prefix="dld-bench-cpu-")
@@ -125,6 +170,7 @@ def small_files(bin_dir, files=2000):
     try:
         proc, origin, entries, _ = bench_many.small_origin(work, files)
         lists = bench_many.write_lists(work, entries)
+        probes = probes_ready(os.path.join(bin_dir, "dld"))
         try:
             print(f"  {files} × 16 KiB from {origin}" + (f" into a fresh ext4" if point else f" ({why})"))
             for i in range(RUNS):
@@ -133,6 +179,8 @@ def small_files(bin_dir, files=2000):
                 daemon = Daemon(base, os.path.join(base, "state"), dl)
                 daemon.start()
                 try:
+                    perf = counting(daemon.proc.pid, os.path.join(base, "perf.txt")) if probes else None
+                    time.sleep(0.3 if perf else 0)
                     own, start = process_cpu(daemon.proc.pid), time.monotonic()
                     done = subprocess.run([os.path.join(bin_dir, "dlctl"), "enqueue", "--socket", daemon.sock,
                                            "-i", lists["aria2.list"], "--wait", "-d", dl], stdout=subprocess.DEVNULL)
@@ -140,6 +188,8 @@ def small_files(bin_dir, files=2000):
                     cpu = process_cpu(daemon.proc.pid) - own
                     status = "ok" if done.returncode == 0 else f"dlctl exited {done.returncode}"
                     print(f"  … run {i + 1}: {wall:.3f} s, dld CPU {cpu:.2f} s, {cpu / files * 1000:.3f} ms a file  {status}")
+                    if perf:
+                        print(f"    {counted(perf, os.path.join(base, 'perf.txt'), files)}")
                 finally:
                     daemon.terminate(timeout=60)
                     shutil.rmtree(base, ignore_errors=True)
