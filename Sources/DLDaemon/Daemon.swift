@@ -97,12 +97,18 @@ public enum Daemon {
         let hooks = Reloadable(
             HookRunner(
                 onComplete: config.onComplete, onError: config.onError, timeout: .seconds(config.hookTimeout), logger: logger))
-        await engine.setOnFinished { hooks.value.finished($0) }
         let cache = URLCache.open(
             dir: config.cacheDir, policy: config.cachePolicy, engine: engine, hub: hub, downloader: downloader,
             sharedQueue: store.sharesQueue, logger: logger)
+        // Counts from here on, before the queue starts (docs/operations.md, "Metrics").
+        let metrics = Metrics(engine: engine, cache: cache)
+        await engine.setOnFinished {
+            hooks.value.finished($0)
+            metrics.finished($0)
+        }
+        await engine.setOnCommit { metrics.committed($0) }
         let service = DaemonService(
-            config: config, engine: engine, hub: hub, cache: cache, bootGuard: bootGuard, adoptedSocket: adopted,
+            config: config, engine: engine, hub: hub, cache: cache, metrics: metrics, bootGuard: bootGuard, adoptedSocket: adopted,
             notifier: SystemdNotifier(), hooks: hooks, current: Reloadable(config), reloadConfig: reload, logger: logger)
         // Services shut down in the reverse order of this list: `DaemonService` first (it stops
         // the transfers with their last checkpoints committed), then the loops, which would
@@ -254,6 +260,8 @@ struct DaemonService: Service, CustomStringConvertible {
     let hub: EventHub
     /// The URL cache (`get`).
     let cache: URLCache
+    /// What `GET /metrics` renders.
+    let metrics: Metrics
     let bootGuard: BootGuard
     /// The listening socket passed by systemd, if any (else dld binds `config.socket`).
     let adoptedSocket: Int32?

@@ -477,6 +477,12 @@ public actor URLCache {
         return stats
     }
 
+    /// Lookups answered from the cache and lookups that downloaded, since start: what the
+    /// metrics read at each scrape, without the index's totals that `stats` adds up.
+    public func lookups() -> (hits: Int, misses: Int) {
+        (hits, misses)
+    }
+
     /// The cached entries, least recently used first (`cache_list`).
     public func list() async throws(DLError) -> [(entry: CacheEntry, freshUntil: Date, held: Bool)] {
         let index = try requireIndex()

@@ -160,7 +160,7 @@ extension Engine {
     /// Starts the transfer of a job whose `running` row is committed, with up to `slots`
     /// connections to its host.
     func startTransfer(_ started: Job, slots: Int = 1, host: String? = nil, hostSlots: [String: Int]? = nil) {
-        let progress = TransferProgress(received: started.received, size: started.size)
+        let progress = TransferProgress(received: started.received, size: started.size, counter: receivedBytes)
         progress.connections = slots
         if !started.mirrors.isEmpty {
             let allowance = hostSlots ?? [URLRules.hostKey(started.url): slots]

@@ -147,6 +147,10 @@ public actor Engine {
     var claimFlushTask: Task<Void, Never>?
     /// Called after a job or group finishes (completed or failed), outside the serial queue.
     var onFinished: (@Sendable (FinishedNotice) -> Void)?
+    /// Called with how long each turn's transaction took (`flush`), for the daemon's metrics.
+    var onCommit: (@Sendable (Duration) -> Void)?
+    /// Bytes received by this engine's transfers since it started (the daemon's metrics read it).
+    public nonisolated let receivedBytes = ByteCounter()
     var recordingUnsynced = false
     var accepting = true
     private var busy = false
@@ -207,6 +211,12 @@ public actor Engine {
 
     public func setOnFinished(_ handler: @escaping @Sendable (FinishedNotice) -> Void) {
         onFinished = handler
+    }
+
+    /// `handler` is told how long each turn's transaction took, in the serial queue: it must
+    /// not block (the daemon records it in a histogram).
+    public func setOnCommit(_ handler: @escaping @Sendable (Duration) -> Void) {
+        onCommit = handler
     }
 
     // MARK: The serial queue
@@ -280,10 +290,13 @@ public actor Engine {
         pending = Pending()
         if batch.saves.contains(where: { $0.state == .waiting }) { wakeMayHaveChanged = true }
         let outcome: TurnOutcome
+        let committing = ContinuousClock.now
         do throws(DLError) {
             outcome = try await storage {
                 try await store.turn(saves: batch.saves, owned: batch.owned, owner: configuration.worker, claim: claim)
             }
+            // A turn with nothing to write or claim is no commit.
+            if let onCommit, claim != nil || !batch.saves.isEmpty { onCommit(ContinuousClock.now - committing) }
         } catch {
             // The claims are committed whatever became of the other rows.
             startTransfers(batch.launches)

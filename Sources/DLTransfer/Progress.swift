@@ -29,13 +29,19 @@ public final class TransferProgress: Sendable {
     /// Speed is measured over windows of this length.
     private static let window: Duration = .milliseconds(1000)
     private let state: Mutex<State>
+    /// Where the bytes this transfer receives are added up with every other's (metrics).
+    private let counter: ByteCounter?
 
-    public init(received: Int64, size: Int64?) {
+    /// `received` is where the transfer resumes: only the bytes past it are added to `counter`.
+    public init(received: Int64, size: Int64?, counter: ByteCounter? = nil) {
         state = Mutex(State(received: received, size: size, windowStart: .now, windowBytes: received))
+        self.counter = counter
     }
 
     public func update(received: Int64, size: Int64?) {
         state.withLock { s in
+            // A count that goes back started over: the bytes it receives again are counted again.
+            if received > s.received { counter?.add(received - s.received) }
             s.received = received
             s.size = size
             let now = ContinuousClock.now
@@ -130,3 +136,17 @@ public final class TransferProgress: Sendable {
 /// A transfer stopped before writing its body because no bulk slot was free (`Lanes`): its
 /// outcome is `stopped`, and its job waits in the queue.
 public struct TransferParked: Error, Sendable {}
+
+/// Bytes received by every transfer since the daemon started, for the metrics: one atomic add
+/// per update of a transfer's progress, and a read per scrape.
+public final class ByteCounter: Sendable {
+    private let value = Atomic<Int64>(0)
+
+    public init() {}
+
+    public func add(_ bytes: Int64) {
+        value.add(bytes, ordering: .relaxed)
+    }
+
+    public var total: Int64 { value.load(ordering: .relaxed) }
+}
