@@ -141,3 +141,26 @@ import Testing
         }
     }
 }
+
+/// What a transfer's progress adds to the daemon's count of received bytes (the metrics'
+/// `dld_downloaded_bytes_total`).
+@Suite struct ReceivedBytesTests {
+    @Test func countsGrowthPastTheResumeOffsetAndBytesReceivedAgain() {
+        let counter = ByteCounter()
+        // Resumed at 100: those bytes came with an earlier transfer.
+        let progress = TransferProgress(received: 100, size: 1000, counter: counter)
+        #expect(counter.total == 0)
+        progress.update(received: 150, size: 1000)
+        progress.update(received: 150, size: 1000)
+        #expect(counter.total == 50)
+        // Started over from 0 (the server ignored the range): what comes again counts again.
+        progress.update(received: 0, size: 1000)
+        #expect(counter.total == 50)
+        progress.update(received: 30, size: 1000)
+        #expect(counter.total == 80)
+        // Several transfers add to one counter.
+        let other = TransferProgress(received: 0, size: nil, counter: counter)
+        other.update(received: 20, size: nil)
+        #expect(counter.total == 100)
+    }
+}
