@@ -214,4 +214,31 @@ import Testing
         try? await origin.shutdown()
         await f.engine.shutdown()
     }
+
+    @Test func gaugesAndBytesMoveWhileATransferRuns() async throws {
+        let f = try await Fixture()
+        let origin = try await TestOrigin.start()
+        do {
+            try await f.engine.start()
+            // About two seconds at 200 000 bytes a second.
+            var spec = EnqueueSpec(url: origin.baseURL + "/bytes/400000?rate=200000")
+            spec.name = "slow.bin"
+            _ = try await f.engine.enqueue([spec])
+            let running = try await f.scrape { text in
+                text.value("dld_active_transfers") == 1 && (text.value("dld_downloaded_bytes_total") ?? 0) > 0
+            }
+            #expect(running.value("dld_active_transfers") == 1)
+            #expect(running.value("dld_jobs", ["state": "running"]) == 1)
+            // The counter moves with the bytes, not only when the file is done.
+            #expect((running.value("dld_downloaded_bytes_total") ?? 0) > 0)
+            #expect((running.value("dld_downloaded_bytes_total") ?? .infinity) < 400_000)
+            let done = try await f.scrape { ($0.value("dld_jobs_completed_total") ?? 0) >= 1 }
+            #expect(done.value("dld_active_transfers") == 0)
+            #expect(done.value("dld_downloaded_bytes_total") == 400_000)
+        } catch {
+            Issue.record(error)
+        }
+        try? await origin.shutdown()
+        await f.engine.shutdown()
+    }
 }
