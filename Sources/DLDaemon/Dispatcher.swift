@@ -119,6 +119,9 @@ public struct Dispatcher: Sendable {
         case .shutdown:
             _ = try NoParams(raw, limits: limits)
             return ["ok": true]
+        case .discover:
+            _ = try NoParams(raw, limits: limits)
+            return OpenRPC.document
         }
     }
 

@@ -376,3 +376,121 @@ public enum JobParamRules {
         }
     }
 }
+
+// MARK: - Schemas
+
+extension EnqueueParams {
+    /// The three forms: one job (its params), a batch (`jobs` alone), a group (`group` and `jobs`).
+    public static var schema: JSONValue {
+        let limits = RPCLimits()
+        let group = GroupEnqueue.schema(limits)
+        var properties = jobSchema(limits).objectValue?["properties"]?.objectValue ?? [:]
+        for (name, value) in group.objectValue?["properties"]?.objectValue ?? [:] where properties[name] == nil {
+            properties[name] = value
+        }
+        properties["jobs"] = Schema.array(Schema.any, minItems: 1, maxItems: limits.maxJobsPerEnqueue).described(
+            "Batch form: 1…\(limits.maxJobsPerEnqueue) objects, each with a job's params (jobs takes no other param); "
+                + "group form: the members {url, name or path, checksum, size, meta, mirrors}. All or nothing.")
+        let batch = Schema.object(
+            ["jobs": Schema.array(jobSchema(limits), minItems: 1, maxItems: limits.maxJobsPerEnqueue)], required: ["jobs"])
+        guard case .object(var schema) = Schema.object(properties) else { return Schema.any }
+        schema["oneOf"] = [jobSchema(limits), batch, group]
+        return .object(schema)
+    }
+
+    /// One job's params, alone or in `jobs`.
+    static func jobSchema(_ limits: RPCLimits) -> JSONValue {
+        var properties = JobParamRules.optionProperties
+        let more: [String: JSONValue] = [
+            "url": JobParamRules.urlSchema.described("Required. Absolute http or https URL with a host, at most 8192 bytes."),
+            "path": Schema.string().described("Absolute destination file. Not together with dir or name."),
+            "dir": Schema.string().described("Absolute destination folder (default: download_dir)."),
+            "name": Schema.string(minLength: 1).described("File name in dir: not empty, no /, not . or .. (default: from the URL)."),
+            "priority": JobParamRules.prioritySchema,
+            "key": Schema.string(minLength: 1).described(
+                "1…1024 bytes, unique among all jobs. If a job with this key exists it is returned with created: false."),
+            "meta": Schema.any.described("Kept with the job and returned as given; at most \(limits.maxMetaBytes) bytes once serialized."),
+            "headers": JobParamRules.headersSchema,
+            "overwrite": JobParamRules.overwriteSchema,
+            "paused": JobParamRules.pausedSchema,
+            "checksum": JobParamRules.checksumSchema,
+            "size": JobParamRules.sizeSchema,
+            "on_exists": Schema.names([ExistingFilePolicy.error.rawValue, ExistingFilePolicy.rename.rawValue]).described(
+                "What a taken name does: error (destination_exists) or rename (the first free `name (2).ext`, …); default error."),
+            "max_speed": JobParamRules.rateSchema.described("The job's own speed limit in bytes per second; 0: none (default)."),
+            "mirrors": JobParamRules.mirrorsSchema,
+        ]
+        properties.merge(more) { _, new in new }
+        return Schema.object(properties, required: ["url"])
+    }
+}
+
+extension GroupEnqueue {
+    /// `group`, its members as `jobs`, and the options every member has.
+    static func schema(_ limits: RPCLimits) -> JSONValue {
+        let member = Schema.object(
+            [
+                "url": JobParamRules.urlSchema.described("Required. The member's URL."),
+                "name": Schema.string(minLength: 1).described("A plain file name in the group's dir."),
+                "path": Schema.string(minLength: 1).described("A path relative to the group's dir (subfolders allowed, no ..)."),
+                "checksum": JobParamRules.checksumSchema,
+                "size": JobParamRules.sizeSchema,
+                "meta": Schema.any.described("Kept with the member and returned as given."),
+                "mirrors": JobParamRules.mirrorsSchema,
+            ], required: ["url"])
+        var properties = JobParamRules.optionProperties
+        let more: [String: JSONValue] = [
+            "group": Schema.object(
+                [
+                    "name": Schema.string(minLength: 1).described("1…1024 bytes."),
+                    "dir": Schema.string().described("Absolute folder; need not exist yet, its parent must."),
+                ], required: ["name", "dir"]
+            ).described("Group form: the group to create, {name, dir}."),
+            "jobs": Schema.array(member, minItems: 1, maxItems: limits.maxJobsPerEnqueue),
+            "priority": JobParamRules.prioritySchema,
+            "headers": JobParamRules.headersSchema,
+            "overwrite": JobParamRules.overwriteSchema,
+            "paused": JobParamRules.pausedSchema,
+        ]
+        properties.merge(more) { _, new in new }
+        return Schema.object(properties, required: ["group", "jobs"])
+    }
+}
+
+extension JobParamRules {
+    static let urlSchema = Schema.string(minLength: 1, maxLength: URLRules.maxLength)
+    static let rateSchema = Schema.integer(min: 0, max: 1 << 40)
+    static let prioritySchema = Schema.integer(min: -1000, max: 1000).described("−1000…1000; higher starts first (default 0).")
+    static let overwriteSchema = Schema.boolean.described("Replace an existing file at the destination (default false).")
+    static let pausedSchema = Schema.boolean.described("Create the job paused (default false).")
+    static let sizeSchema = Schema.integer(min: 0).described(
+        "The expected size: the server must announce it and the file must end there, else size_mismatch.")
+    static let checksumSchema = Schema.string(pattern: "^[A-Za-z0-9-]+:[0-9a-fA-F]+$").described(
+        "ALGO:HEX with ALGO sha256, sha512, sha1 or md5 and the right number of hex digits; the file must match.")
+    static let headersSchema = JSONValue.object([
+        "type": "object", "maxProperties": .int(Int64(RPCLimits().maxHeaders)),
+        "propertyNames": ["pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"],
+        "additionalProperties": ["type": "string", "pattern": #"^[^\r\n\x00]*$"#],
+    ]).described(
+        "Extra request headers, name → string value: at most 64, 8192 bytes in all; Host, Range, If-Range, "
+            + "Content-Length, Transfer-Encoding and Connection are refused (default {}).")
+    static let mirrorsSchema = Schema.array(urlSchema, maxItems: maxMirrors).described(
+        "Up to \(maxMirrors) more URLs of the same file, each checked as url is; none given twice.")
+
+    /// What a job and a group both take: TLS, `insecure`, `segments`, `metered`, `encrypt_to`.
+    static var optionProperties: [String: JSONValue] {
+        let recipient = Schema.string(pattern: "^age1[02-9ac-hj-np-z]+$")
+        return [
+            "insecure": Schema.boolean.described("Do not verify TLS certificates (default false)."),
+            "segments": Schema.integer(min: 1, max: 16).described(
+                "1…16: byte ranges of the file fetched at once when the server allows it (default: the config's segments)."),
+            "ca_file": Schema.string().described("Absolute path of a PEM file of certificates trusted for this job in addition to dld's."),
+            "ca_dir": Schema.string().described("The same with a folder of PEM certificate files."),
+            "client_cert": Schema.string().described("Absolute path of a PEM client certificate (chain); with client_key."),
+            "client_key": Schema.string().described("Absolute path of its unencrypted PEM private key; with client_cert."),
+            "metered": Schema.boolean.described("false: do not download while the connection is metered (default: the config's metered)."),
+            "encrypt_to": Schema.anyOf(recipient, Schema.array(recipient, minItems: 1, maxItems: 16)).described(
+                "One age X25519 recipient (age1…) or an array of 1…16: the file is encrypted to them and published as <name>.age."),
+        ]
+    }
+}

@@ -26,6 +26,18 @@ public protocol MethodParams: Sendable, Equatable {
     init(decoding params: Params, limits: RPCLimits) throws(DLError)
     /// The params as sent on the wire.
     var params: [String: JSONValue] { get }
+    /// The params object as a JSON Schema: exactly `keys` as its properties, each with its
+    /// type, range and meaning (docs/protocol.md's wording), for the OpenRPC document.
+    static var schema: JSONValue { get }
+}
+
+extension Schema {
+    /// The params of a method that takes exactly one of several: one `required` of each.
+    static func exactlyOne(_ properties: [String: JSONValue], of names: [String], required: [String] = []) -> JSONValue {
+        guard case .object(var schema) = object(properties, required: required) else { return object(properties) }
+        schema["oneOf"] = .array(names.map { ["required": [.string($0)]] })
+        return .object(schema)
+    }
 }
 
 extension MethodParams {
@@ -43,6 +55,7 @@ public struct NoParams: MethodParams {
     public init() {}
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {}
     public var params: [String: JSONValue] { [:] }
+    public static var schema: JSONValue { Schema.object([:]) }
 }
 
 /// `pause`, `resume`, `cancel`: which jobs.
@@ -57,6 +70,18 @@ public struct SelectionParams: MethodParams {
     }
 
     public var params: [String: JSONValue] { selection.params }
+
+    public static var schema: JSONValue { Schema.exactlyOne(properties, of: ["id", "ids", "all", "group"]) }
+
+    /// `id`, `ids`, `all`, `group`: exactly one of them.
+    static var properties: [String: JSONValue] {
+        [
+            "id": Schema.jobID.described("One job."),
+            "ids": Schema.array(Schema.jobID, minItems: 1).described("Several jobs."),
+            "all": Schema.constant(true).described("Every job."),
+            "group": Schema.groupReference.described("Every member of a group (id or name)."),
+        ]
+    }
 }
 
 extension JobSelection {
@@ -99,6 +124,28 @@ public struct RemoveParams: MethodParams {
     public var target: Target
 
     public init(_ target: Target) { self.target = target }
+
+    /// A selection (with `delete_file`), or `finished`/`failed` (with `older_than`).
+    public static var schema: JSONValue {
+        var properties = SelectionParams.properties
+        properties["delete_file"] = Schema.boolean.described("Also delete the file of a completed job (default false).")
+        properties["finished"] = Schema.boolean.described("Completed and canceled standalone jobs (instead of a selection).")
+        properties["failed"] = Schema.boolean.described("Failed standalone jobs (instead of a selection).")
+        properties["older_than"] = Schema.integer(min: 0, max: Int64(Int32.max)).described(
+            "Only jobs that finished at least this many seconds ago (with finished or failed).")
+        let byAgeNames: [JSONValue] = ["finished", "failed", "older_than"]
+        let selection: [JSONValue] = ["id", "ids", "all", "group"].map {
+            ["required": [.string($0)], "not": ["anyOf": .array(byAgeNames.map { ["required": [$0]] })]]
+        }
+        let chosen: [JSONValue] = ["finished", "failed"].map { ["properties": [$0: ["const": true]], "required": [.string($0)]] }
+        let byAge: JSONValue = [
+            "anyOf": .array(chosen),
+            "not": ["anyOf": .array(["delete_file", "id", "ids", "all", "group"].map { ["required": [.string($0)]] })],
+        ]
+        guard case .object(var schema) = Schema.object(properties) else { return Schema.object(properties) }
+        schema["oneOf"] = .array(selection + [byAge])
+        return .object(schema)
+    }
 
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {
         guard params.has("finished") || params.has("failed") || params.has("older_than") else {
@@ -147,6 +194,15 @@ public struct StatusParams: MethodParams {
 
     public init(_ target: Target) { self.target = target }
 
+    public static var schema: JSONValue {
+        Schema.exactlyOne(
+            [
+                "id": Schema.jobID.described("One job; the result is the job object itself."),
+                "ids": Schema.array(Schema.jobID, minItems: 1).described("Several jobs; the result is {jobs}, in the order given."),
+                "group": Schema.groupReference.described("A group (id or name); the result is {group, jobs}."),
+            ], of: ["id", "ids", "group"])
+    }
+
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {
         switch try params.selection() {
         case .ids(let ids) where params.has("id"): target = .job(ids[0])
@@ -179,6 +235,17 @@ public struct ListParams: MethodParams {
         self.group = group
         self.limit = limit
         self.afterID = afterID
+    }
+
+    public static var schema: JSONValue {
+        let state = Schema.names(JobState.allCases.map(\.rawValue))
+        return Schema.object([
+            "state": Schema.anyOf(state, Schema.array(state)).described("Only jobs in these states (default: all states)."),
+            "limit": Schema.integer(min: 1, max: Int64(RPCLimits().maxListLimit)).described(
+                "Page size (default 1000); a page holds at most \(RPCLimits().maxPage) jobs whatever the limit."),
+            "after_id": Schema.integer(min: 0).described("Only jobs with a larger id (default 0)."),
+            "group": Schema.groupReference.described("Only the members of this group (one page, next_after_id null)."),
+        ])
     }
 
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {
@@ -225,6 +292,10 @@ public struct QueueParams: MethodParams {
 
     public init(paused: Bool?) { self.paused = paused }
 
+    public static var schema: JSONValue {
+        Schema.object(["paused": Schema.boolean.described("true pauses, false restarts; omitted, only reports.")])
+    }
+
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {
         paused = try params.bool("paused")
     }
@@ -243,6 +314,15 @@ public struct SubscribeParams: MethodParams {
         self.ids = ids
         self.group = group
         self.since = since
+    }
+
+    public static var schema: JSONValue {
+        Schema.object([
+            "ids": Schema.array(Schema.jobID).described("Only events of these jobs (default: all)."),
+            "group": Schema.groupReference.described("Only events of this group and its members (default: all)."),
+            "since": Schema.integer(min: 0).described(
+                "First replay the numbered events after this one that are still kept (the last 10000), in order."),
+        ])
     }
 
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {
@@ -285,6 +365,17 @@ public struct SetSpeedParams: MethodParams {
         self.maxSpeed = maxSpeed
     }
 
+    public static var schema: JSONValue {
+        Schema.exactlyOne(
+            [
+                "id": Schema.jobID.described("A job: its own limit, kept in its row. Not a completed or canceled job."),
+                "global": Schema.constant(true).described("The limit shared by all transfers."),
+                "max_speed": Schema.nullable(JobParamRules.rateSchema).described(
+                    "Required. Bytes per second, 0 for no limit; with global, null goes back to the config file's max_speed "
+                        + "and speed_schedule; with id, null is the same as 0."),
+            ], of: ["id", "global"], required: ["max_speed"])
+    }
+
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {
         guard params.values.keys.contains("max_speed") else {
             throw .invalidParams(
@@ -321,6 +412,20 @@ public struct ChangeParams: MethodParams {
         self.headers = headers
     }
 
+    public static var schema: JSONValue {
+        guard
+            case .object(var schema) = Schema.object(
+                [
+                    "id": Schema.jobID.described("Required. A job that is not completed or canceled."),
+                    "url": JobParamRules.urlSchema.described("The new URL; checked as at enqueue."),
+                    "headers": JobParamRules.headersSchema.described(
+                        "The new headers, name → value, checked as at enqueue; they replace all the job's headers ({} removes them)."),
+                ], required: ["id"])
+        else { return Schema.any }
+        schema["anyOf"] = [["required": ["url"]], ["required": ["headers"]]]
+        return .object(schema)
+    }
+
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {
         guard let id = try params.int("id", in: 1...Int64.max) else { throw .invalidParams("missing param \"id\"") }
         self.id = id
@@ -349,6 +454,14 @@ public struct GetParams: MethodParams {
         self.pin = pin
     }
 
+    public static var schema: JSONValue {
+        Schema.object(
+            [
+                "url": JobParamRules.urlSchema.described("Required. An absolute http or https URL (checked as at enqueue)."),
+                "pin": Schema.boolean.described("Keep the copy whatever the cache's budgets, until unpin (default false)."),
+            ], required: ["url"])
+    }
+
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {
         url = try params.requiredString("url")
         pin = try params.bool("pin") ?? false
@@ -363,6 +476,12 @@ public struct UnpinParams: MethodParams {
     public var url: String
 
     public init(url: String) { self.url = url }
+
+    public static var schema: JSONValue {
+        Schema.object(
+            ["url": Schema.string().described("Required. A URL given to get (any spelling with the same normalized form).")],
+            required: ["url"])
+    }
 
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {
         url = try params.requiredString("url")
