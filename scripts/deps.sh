@@ -17,7 +17,22 @@
 # build and mount to cut the power under dld (they fail, saying why, without it or /dev/fuse).
 # And a real browser for the dashboard's tests: Debian's chromium and chromium-driver, driven by
 # Selenium (python3-selenium, for Debian's /usr/bin/python3), without their recommends.
+#
+# And Python's `jsonschema` for the python3 on PATH (pinned, from PyPI with that python3's pip;
+# Debian's python3-jsonschema where pip may not install): scripts/check-openrpc.py checks real
+# replies against the OpenRPC document of `rpc.discover` with it.
 set -euo pipefail
+jsonschema_version=4.26.0
+if ! python3 -c 'import jsonschema' >/dev/null 2>&1; then
+  echo "installing jsonschema==$jsonschema_version (for scripts/check-openrpc.py)" >&2
+  if ! python3 -m pip install -q "jsonschema==$jsonschema_version" >&2; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-jsonschema >/dev/null || true
+    fi
+  fi
+  python3 -c 'import jsonschema' >/dev/null 2>&1 ||
+    echo "note: python3 cannot import jsonschema; the OpenRPC end-to-end test will fail until it can: python3 -m pip install jsonschema==$jsonschema_version" >&2
+fi
 missing=()
 [ -f /usr/include/sqlite3.h ] || missing+=(libsqlite3-dev)
 [ -f /usr/include/openssl/evp.h ] || missing+=(libssl-dev)
