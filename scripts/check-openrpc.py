@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import SchemaError, best_match
 
 
 def main(folder: Path) -> int:
@@ -33,6 +33,9 @@ def main(folder: Path) -> int:
 
     def check(schema, value, what):
         for error in sorted(validator(schema).iter_errors(value), key=lambda e: list(e.absolute_path)):
+            # anyOf/oneOf: the branch's own error that fits best, not the whole instance.
+            if error.context:
+                error = best_match(error.context)
             path = "/".join(str(p) for p in error.absolute_path)
             failures.append(f"{what}: at /{path}: {error.message[:300]}")
 
