@@ -108,3 +108,30 @@ import Testing
         }
     }
 }
+
+/// Each method's errors in the document (`RPCMethod.errors`) are the ones its section of
+/// docs/protocol.md names after "Errors: "; a method whose section names none has none of its own.
+@Suite struct MethodErrorsTests {
+    static func backticked<S: StringProtocol>(_ text: S) -> [String] {
+        text.split(separator: "`", omittingEmptySubsequences: false).enumerated().filter { $0.offset % 2 == 1 }.map { String($0.element) }
+    }
+
+    @Test func eachMethodsErrorsAreTheDocs() throws {
+        let text = try RPCMethodTests.protocolText()
+        let start = try #require(text.range(of: "\n## Methods\n")).upperBound
+        let end = try #require(text.range(of: "\n## Errors\n")).lowerBound
+        let codes = Set(DLError.Code.allCases.map(\.rawValue))
+        var documented: [RPCMethod: Set<String>] = [:]
+        for section in text[start..<end].components(separatedBy: "\n### ").dropFirst() {
+            let methods = Self.backticked(section.prefix { $0 != "\n" }).compactMap(RPCMethod.init(rawValue:))
+            guard let errors = section.range(of: "Errors: ") else { continue }
+            let rest = section[errors.upperBound...]
+            let sentence = rest[..<(rest.range(of: #"\.(\s|$)"#, options: .regularExpression)?.lowerBound ?? rest.endIndex)]
+            for method in methods { documented[method] = Set(Self.backticked(sentence)).intersection(codes) }
+        }
+        #expect(documented.count >= 10, "\(documented)")
+        for method in RPCMethod.allCases {
+            #expect(Set(method.errors.map(\.rawValue)) == documented[method] ?? [], "\(method.rawValue)")
+        }
+    }
+}
