@@ -246,10 +246,23 @@ public enum FilesColumn: Int, TableColumns {
 }
 
 extension FilesColumn {
-    /// The rows a cancel changed (as `RETURNING \(list)` gives them, in any order): their ids in
-    /// order, and the files the cancel deletes, in the same order.
-    public static func canceled(_ rows: [Row]) -> (ids: [JobID], files: [String]) {
-        let rows = rows.sorted { $0.id < $1.id }
-        return (rows.map(\.id), rows.compactMap(\.files.fileDeletedOnCancel))
+    /// The rows a cancel changed, taken one at a time as `RETURNING \(list)` gives them (in any
+    /// order): their ids, and the files the cancel deletes. Only those are kept, not the rows:
+    /// a cancel of 100 000 jobs must not hold 100 000 paths at once.
+    public struct Canceled {
+        private var ids: [JobID] = []
+        private var files: [(id: JobID, path: String)] = []
+
+        public init() {}
+
+        public mutating func add(_ row: Row) {
+            ids.append(row.id)
+            if let file = row.files.fileDeletedOnCancel { files.append((row.id, file)) }
+        }
+
+        /// The ids in order, and the files in the same order.
+        public var result: (ids: [JobID], files: [String]) {
+            (ids.sorted(), files.sorted { $0.id < $1.id }.map(\.path))
+        }
     }
 }

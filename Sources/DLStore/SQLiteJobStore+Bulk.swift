@@ -88,8 +88,11 @@ extension SQLiteJobStore {
             var files: [String] = []
             if command == .cancel {
                 // What a canceled job leaves on disk goes: read back with the rows.
-                (changed, files) = FilesColumn.canceled(
-                    try Self.rows(FilesColumn.self, db.makeStatement(sql: update + FilesColumn.list), arguments: arguments))
+                var canceled = FilesColumn.Canceled()
+                try Self.each(FilesColumn.self, db.makeStatement(sql: update + FilesColumn.list), arguments: arguments) {
+                    canceled.add($0)
+                }
+                (changed, files) = canceled.result
             } else {
                 changed = try JobID.fetchAll(db, sql: update + "id", arguments: arguments).sorted()
             }

@@ -41,8 +41,11 @@ extension PostgresJobStore {
             var files: [String] = []
             if command == .cancel {
                 // What a canceled job leaves on disk goes: read back with the rows.
-                (changed, files) = FilesColumn.canceled(
-                    try await connection.rows(binds.query(update + FilesColumn.list), logger: logger).map(FilesColumn.decode))
+                var canceled = FilesColumn.Canceled()
+                for row in try await connection.rows(binds.query(update + FilesColumn.list), logger: logger) {
+                    canceled.add(try FilesColumn.decode(row))
+                }
+                (changed, files) = canceled.result
             } else {
                 changed = try await connection.rows(binds.query(update + "id"), logger: logger).map { try $0.decode(Int64.self) }.sorted()
             }
