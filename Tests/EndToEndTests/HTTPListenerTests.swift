@@ -343,8 +343,13 @@ struct WebDaemon {
         garbage.send("\u{1}\u{2} GARBAGE \r\n\r\n")
         #expect(try RawResponse(garbage.receiveAll()).status == 400)
         // Connections beyond max_connections: refused with 503 while the others stay open.
-        let held = try (0..<8).map { _ in try RawConnection(port: web.port) }
-        usleep(200_000)
+        // Each held one is answered once first, so that dld has counted it before the next.
+        let held = try (0..<8).map { _ in
+            let connection = try RawConnection(port: web.port)
+            connection.send("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(web.port)\r\n\r\n")
+            _ = connection.receive()
+            return connection
+        }
         let extra = try RawConnection(port: web.port)
         #expect(try RawResponse(extra.receiveAll()).status == 503)
         withExtendedLifetime(held) {}
