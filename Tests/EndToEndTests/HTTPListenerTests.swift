@@ -471,3 +471,20 @@ extension HTTPListenerTests {
         _ = try RawWebSocket(port: web.port, token: try web.token, origin: "http://127.0.0.1:\(web.port)")
     }
 }
+
+extension HTTPListenerTests {
+    /// `dlctl web` prints the login URL, which logs in.
+    @Test func dlctlWebPrintsTheLoginURL() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let out = try web.daemon.dlctl(["web", "--state-dir", web.daemon.stateDir, "--no-open"])
+        #expect(out.status == 0, "\(out.stderr)")
+        let url = out.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(url == "http://127.0.0.1:\(web.port)/login?token=\(try web.token)")
+        let path = String(url.dropFirst("http://127.0.0.1:\(web.port)".count))
+        #expect(try web.request("GET", path, auth: false).status == 303)
+        web.daemon.stop()
+        let stopped = try web.daemon.dlctl(["web", "--state-dir", web.daemon.stateDir, "--no-open"])
+        #expect(stopped.status == 69, "no http-url once dld stopped")
+    }
+}
