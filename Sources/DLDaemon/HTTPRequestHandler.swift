@@ -23,6 +23,9 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
     private var deadline: Scheduled<Void>?
     /// Whether the client keeps the connection for another request.
     private var keepAlive = true
+    /// A request is being answered (a `get` may wait minutes for its download): the client is
+    /// waiting for us, not idle.
+    private var answering = false
 
     init(listener: HTTPListener) { self.listener = listener }
 
@@ -56,7 +59,7 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let idle = event as? IdleStateHandler.IdleStateEvent, idle == .read {
-            context.close(promise: nil)
+            if !answering { context.close(promise: nil) }
             return
         }
         context.fireUserInboundEventTriggered(event)
@@ -190,12 +193,14 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
         let line = Data(body.readableBytesView)
         body.clear()
         let dispatcher = listener.dispatcher
+        answering = true
         let promise = context.eventLoop.makePromise(of: Dispatcher.Reply.self)
         promise.completeWithTask { await dispatcher.handle(line: line) }
         let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
         let onShutdown = listener.onShutdown
         promise.futureResult.whenSuccess { reply in
             let (handler, context) = bound.value
+            handler.answering = false
             var data = reply.data
             if let subscription = reply.subscription {
                 let error = RPCResponse(
