@@ -51,6 +51,16 @@ public struct HTTPAddress: Sendable, Equatable {
 
     /// The host as a URL or a Host header writes it.
     public var hostInURL: String { host.contains(":") ? "[\(host)]" : host }
+
+    /// Where this machine reaches the listener: loopback for a wildcard address (0.0.0.0, ::),
+    /// which is not an address to connect to.
+    public var localHostInURL: String {
+        switch host {
+        case "0.0.0.0": return "127.0.0.1"
+        case "::": return "[::1]"
+        default: return hostInURL
+        }
+    }
 }
 
 /// The token that requests must carry: 32 random bytes in hex, made at the first start and kept

@@ -71,7 +71,7 @@ public final class HTTPListener: Sendable {
                     token: token, maxBodyBytes: config.maxLineBytes, maxConnections: config.maxConnections,
                     readTimeout: .seconds(30)),
                 dispatcher: dispatcher, hub: hub, logger: logger, onShutdown: onShutdown,
-                url: "\(tls == nil ? "http" : "https")://\(boundAddress.hostInURL):\(port)/", urlFile: urlFile)
+                url: "\(tls == nil ? "http" : "https")://\(boundAddress.localHostInURL):\(port)/", urlFile: urlFile)
             do {
                 bound = try await candidate.bind(host: boundAddress.host, port: port, tls: tls)
                 listener = candidate

@@ -488,3 +488,39 @@ extension HTTPListenerTests {
         #expect(stopped.status == 69, "no http-url once dld stopped")
     }
 }
+
+extension HTTPListenerTests {
+    /// With http_cert and http_key, dld listens beyond loopback over TLS; the URL it writes is
+    /// one this machine can open, and the login cookie is Secure.
+    @Test func tlsBeyondLoopback() throws {
+        let daemon = try DaemonHarness()
+        let ca = try TestCA.make(in: daemon.root + "/ca")
+        let files = try ca.issue("web")
+        try "http_cert = \"\(files.certificatePath)\"\nhttp_key = \"\(files.keyPath)\"\n".write(
+            toFile: daemon.root + "/web.toml", atomically: true, encoding: .utf8)
+        daemon.extraArguments += ["--config", daemon.root + "/web.toml"]
+        let port = try freePort()
+        daemon.httpListen = "0.0.0.0:\(port)"
+        try daemon.start()
+        defer { daemon.stop() }
+        let url = try String(contentsOfFile: daemon.stateDir + "/http-url", encoding: .utf8)
+        #expect(url == "https://127.0.0.1:\(port)/\n")
+        let token = try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8).trimmingCharacters(
+            in: .whitespacesAndNewlines)
+        let version = try runProgram(
+            "/usr/bin/curl",
+            [
+                "-s", "--cacert", ca.certificatePath, "-H", "Authorization: Bearer \(token)", "-H", "Content-Type: application/json",
+                "-d", #"{"jsonrpc":"2.0","id":1,"method":"version"}"#, "https://127.0.0.1:\(port)/rpc",
+            ])
+        #expect(version.status == 0, "\(version.stderr)")
+        #expect(try JSONValue.parse(Data(version.stdout.utf8))["result"]?["protocol"] != nil, "\(version.stdout)")
+        let login = try runProgram(
+            "/usr/bin/curl",
+            ["-s", "-D", "-", "-o", "/dev/null", "--cacert", ca.certificatePath, "https://127.0.0.1:\(port)/login?token=\(token)"])
+        #expect(login.stdout.contains("HttpOnly; SameSite=Strict; Path=/; Secure"), "\(login.stdout)")
+        // Plain HTTP on the TLS port gets nowhere.
+        let plain = try runProgram("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(port)/"])
+        #expect(plain.stdout != "401" && plain.stdout != "200", "\(plain.stdout)")
+    }
+}
