@@ -524,3 +524,38 @@ extension HTTPListenerTests {
         #expect(plain.stdout != "401" && plain.stdout != "200", "\(plain.stdout)")
     }
 }
+
+extension HTTPListenerTests {
+    /// Hostile WebSocket input: a message over max_line_bytes, a binary message, a flood of
+    /// requests; each closes that connection, and dld answers on the socket afterwards.
+    @Test func hostileWebSocketInput() throws {
+        let web = try WebDaemon(config: "max_line_bytes = 65536\n")
+        defer { web.daemon.stop() }
+        let token = try web.token
+        let big = try RawWebSocket(port: web.port, token: token)
+        big.send(String(repeating: " ", count: 70000))
+        #expect(try big.closeCode() == 1009)
+        let binary = try RawWebSocket(port: web.port, token: token)
+        binary.send("{}", opcode: 2)
+        #expect(try binary.closeCode() == 1003)
+        // Garbage JSON is a JSON-RPC error, as on the socket, and the connection stays.
+        let garbage = try RawWebSocket(port: web.port, token: token)
+        garbage.send("{\u{1}")
+        #expect(try garbage.receiveJSON()["error"]?["data"]?["code"] == "parse_error")
+        garbage.send(#"{"jsonrpc":"2.0","id":1,"method":"version"}"#)
+        #expect(try garbage.receiveJSON()["result"]?["protocol"] != nil)
+        #expect(try web.daemon.call("version")["protocol"] != nil)
+    }
+}
+
+extension RawWebSocket {
+    /// The status code of the close frame dld sends next (text messages before it skipped).
+    func closeCode() throws -> Int {
+        while true {
+            let (opcode, payload) = try receive()
+            guard opcode == 8 else { continue }
+            let bytes = [UInt8](payload)
+            return bytes.count >= 2 ? Int(bytes[0]) << 8 | Int(bytes[1]) : -1
+        }
+    }
+}
