@@ -559,3 +559,25 @@ extension RawWebSocket {
         }
     }
 }
+
+extension HTTPListenerTests {
+    /// Wrong tokens in a row are answered ever more slowly (50 ms, doubled each time), and the
+    /// wait holds no one else: a request with the token is answered at once meanwhile.
+    @Test func wrongTokensAreSlowedForThemOnly() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let wrong = [("Authorization", "Bearer " + String(repeating: "f", count: 64))]
+        for _ in 0..<5 { #expect(try web.request("GET", "/", headers: wrong).status == 401) }
+        // The sixth waits about 1.6 s.
+        let slow = try RawConnection(port: web.port)
+        let started = Date()
+        slow.send("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(web.port)\r\nAuthorization: Bearer \(String(repeating: "f", count: 64))\r\n\r\n")
+        usleep(100_000)
+        let quick = Date()
+        #expect(try web.request("GET", "/").status == 200)
+        #expect(Date().timeIntervalSince(quick) < 1, "a request with the token waited for the slowed one")
+        #expect(try RawResponse(slow.receiveAll()).status == 401)
+        #expect(Date().timeIntervalSince(started) > 1.2, "the sixth wrong token in a row was not slowed")
+        #expect(web.daemon.log.contains("failures_in_a_row=6"))
+    }
+}
