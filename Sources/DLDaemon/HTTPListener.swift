@@ -58,6 +58,7 @@ public final class HTTPListener: Sendable {
                     + "or http_allow_insecure = true if a TLS proxy is in front; the token would otherwise cross the network in clear")
         }
         let token = try HTTPToken.loadOrCreate(stateDir: config.stateDir)
+        let readTimeout = testReadTimeout(logger: logger) ?? .seconds(30)
         // The default address tries its neighbours; one that was asked for is that one or none.
         let ports = explicit || address.port != HTTPAddress.defaultPort ? address.port...address.port : HTTPAddress.defaultPorts
         var bound: (any Channel)?
@@ -69,7 +70,7 @@ public final class HTTPListener: Sendable {
                 settings: Settings(
                     policy: HostPolicy(address: boundAddress, tls: tls != nil, extraHosts: Set(config.httpHosts ?? [])),
                     token: token, maxBodyBytes: config.maxLineBytes, maxConnections: config.maxConnections,
-                    readTimeout: .seconds(30)),
+                    readTimeout: readTimeout),
                 dispatcher: dispatcher, hub: hub, logger: logger, onShutdown: onShutdown,
                 url: "\(tls == nil ? "http" : "https")://\(boundAddress.localHostInURL):\(port)/", urlFile: urlFile)
             do {
@@ -111,6 +112,19 @@ public final class HTTPListener: Sendable {
         self.onShutdown = onShutdown
         self.url = url
         self.urlFile = urlFile
+    }
+
+    /// For tests only: `DLD_TEST_HTTP_TIMEOUT=<seconds>` replaces the 30 s of the read timeout
+    /// and the request deadline, so that slow clients are shown cut off in a second. Not a
+    /// setting: it is logged as a warning when set.
+    static func testReadTimeout(logger: Logger) -> TimeAmount? {
+        guard let text = ProcessInfo.processInfo.environment["DLD_TEST_HTTP_TIMEOUT"] else { return nil }
+        guard let seconds = Double(text), seconds.isFinite, seconds > 0, seconds <= 3600 else {
+            logger.warning("DLD_TEST_HTTP_TIMEOUT is not a number of seconds; ignored", metadata: ["value": "\(text.prefix(40))"])
+            return nil
+        }
+        logger.warning("test hook: the HTTP read timeout is changed", metadata: ["seconds": "\(seconds)"])
+        return .milliseconds(Int64(seconds * 1000))
     }
 
     static func tlsContext(_ config: DaemonConfig) throws -> NIOSSLContext? {

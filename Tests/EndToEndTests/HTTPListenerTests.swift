@@ -581,3 +581,77 @@ extension HTTPListenerTests {
         #expect(web.daemon.log.contains("failures_in_a_row=6"))
     }
 }
+
+extension HTTPListenerTests {
+    /// Slow clients (with the read timeout at 1 s through DLD_TEST_HTTP_TIMEOUT): a silent
+    /// connection is closed, a body that drips in slower than the deadline is cut off, and a
+    /// silent WebSocket is pinged, kept while it answers, and closed when it does not.
+    @Test func slowClientsAreCutOff() throws {
+        let daemon = try DaemonHarness()
+        daemon.extraEnvironment["DLD_TEST_HTTP_TIMEOUT"] = "1"
+        let port = try freePort()
+        daemon.httpListen = "127.0.0.1:\(port)"
+        try daemon.start()
+        defer { daemon.stop() }
+        let token = try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8).trimmingCharacters(
+            in: .whitespacesAndNewlines)
+        var started = Date()
+        let silent = try RawConnection(port: port)
+        #expect(silent.receiveAll().isEmpty)
+        #expect(Date().timeIntervalSince(started) < 5, "a silent connection stayed open")
+
+        started = Date()
+        let drip = try RawConnection(port: port)
+        drip.send(
+            "POST /rpc HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nAuthorization: Bearer \(token)\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        var open = true
+        while open && Date().timeIntervalSince(started) < 10 {
+            usleep(300_000)
+            open = drip.send(Data(" ".utf8))
+        }
+        #expect(Date().timeIntervalSince(started) < 5, "a dripping body was not cut off")
+
+        let socket = try RawWebSocket(port: port, token: token)
+        let (opcode, _) = try socket.receive()
+        #expect(opcode == 9, "a silent WebSocket is pinged")
+        socket.send("", opcode: 10)
+        let (again, _) = try socket.receive()
+        #expect(again == 9, "a WebSocket that answered is pinged again, not closed")
+        started = Date()
+        var closed = false
+        while !closed && Date().timeIntervalSince(started) < 10 {
+            guard let frame = try? socket.receive() else { break }
+            closed = frame.opcode == 8
+        }
+        #expect(closed, "a WebSocket that did not answer its ping was not closed")
+        #expect(try daemon.call("version")["protocol"] != nil)
+    }
+}
+
+extension HTTPListenerTests {
+    /// A `get` that waits for its download longer than the read timeout (1 s here) still gets
+    /// its reply: a connection waiting for an answer is not idle.
+    @Test func aSlowAnswerIsNotIdle() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness()
+            daemon.extraEnvironment["DLD_TEST_HTTP_TIMEOUT"] = "1"
+            let port = try freePort()
+            daemon.httpListen = "127.0.0.1:\(port)"
+            try daemon.start()
+            defer { daemon.stop() }
+            let token = try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8)
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+            let started = Date()
+            let body = #"{"jsonrpc":"2.0","id":1,"method":"get","params":{"url":"\#(origin.baseURL)/bytes/8000?rate=3000"}}"#
+            let connection = try RawConnection(port: port, timeout: 30)
+            connection.send(
+                "POST /rpc HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nAuthorization: Bearer \(token)\r\nContent-Type: application/json\r\n"
+                    + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
+            let response = try RawResponse(connection.receiveAll())
+            #expect(response.status == 200)
+            #expect(try JSONValue.parse(response.body)["result"]?["path"] != nil, "\(response.text)")
+            #expect(Date().timeIntervalSince(started) > 1.5, "the download should outlast the read timeout")
+        }
+    }
+}
