@@ -98,6 +98,10 @@ let package = Package(
                 "DLCore", "DLJobTable", "DLEngine", "DLStore", "DLStorePostgres", "DLTransfer", "DLRPC", "CDLSystem",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                // The HTTP listener (POST /rpc, GET /ws), with TLS beyond loopback.
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOWebSocket", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 // SIGHUP, for a reload of the config file.

@@ -90,6 +90,16 @@ public struct DaemonConfig: Sendable, Equatable {
     public var cacheMaxBytes: Int64 = CachePolicy.defaultMaxBytes
     public var cacheMaxAge: Double = CachePolicy.defaultMaxAgeUnused
     public var cacheDefaultMaxAge: Double = CachePolicy.defaultDefaultMaxAge
+    /// The HTTP listener (POST /rpc, GET /ws): an address `host:port`, "" for none; nil: the
+    /// default, 127.0.0.1:6802 or the next free port up to 6811 (`HTTPListenerSettings`).
+    public var httpListen: String?
+    /// Host names besides the listener's own that requests may name (a reverse proxy's).
+    public var httpHosts: [String]?
+    /// TLS for the listener: a PEM certificate chain and its unencrypted PEM key.
+    public var httpCert: String?
+    public var httpKey: String?
+    /// Whether the listener may serve beyond loopback without TLS (behind a TLS proxy, say).
+    public var httpAllowInsecure = false
     /// The file that was read, if any.
     public var configFile: String?
 
@@ -153,6 +163,9 @@ public struct DaemonConfig: Sendable, Equatable {
         }
         if (clientCert == nil) != (clientKey == nil) {
             throw DaemonError("\(path): client_cert and client_key go together; give both or neither")
+        }
+        if (httpCert == nil) != (httpKey == nil) {
+            throw DaemonError("\(path): http_cert and http_key go together; give both or neither")
         }
         configFile = path
     }
@@ -260,6 +273,20 @@ public struct DaemonConfig: Sendable, Equatable {
         ConfigKey(
             "no_proxy", \.noProxy, .restart, "Hosts reached directly, instead of the environment's no_proxy.", parse: { try $0.string() },
             render: { $0.noProxy.map(TOMLText.quote) }),
+        // Printed only when set: unset, a busy default port moves on to the next free one.
+        ConfigKey(
+            "http_listen", \.httpListen, .restart, "The HTTP listener's address, host:port; \"\" for none.",
+            parse: { try $0.httpListen() }, render: { $0.httpListen.map(TOMLText.quote) }),
+        ConfigKey(
+            "http_hosts", \.httpHosts, .restart, "Host names besides the listener's own that requests may name.",
+            parse: { try $0.hostNames() }, render: { $0.httpHosts.map(TOMLText.array) }),
+        .tlsPath("http_cert", \.httpCert, .restart, "The HTTP listener's TLS certificate chain (PEM).") {
+            TLSFileCheck.certificates($0, what: "HTTP certificate")
+        },
+        .tlsPath("http_key", \.httpKey, .restart, "The HTTP listener's unencrypted TLS key (PEM).") {
+            TLSFileCheck.privateKey($0, what: "HTTP key")
+        },
+        .bool("http_allow_insecure", \.httpAllowInsecure, .restart, "Whether HTTP may listen beyond loopback without TLS."),
     ]
 
     /// The names, in the table's order, for messages.
@@ -374,6 +401,31 @@ extension ConfigValue {
         switch SpeedSchedule.parse(try string()) {
         case .success(let schedule): return schedule
         case .failure(let error): throw DaemonError("\(key): \(error.description)")
+        }
+    }
+
+    /// `host:port` with an IP address (or localhost), checked now; "" turns the listener off.
+    func httpListen() throws -> String {
+        let text = try string()
+        if text.isEmpty { return text }
+        do {
+            _ = try HTTPAddress.parse(text)
+        } catch {
+            throw DaemonError("\(key): \(error)")
+        }
+        return text
+    }
+
+    /// Names a Host header may carry: a DNS name or an address, with or without `:port`.
+    func hostNames() throws -> [String] {
+        guard case .array(let items) = value else { throw DaemonError("\(key) must be an array of host names") }
+        return try items.map {
+            guard case .string(let s) = $0, (1...255).contains(s.utf8.count),
+                s.unicodeScalars.allSatisfy({
+                    $0.isASCII && (CharacterSet.alphanumerics.contains($0) || "-.:[]".unicodeScalars.contains($0))
+                })
+            else { throw DaemonError("\(key) must be an array of host names (letters, digits, '-', '.', and :port)") }
+            return s.lowercased()
         }
     }
 

@@ -216,45 +216,11 @@ public final class ControlServer: Sendable {
         }
     }
 
-    /// The connection as an event stream: the answer with the current sequence number, then
-    /// the missed events after `since` from the table, then live events, until the client goes.
+    /// The connection as an event stream (`Dispatcher.stream`), each message a line.
     private func stream(_ subscription: Dispatcher.Subscription, to outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>) async throws {
-        // Subscribe before reading the table, so that nothing falls between replay and live.
-        let (token, live) = hub.subscribe(subscription.filter)
-        defer { hub.unsubscribe(token) }
-        let last = try await dispatcher.engine.lastEventSeq()
-        let answer = RPCResponse(id: subscription.id, result: .success(["seq": .int(last)]))
-        try await outbound.write(Self.line(answer.json.serialized()))
-        if let since = subscription.since, since < last {
-            for event in try await dispatcher.engine.events(after: since) where event.seq <= last {
-                guard subscription.filter.matches(job: event.jobID, group: event.groupID) else { continue }
-                try await outbound.write(Self.line(Self.notification(event)))
-            }
-        }
-        var delivered = last
-        for await item in live {
-            let data: Data
-            switch item {
-            case .stored(let event):
-                guard event.seq > delivered else { continue }
-                delivered = event.seq
-                data = Self.notification(event)
-            case .progress(let params):
-                data = RPCRequest(method: "job.progress", params: params.objectValue ?? [:]).json.serialized()
-            }
-            try await outbound.write(Self.line(data))
-        }
-        if hub.didOverflow(token) {
-            // Cut off rather than silently missing an event: say so, then end the stream.
-            let note = RPCRequest(
-                method: "events.overflow", params: ["message": "this subscriber fell too far behind; subscribe again with since"])
-            try? await outbound.write(Self.line(note.json.serialized()))
-            outbound.finish()
-        }
-    }
-
-    private static func notification(_ event: StoredEvent) -> Data {
-        RPCRequest(method: event.kind.rawValue, params: JobJSON.encodeEvent(event).objectValue ?? [:]).json.serialized()
+        let overflowed = try await dispatcher.stream(subscription, from: hub) { try await outbound.write(Self.line($0)) }
+        // Cut off after the overflow notice: the client resubscribes with `since`.
+        if overflowed { outbound.finish() }
     }
 
     /// SO_PEERCRED: the uid of the process at the other end, checked against ours.

@@ -288,17 +288,28 @@ struct DaemonService: Service, CustomStringConvertible {
         let hangups = await UnixSignalsSequence(trapping: .sighup)
         let dispatcher = Dispatcher(engine: engine, cache: cache)
         let cache = self.cache
-        let server = ControlServer(path: config.socket, dispatcher: dispatcher, hub: hub, limits: Self.limits(config), logger: logger) {
+        // A `shutdown` request, on the socket or over HTTP.
+        let shutdown: @Sendable () -> Void = {
             // A `get` waiting for its download holds its connection open: it must end, or
             // serving (which waits for every connection) would never end. A hop: this handler
             // cannot wait, and the same call after serving makes sure it has happened.
             Task { await cache.shutdown() }
             closer.withLock { $0?.close(promise: nil) }
         }
+        let server = ControlServer(
+            path: config.socket, dispatcher: dispatcher, hub: hub, limits: Self.limits(config), logger: logger, onShutdown: shutdown)
         let channel = try await server.bind(adopting: adoptedSocket)
         closer.withLock { $0 = channel.channel }
         // The socket file of an adopted socket is systemd's: it stays for the next start.
         defer { if adoptedSocket == nil { unlink(config.socket) } }
+        let http: HTTPListener?
+        do {
+            http = try await HTTPListener.start(config: config, dispatcher: dispatcher, hub: hub, logger: logger, onShutdown: shutdown)
+        } catch {
+            channel.channel.close(promise: nil)
+            throw error
+        }
+        defer { http?.close() }
         // Read before the queue starts, so that no job starts on a metered connection that it
         // may not use; changes are reported once the queue runs.
         let metered = MeteredMonitor(logger: logger)
@@ -367,6 +378,8 @@ struct DaemonService: Service, CustomStringConvertible {
         if stopping.exchange(true, ordering: .relaxed) == false {
             notifier.notify("STOPPING=1", "STATUS=stopping: checkpointing transfers")
         }
+        // Serving has ended: the HTTP clients go now too, not after the transfers are synced.
+        http?.close()
         logger.info("stopping: checkpointing transfers")
         await cache.shutdown()
         // Syncing the transfers' bytes can outlast TimeoutStopSec on a slow disk: systemd is

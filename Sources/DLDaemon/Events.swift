@@ -97,3 +97,45 @@ public final class EventHub: Sendable {
         }
     }
 }
+
+extension Dispatcher {
+    /// An event stream, the same on the socket and on a WebSocket: the answer with the current
+    /// sequence number, then the missed events after `since` from the table, then live events,
+    /// each as one JSON-RPC message given to `write`, until the task is cancelled (the client
+    /// went) or the subscriber fell too far behind. Returns whether it fell behind (the last
+    /// message said so; the caller then ends the connection).
+    func stream(_ subscription: Subscription, from hub: EventHub, write: (Data) async throws -> Void) async throws -> Bool {
+        // Subscribe before reading the table, so that nothing falls between replay and live.
+        let (token, live) = hub.subscribe(subscription.filter)
+        defer { hub.unsubscribe(token) }
+        let last = try await engine.lastEventSeq()
+        try await write(RPCResponse(id: subscription.id, result: .success(["seq": .int(last)])).json.serialized())
+        if let since = subscription.since, since < last {
+            for event in try await engine.events(after: since) where event.seq <= last {
+                guard subscription.filter.matches(job: event.jobID, group: event.groupID) else { continue }
+                try await write(Self.notification(event))
+            }
+        }
+        var delivered = last
+        for await item in live {
+            switch item {
+            case .stored(let event):
+                guard event.seq > delivered else { continue }
+                delivered = event.seq
+                try await write(Self.notification(event))
+            case .progress(let params):
+                try await write(RPCRequest(method: "job.progress", params: params.objectValue ?? [:]).json.serialized())
+            }
+        }
+        guard hub.didOverflow(token) else { return false }
+        // Cut off rather than silently missing an event: say so, then end the stream.
+        let note = RPCRequest(
+            method: "events.overflow", params: ["message": "this subscriber fell too far behind; subscribe again with since"])
+        try? await write(note.json.serialized())
+        return true
+    }
+
+    private static func notification(_ event: StoredEvent) -> Data {
+        RPCRequest(method: event.kind.rawValue, params: JobJSON.encodeEvent(event).objectValue ?? [:]).json.serialized()
+    }
+}

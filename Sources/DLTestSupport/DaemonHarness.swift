@@ -161,8 +161,13 @@ public final class DaemonHarness: @unchecked Sendable {
 
     public var arguments: [String] {
         (defaultSocket ? [] : ["--socket", socket])
-            + ["--state-dir", stateDir, "--download-dir", downloadDir, "--log-level", "debug"] + extraArguments
+            + ["--state-dir", stateDir, "--download-dir", downloadDir, "--log-level", "debug"]
+            + (httpListen.map { ["--http-listen", $0] } ?? []) + extraArguments
     }
+
+    /// `--http-listen`: none ("") unless a test asks, so that the daemons of tests run in
+    /// parallel do not take the default ports (6802…6811) from each other; nil: the config's.
+    public var httpListen: String? = ""
 
     /// The environment for dld and dlctl: no user config file, no stray DLD_SOCKET.
     public var environment: [String: String] {

@@ -14,7 +14,7 @@ struct DLCtl: ParsableCommand {
         version: "dlctl \(DLDVersion.current) (protocol \(DLDVersion.protocolVersion))",
         subcommands: [
             Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self,
-            Speed.self, SetURL.self, Get.self, Unpin.self, CacheList.self, Version.self, Shutdown.self,
+            Speed.self, SetURL.self, Get.self, Unpin.self, CacheList.self, Version.self, Shutdown.self, Web.self,
         ])
 
     /// The options of every command are taken before the command too, as git and systemctl

@@ -26,6 +26,8 @@ struct ConfigOptions: ParsableArguments {
     @Option(name: .customLong("max-active"), help: "Transfers at once (1 = strictly one at a time).") var maxActive: Int?
     @Option(help: "Config file (default: $XDG_CONFIG_HOME/dld/config.toml).") var config: String?
     @Option(name: .customLong("log-level"), help: "trace, debug, info, notice, warning, error or critical.") var logLevel: String?
+    @Option(name: .customLong("http-listen"), help: "The HTTP listener's address, host:port; \"\" for none (default 127.0.0.1:6802).")
+    var httpListen: String?
 
     /// Defaults, then the config file, then these flags.
     func effective() throws -> DaemonConfig {
@@ -43,6 +45,16 @@ struct ConfigOptions: ParsableArguments {
             if let maxActive {
                 guard (1...64).contains(maxActive) else { throw ValidationError("--max-active must be from 1 to 64") }
                 effective.maxActive = maxActive
+            }
+            if let httpListen {
+                if !httpListen.isEmpty {
+                    do {
+                        _ = try HTTPAddress.parse(httpListen)
+                    } catch {
+                        throw ValidationError("--http-listen: \(error)")
+                    }
+                }
+                effective.httpListen = httpListen
             }
             if let logLevel {
                 guard let level = Logger.Level(rawValue: logLevel) else {

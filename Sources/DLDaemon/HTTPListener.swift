@@ -1,0 +1,286 @@
+import DLCore
+import DLRPC
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
+import NIOWebSocket
+import Synchronization
+
+/// The HTTP listener: the same JSON-RPC as the socket, for a browser or a remote client
+/// (docs/protocol.md, "Transports"), behind a token, Host and Origin checks, and TLS beyond
+/// loopback. Every request goes through the socket's `Dispatcher`.
+public final class HTTPListener: Sendable {
+    /// What every connection is served with.
+    struct Settings: Sendable {
+        let policy: HostPolicy
+        let token: String
+        let maxBodyBytes: Int
+        let maxConnections: Int
+        /// A connection silent this long is closed; a request must be whole within it too.
+        let readTimeout: TimeAmount
+    }
+
+    let settings: Settings
+    let dispatcher: Dispatcher
+    let hub: EventHub
+    let logger: Logger
+    let throttle = AuthThrottle()
+    let onShutdown: @Sendable () -> Void
+    private let server: Mutex<(any Channel)?> = Mutex(nil)
+    /// The open connections, closed with the listener.
+    private let children = Mutex<[ObjectIdentifier: any Channel]>([:])
+    /// The URL served, as written to `<state_dir>/http-url`.
+    public let url: String
+    private let urlFile: String
+
+    /// Binds the listener of `config` (nil when `http_listen` is ""), writes its URL to
+    /// `<state_dir>/http-url`; throws a `DaemonError` that says why it cannot.
+    static func start(
+        config: DaemonConfig, dispatcher: Dispatcher, hub: EventHub, logger: Logger, onShutdown: @escaping @Sendable () -> Void
+    ) async throws -> HTTPListener? {
+        let urlFile = config.stateDir + "/http-url"
+        unlink(urlFile)
+        if config.httpListen == "" { return nil }
+        let explicit = config.httpListen != nil
+        let address: HTTPAddress
+        do {
+            address = try config.httpListen.map(HTTPAddress.parse) ?? .default
+        } catch {
+            throw DaemonError("http_listen: \(error)")
+        }
+        let tls = try tlsContext(config)
+        if !address.isLoopback && tls == nil && !config.httpAllowInsecure {
+            throw DaemonError(
+                "http_listen \(address.hostInURL):\(address.port) is beyond loopback: set http_cert and http_key (TLS), "
+                    + "or http_allow_insecure = true if a TLS proxy is in front; the token would otherwise cross the network in clear")
+        }
+        let token = try HTTPToken.loadOrCreate(stateDir: config.stateDir)
+        let readTimeout = testReadTimeout(logger: logger) ?? .seconds(30)
+        // The default address tries its neighbours; one that was asked for is that one or none.
+        let ports = explicit || address.port != HTTPAddress.defaultPort ? address.port...address.port : HTTPAddress.defaultPorts
+        var bound: (any Channel)?
+        var listener: HTTPListener?
+        var boundAddress = address
+        for port in ports {
+            boundAddress.port = port
+            let candidate = HTTPListener(
+                settings: Settings(
+                    policy: HostPolicy(address: boundAddress, tls: tls != nil, extraHosts: Set(config.httpHosts ?? [])),
+                    token: token, maxBodyBytes: config.maxLineBytes, maxConnections: config.maxConnections,
+                    readTimeout: readTimeout),
+                dispatcher: dispatcher, hub: hub, logger: logger, onShutdown: onShutdown,
+                url: "\(tls == nil ? "http" : "https")://\(boundAddress.localHostInURL):\(port)/", urlFile: urlFile)
+            do {
+                bound = try await candidate.bind(host: boundAddress.host, port: port, tls: tls)
+                listener = candidate
+                break
+            } catch let error as IOError where error.errnoCode == EADDRINUSE {
+                if ports.count == 1 {
+                    throw DaemonError(
+                        "http_listen \(boundAddress.hostInURL):\(port): the port is in use; choose another, or \"\" for no HTTP listener")
+                }
+                logger.info("HTTP port in use; trying the next", metadata: ["port": "\(port)"])
+            } catch {
+                throw DaemonError("http_listen \(boundAddress.hostInURL):\(port): \(error)")
+            }
+        }
+        guard let bound, let listener else {
+            throw DaemonError(
+                "the HTTP ports \(ports.lowerBound)…\(ports.upperBound) are all in use; set http_listen to a free address, or \"\" for none"
+            )
+        }
+        listener.server.withLock { $0 = bound }
+        try listener.writeURLFile()
+        if boundAddress.port != address.port {
+            logger.notice("HTTP port \(address.port) was in use; took the next free one", metadata: ["url": "\(listener.url)"])
+        }
+        logger.info("HTTP listening", metadata: ["url": "\(listener.url)", "tls": "\(tls != nil)"])
+        return listener
+    }
+
+    private init(
+        settings: Settings, dispatcher: Dispatcher, hub: EventHub, logger: Logger, onShutdown: @escaping @Sendable () -> Void, url: String,
+        urlFile: String
+    ) {
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.hub = hub
+        self.logger = logger
+        self.onShutdown = onShutdown
+        self.url = url
+        self.urlFile = urlFile
+    }
+
+    /// For tests only: `DLD_TEST_HTTP_TIMEOUT=<seconds>` replaces the 30 s of the read timeout
+    /// and the request deadline, so that slow clients are shown cut off in a second. Not a
+    /// setting: it is logged as a warning when set.
+    static func testReadTimeout(logger: Logger) -> TimeAmount? {
+        guard let text = ProcessInfo.processInfo.environment["DLD_TEST_HTTP_TIMEOUT"] else { return nil }
+        guard let seconds = Double(text), seconds.isFinite, seconds > 0, seconds <= 3600 else {
+            logger.warning("DLD_TEST_HTTP_TIMEOUT is not a number of seconds; ignored", metadata: ["value": "\(text.prefix(40))"])
+            return nil
+        }
+        logger.warning("test hook: the HTTP read timeout is changed", metadata: ["seconds": "\(seconds)"])
+        return .milliseconds(Int64(seconds * 1000))
+    }
+
+    static func tlsContext(_ config: DaemonConfig) throws -> NIOSSLContext? {
+        guard let certFile = config.httpCert, let keyFile = config.httpKey else { return nil }
+        do {
+            let chain = try NIOSSLCertificate.fromPEMFile(certFile).map { NIOSSLCertificateSource.certificate($0) }
+            let key = try NIOSSLPrivateKey(file: keyFile, format: .pem)
+            return try NIOSSLContext(configuration: .makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(key)))
+        } catch {
+            throw DaemonError("http_cert/http_key: cannot use \(certFile) and \(keyFile): \(error)")
+        }
+    }
+
+    private func bind(host: String, port: Int, tls: NIOSSLContext?) async throws -> any Channel {
+        try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.backlog, value: 128)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelInitializer { [self] channel in
+                channel.eventLoop.makeCompletedFuture { try self.initialize(channel, tls: tls) }
+            }
+            .bind(host: host, port: port).get()
+    }
+
+    /// Each connection: counted against the limit, then TLS, timeouts, HTTP with its error
+    /// handling (a malformed request or an oversized head gets a 400 and the connection ends).
+    private func initialize(_ channel: any Channel, tls: NIOSSLContext?) throws {
+        let id = ObjectIdentifier(channel)
+        let open = children.withLock { children -> Int in
+            children[id] = channel
+            return children.count
+        }
+        channel.closeFuture.whenComplete { [self] _ in _ = children.withLock { $0.removeValue(forKey: id) } }
+        let sync = channel.pipeline.syncOperations
+        guard open <= settings.maxConnections else {
+            logger.warning("HTTP connection refused: too many open connections", metadata: ["limit": "\(settings.maxConnections)"])
+            try sync.addHandler(Refuser())
+            return
+        }
+        if let tls { try sync.addHandler(NIOSSLServerHandler(context: tls)) }
+        try sync.addHandler(IdleStateHandler(readTimeout: settings.readTimeout))
+        // The same checks as every request, before the upgrade (`UpgradeGate`).
+        let upgrader = NIOWebSocketServerUpgrader(
+            maxFrameSize: settings.maxBodyBytes, automaticErrorHandling: true,
+            shouldUpgrade: { [self] channel, head in
+                channel.eventLoop.makeSucceededFuture(self.admitsUpgrade(head) ? HTTPHeaders() : nil)
+            },
+            upgradePipelineHandler: { [self] channel, _ in
+                channel.eventLoop.makeCompletedFuture {
+                    // Fragments are joined into one message up to the same size as a body.
+                    try channel.pipeline.syncOperations.addHandler(
+                        NIOWebSocketFrameAggregator(
+                            minNonFinalFragmentSize: 1, maxAccumulatedFrameCount: 1024, maxAccumulatedFrameSize: self.settings.maxBodyBytes)
+                    )
+                    try channel.pipeline.syncOperations.addHandler(WebSocketHandler(listener: self))
+                }
+            })
+        var limits = NIOHTTPDecoderLimitConfiguration()
+        limits.maxHeaderListSize = Self.maxHeaderBytes
+        limits.maxHeaderFieldSize = Self.maxHeaderBytes
+        limits.maxHeaderFieldCount = 100
+        try sync.configureHTTPServerPipeline(
+            withPipeliningAssistance: true,
+            withServerUpgrade: (
+                upgraders: [upgrader],
+                completionHandler: { context in
+                    context.pipeline.removeHandler(name: Self.requestHandlerName, promise: nil)
+                    context.pipeline.removeHandler(name: Self.gateName, promise: nil)
+                }
+            ),
+            withErrorHandling: true, withOutboundHeaderValidation: true, withEncoderConfiguration: .init(),
+            withDecoderLimitConfiguration: limits)
+        let upgradeHandler = try sync.handler(type: HTTPServerUpgradeHandler.self)
+        try sync.addHandler(UpgradeGate(listener: self), name: Self.gateName, position: .before(upgradeHandler))
+        try sync.addHandler(HTTPRequestHandler(listener: self), name: Self.requestHandlerName)
+    }
+
+    static let requestHandlerName = "dld-http"
+    static let gateName = "dld-upgrade-gate"
+    /// A request's head at most (the request line and headers): far more than a browser sends.
+    static let maxHeaderBytes = 32 << 10
+
+    /// Whether a request may become a WebSocket: /ws, for this listener, from no other origin,
+    /// with the token.
+    func admitsUpgrade(_ head: HTTPRequestHead) -> Bool {
+        guard head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first == "/ws",
+            let host = head.headers.first(name: "host"), settings.policy.allows(host: host)
+        else { return false }
+        if let origin = head.headers.first(name: "origin"), !settings.policy.allows(origin: origin, host: host) { return false }
+        return HTTPRequestHandler.credential(head, token: settings.token) == .valid
+    }
+
+    private func writeURLFile() throws {
+        let temporary = urlFile + ".new"
+        unlink(temporary)
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw DaemonError("cannot write \(temporary): \(String(cString: strerror(errno)))") }
+        let line = url + "\n"
+        _ = line.withCString { Glibc.write(fd, $0, strlen($0)) }
+        Glibc.close(fd)
+        guard rename(temporary, urlFile) == 0 else { throw DaemonError("cannot write \(urlFile): \(String(cString: strerror(errno)))") }
+    }
+
+    /// Stops listening and closes every connection (event streams included).
+    public func close() {
+        unlink(urlFile)
+        server.withLock { $0?.close(promise: nil) }
+        for channel in children.withLock({ Array($0.values) }) { channel.close(promise: nil) }
+    }
+}
+
+/// Lets only admitted requests reach the WebSocket upgrader: NIO's upgrader answers a refusal
+/// with an error and no reply, so a request that may not upgrade loses its `Upgrade` header
+/// here and goes on to `HTTPRequestHandler` as a plain request, which answers it with the
+/// reason (401, 403, 421), wrong tokens slowed down as anywhere else.
+private final class UpgradeGate: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias InboundOut = HTTPServerRequestPart
+
+    let listener: HTTPListener
+
+    init(listener: HTTPListener) { self.listener = listener }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if case .head(var head) = unwrapInboundIn(data), head.headers.contains(name: "upgrade"), !listener.admitsUpgrade(head) {
+            head.headers.remove(name: "upgrade")
+            context.fireChannelRead(wrapInboundOut(.head(head)))
+            return
+        }
+        context.fireChannelRead(data)
+    }
+}
+
+/// A connection beyond the limit: one 503 and the end, whatever it sent.
+private final class Refuser: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private var refused = false
+
+    // The handler may be added before or after the connection becomes active.
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { refuse(context) }
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        refuse(context)
+    }
+
+    private func refuse(_ context: ChannelHandlerContext) {
+        guard !refused else { return }
+        refused = true
+        let text =
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n"
+        let channel = context.channel
+        context.writeAndFlush(wrapOutboundOut(ByteBuffer(string: text))).whenComplete { _ in channel.close(promise: nil) }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {}
+}

@@ -1,0 +1,657 @@
+import DLRPC
+import DLTestSupport
+import Foundation
+import Testing
+
+/// A free TCP port on 127.0.0.1 at this moment (bound to port 0 and released).
+func freePort() throws -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw HarnessError("socket failed") }
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let ok = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+            bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+        }
+    }
+    guard ok else { throw HarnessError("bind failed") }
+    return Int(UInt16(bigEndian: address.sin_port))
+}
+
+/// A listening socket on 127.0.0.1:`port` (to make the port busy), or nil if it is busy already.
+func occupy(port: Int) -> Int32? {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { return nil }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = UInt16(port).bigEndian
+    let ok = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+    }
+    guard ok, listen(fd, 8) == 0 else {
+        close(fd)
+        return nil
+    }
+    return fd
+}
+
+/// A blocking TCP connection to 127.0.0.1, for raw HTTP and WebSocket bytes.
+final class RawConnection {
+    let fd: Int32
+
+    init(port: Int, timeout: Int = 10) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw HarnessError("socket failed") }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = UInt16(port).bigEndian
+        var limit = timeval(tv_sec: timeout, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, socklen_t(MemoryLayout<timeval>.size))
+        let ok = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
+        guard ok else {
+            close(fd)
+            throw HarnessError("connect to \(port) failed: \(String(cString: strerror(errno)))")
+        }
+    }
+
+    deinit { close(fd) }
+
+    /// Writes all of it; false when the peer closed first (a refused upload).
+    @discardableResult
+    func send(_ data: Data) -> Bool {
+        data.withUnsafeBytes { raw in
+            var offset = 0
+            while offset < raw.count {
+                let n = Glibc.send(fd, raw.baseAddress.map { $0 + offset }, raw.count - offset, Int32(MSG_NOSIGNAL))
+                if n <= 0 { return false }
+                offset += n
+            }
+            return true
+        }
+    }
+
+    func send(_ text: String) { send(Data(text.utf8)) }
+
+    /// Some bytes, or empty at the end (or the timeout).
+    func receive() -> Data {
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        let n = recv(fd, &buffer, buffer.count, 0)
+        return n > 0 ? Data(buffer[0..<n]) : Data()
+    }
+
+    /// Everything until the peer closes.
+    func receiveAll() -> Data {
+        var all = Data()
+        while true {
+            let part = receive()
+            if part.isEmpty { return all }
+            all.append(part)
+        }
+    }
+}
+
+/// An HTTP response as read off the wire.
+struct RawResponse {
+    var status: Int
+    var headers: [(String, String)]
+    var body: Data
+
+    func header(_ name: String) -> String? { headers.first { $0.0.lowercased() == name.lowercased() }?.1 }
+    var text: String { String(decoding: body, as: UTF8.self) }
+
+    /// Parses what a `Connection: close` exchange returned.
+    init(_ data: Data) throws {
+        guard let split = data.firstRange(of: Data("\r\n\r\n".utf8)) else {
+            throw HarnessError("no HTTP response: \(String(decoding: data.prefix(300), as: UTF8.self))")
+        }
+        let head = String(decoding: data[..<split.lowerBound], as: UTF8.self).components(separatedBy: "\r\n")
+        let statusLine = head.first?.split(separator: " ") ?? []
+        guard statusLine.count >= 2, let code = Int(statusLine[1]) else { throw HarnessError("bad status line \(head.first ?? "")") }
+        status = code
+        headers = head.dropFirst().compactMap { line in
+            guard let colon = line.firstIndex(of: ":") else { return nil }
+            return (String(line[..<colon]), line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces))
+        }
+        body = Data(data[split.upperBound...])
+    }
+}
+
+/// A daemon with its HTTP listener on a free port, and requests to it.
+struct WebDaemon {
+    let daemon: DaemonHarness
+    let port: Int
+
+    init(config: String? = nil) throws {
+        daemon = try DaemonHarness(config: config)
+        port = try freePort()
+        daemon.httpListen = "127.0.0.1:\(port)"
+        try daemon.start()
+    }
+
+    var token: String {
+        get throws {
+            try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+    }
+
+    /// One request on a fresh connection (`Connection: close`); headers as given, Host and
+    /// Authorization added unless given.
+    func request(
+        _ method: String, _ path: String, body: Data = Data(), headers: [(String, String)] = [], auth: Bool = true
+    ) throws -> RawResponse {
+        var all = headers
+        if !all.contains(where: { $0.0.lowercased() == "host" }) { all.append(("Host", "127.0.0.1:\(port)")) }
+        if auth, !all.contains(where: { $0.0.lowercased() == "authorization" }) { all.append(("Authorization", "Bearer \(try token)")) }
+        all.append(("Content-Length", "\(body.count)"))
+        all.append(("Connection", "close"))
+        let connection = try RawConnection(port: port)
+        var message = Data("\(method) \(path) HTTP/1.1\r\n".utf8)
+        for (name, value) in all { message.append(Data("\(name): \(value)\r\n".utf8)) }
+        message.append(Data("\r\n".utf8))
+        message.append(body)
+        connection.send(message)
+        return try RawResponse(connection.receiveAll())
+    }
+
+    /// A JSON-RPC request over POST /rpc.
+    func rpc(_ json: String, headers: [(String, String)] = [("Content-Type", "application/json")]) throws -> RawResponse {
+        try request("POST", "/rpc", body: Data(json.utf8), headers: headers)
+    }
+
+    /// The same line on the socket, its one reply line.
+    func socketReply(_ json: String) throws -> String {
+        let client = RPCClient(socketPath: daemon.socket)
+        defer { client.close() }
+        try client.sendLine(Data(json.utf8))
+        return String(decoding: try client.readLine(), as: UTF8.self)
+    }
+}
+
+@Suite(.serialized) struct HTTPListenerTests {
+    /// The URL served is written to <state_dir>/http-url (0600), with the token beside it.
+    @Test func writesItsURLAndToken() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let url = try String(contentsOfFile: web.daemon.stateDir + "/http-url", encoding: .utf8)
+        #expect(url == "http://127.0.0.1:\(web.port)/\n")
+        for file in ["http-url", "http-token"] {
+            let mode = try FileManager.default.attributesOfItem(atPath: web.daemon.stateDir + "/" + file)[.posixPermissions] as? Int
+            #expect(mode == 0o600, "\(file)")
+        }
+        #expect(try web.token.count == 64)
+    }
+
+    /// The token stays the same across restarts (a bookmarked login keeps working).
+    @Test func theTokenIsKept() throws {
+        let daemon = try DaemonHarness()
+        daemon.httpListen = "127.0.0.1:\(try freePort())"
+        try daemon.start()
+        let first = try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8)
+        daemon.stop()
+        daemon.httpListen = "127.0.0.1:\(try freePort())"
+        try daemon.start()
+        defer { daemon.stop() }
+        #expect(try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8) == first)
+    }
+
+    /// An explicit port that is busy stops dld at start with a message; so does an address
+    /// beyond loopback without TLS.
+    @Test func startUpErrors() throws {
+        let port = try freePort()
+        let fd = try #require(occupy(port: port))
+        defer { close(fd) }
+        let busy = try DaemonHarness()
+        busy.httpListen = "127.0.0.1:\(port)"
+        #expect(throws: HarnessError.self) { try busy.start() }
+        busy.stop()
+        #expect(busy.log.contains("dld: http_listen 127.0.0.1:\(port): the port is in use"), "\(busy.log)")
+
+        let open = try DaemonHarness()
+        open.httpListen = "0.0.0.0:\(try freePort())"
+        #expect(throws: HarnessError.self) { try open.start() }
+        open.stop()
+        #expect(open.log.contains("is beyond loopback: set http_cert and http_key"), "\(open.log)")
+    }
+
+    /// With no http_listen, a busy 6802 moves on to the next free port, logged and in http-url.
+    @Test func theDefaultPortMovesOn() throws {
+        let held = occupy(port: 6802)
+        defer { if let held { close(held) } }
+        let daemon = try DaemonHarness()
+        daemon.httpListen = nil
+        try daemon.start()
+        defer { daemon.stop() }
+        let url = try String(contentsOfFile: daemon.stateDir + "/http-url", encoding: .utf8)
+        let port = try #require(Int(url.split(separator: ":").last?.prefix { $0.isNumber } ?? ""), "\(url)")
+        #expect((6803...6811).contains(port), "\(url)")
+        #expect(daemon.log.contains("HTTP port 6802 was in use"), "\(daemon.log)")
+        let response = try RawResponse(
+            {
+                let connection = try RawConnection(port: port)
+                connection.send("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nConnection: close\r\n\r\n")
+                return connection.receiveAll()
+            }())
+        #expect(response.status == 401)
+    }
+
+    /// POST /rpc answers as the socket does: the same bytes for the same request line.
+    @Test func rpcAnswersAsTheSocket() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let requests = [
+            #"{"jsonrpc":"2.0","id":1,"method":"version"}"#,
+            #"{"jsonrpc":"2.0","id":"s","method":"stats"}"#,
+            #"{"jsonrpc":"2.0","id":2,"method":"list","params":{"limit":5}}"#,
+            #"{"jsonrpc":"2.0","id":3,"method":"status","params":{"id":99}}"#,
+            #"{"jsonrpc":"2.0","id":4,"method":"nope"}"#,
+            #"[{"jsonrpc":"2.0","id":"a","method":"version"},{"jsonrpc":"2.0","method":"stats"}]"#,
+            #"{"jsonrpc":"2.0","id":5"#,
+        ]
+        for line in requests {
+            let response = try web.rpc(line)
+            #expect(response.status == 200, "\(line): \(response.text)")
+            #expect(response.header("content-type") == "application/json")
+            #expect(response.text == (try web.socketReply(line)), "\(line)")
+        }
+        // Only notifications: nothing to answer.
+        #expect(try web.rpc(#"{"jsonrpc":"2.0","method":"stats"}"#).status == 204)
+        // subscribe needs /ws.
+        let subscribe = try JSONValue.parse(Data(try web.rpc(#"{"jsonrpc":"2.0","id":7,"method":"subscribe"}"#).body))
+        #expect(subscribe["error"]?["data"]?["code"] == "invalid_request")
+        #expect(subscribe["error"]?["message"]?.stringValue?.contains("/ws") == true)
+        #expect(try web.rpc("{}", headers: [("Content-Type", "text/plain")]).status == 415)
+    }
+
+    /// `shutdown` over HTTP stops dld as on the socket.
+    @Test func shutdownOverHTTP() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let response = try web.rpc(#"{"jsonrpc":"2.0","id":1,"method":"shutdown"}"#)
+        #expect(response.text == #"{"id":1,"jsonrpc":"2.0","result":{"ok":true}}"#)
+        let deadline = Date().addingTimeInterval(20)
+        while web.daemon.isRunning && Date() < deadline { usleep(50_000) }
+        #expect(!web.daemon.isRunning)
+    }
+
+    /// No token, a wrong one: 401 (the wrong one logged); /login with the right one sets a
+    /// cookie that then works.
+    @Test func theTokenIsRequired() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let version = #"{"jsonrpc":"2.0","id":1,"method":"version"}"#
+        let json = [("Content-Type", "application/json")]
+        #expect(try web.request("POST", "/rpc", body: Data(version.utf8), headers: json, auth: false).status == 401)
+        let wrong = String(repeating: "0", count: 64)
+        #expect(
+            try web.request("POST", "/rpc", body: Data(version.utf8), headers: json + [("Authorization", "Bearer \(wrong)")]).status == 401)
+        #expect(try web.request("GET", "/", headers: [("Cookie", "dld_token=\(wrong)")], auth: false).status == 401)
+        #expect(web.daemon.log.contains("wrong token"))
+        #expect(try web.request("GET", "/login?token=\(wrong)", auth: false).status == 401)
+        let login = try web.request("GET", "/login?token=\(try web.token)", auth: false)
+        #expect(login.status == 303)
+        #expect(login.header("location") == "/")
+        let cookie = try #require(login.header("set-cookie"))
+        #expect(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/"))
+        let pair = String(cookie.prefix { $0 != ";" })
+        #expect(try web.request("POST", "/rpc", body: Data(version.utf8), headers: json + [("Cookie", pair)], auth: false).status == 200)
+    }
+
+    /// DNS rebinding and CSRF: a foreign Host is refused; a foreign Origin on a POST or an
+    /// upgrade is refused; the listener's own origin passes.
+    @Test func hostAndOriginChecks() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let version = Data(#"{"jsonrpc":"2.0","id":1,"method":"version"}"#.utf8)
+        let json = ("Content-Type", "application/json")
+        #expect(try web.request("POST", "/rpc", body: version, headers: [json, ("Host", "evil.example:\(web.port)")]).status == 421)
+        #expect(try web.request("POST", "/rpc", body: version, headers: [json, ("Host", "127.0.0.1:1")]).status == 421)
+        #expect(try web.request("POST", "/rpc", body: version, headers: [json, ("Host", "localhost:\(web.port)")]).status == 200)
+        #expect(try web.request("POST", "/rpc", body: version, headers: [json, ("Origin", "http://evil.example")]).status == 403)
+        #expect(try web.request("POST", "/rpc", body: version, headers: [json, ("Origin", "null")]).status == 403)
+        #expect(try web.request("POST", "/rpc", body: version, headers: [json, ("Origin", "http://127.0.0.1:\(web.port)")]).status == 200)
+        let upgrade = [
+            ("Origin", "http://evil.example"), ("Upgrade", "websocket"), ("Connection", "Upgrade"), ("Sec-WebSocket-Version", "13"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ]
+        #expect(try web.request("GET", "/ws", headers: upgrade).status == 403, "\(web.daemon.log)")
+    }
+
+    /// Hostile input gets HTTP errors, and dld answers on the socket afterwards.
+    @Test func hostileInput() throws {
+        let web = try WebDaemon(config: "max_line_bytes = 65536\nmax_connections = 8\n")
+        defer { web.daemon.stop() }
+        // A body over the limit, said in advance or not.
+        #expect(try web.rpc(String(repeating: " ", count: 70000)).status == 413)
+        let chunked = try RawConnection(port: web.port)
+        chunked.send(
+            "POST /rpc HTTP/1.1\r\nHost: 127.0.0.1:\(web.port)\r\nAuthorization: Bearer \(try web.token)\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        for _ in 0..<20 where chunked.send(Data("1000\r\n\(String(repeating: "x", count: 4096))\r\n".utf8)) {}
+        #expect(try RawResponse(chunked.receiveAll()).status == 413)
+        // Headers over the parser's limit, a garbage request line.
+        let huge = try web.request("GET", "/", headers: [("X-Big", String(repeating: "a", count: 200_000))])
+        #expect(huge.status == 400 || huge.status == 431, "\(huge.status)")
+        let garbage = try RawConnection(port: web.port)
+        garbage.send("\u{1}\u{2} GARBAGE \r\n\r\n")
+        #expect(try RawResponse(garbage.receiveAll()).status == 400)
+        // Connections beyond max_connections: refused with 503 while the others stay open.
+        // Each held one is answered once first, so that dld has counted it before the next.
+        let held = try (0..<8).map { _ in
+            let connection = try RawConnection(port: web.port)
+            connection.send("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(web.port)\r\n\r\n")
+            _ = connection.receive()
+            return connection
+        }
+        let extra = try RawConnection(port: web.port)
+        #expect(try RawResponse(extra.receiveAll()).status == 503)
+        withExtendedLifetime(held) {}
+        #expect(try web.daemon.call("version")["protocol"] != nil)
+    }
+}
+
+/// A minimal WebSocket client over a raw connection (RFC 6455: masked frames out, whole
+/// unfragmented frames in), enough to talk to dld's /ws.
+final class RawWebSocket {
+    let connection: RawConnection
+    private var buffer = Data()
+
+    /// Connects and upgrades; throws with the response when dld refuses.
+    init(port: Int, token: String, origin: String? = nil) throws {
+        connection = try RawConnection(port: port)
+        var request =
+            "GET /ws HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            + "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nAuthorization: Bearer \(token)\r\n"
+        if let origin { request += "Origin: \(origin)\r\n" }
+        connection.send(request + "\r\n")
+        while buffer.firstRange(of: Data("\r\n\r\n".utf8)) == nil {
+            let part = connection.receive()
+            if part.isEmpty { throw HarnessError("no upgrade response: \(String(decoding: buffer, as: UTF8.self))") }
+            buffer.append(part)
+        }
+        let end = buffer.firstRange(of: Data("\r\n\r\n".utf8))?.upperBound ?? buffer.endIndex
+        let head = String(decoding: buffer[..<end], as: UTF8.self)
+        guard head.hasPrefix("HTTP/1.1 101") else { throw HarnessError("upgrade refused: \(head)") }
+        buffer = Data(buffer[end...])
+    }
+
+    func send(_ text: String, opcode: UInt8 = 1) {
+        let payload = Array(text.utf8)
+        var frame: [UInt8] = [0x80 | opcode]
+        if payload.count < 126 {
+            frame.append(0x80 | UInt8(payload.count))
+        } else if payload.count < 65536 {
+            frame.append(0x80 | 126)
+            frame += [UInt8(payload.count >> 8), UInt8(payload.count & 0xff)]
+        } else {
+            frame.append(0x80 | 127)
+            frame += (0..<8).reversed().map { UInt8((payload.count >> ($0 * 8)) & 0xff) }
+        }
+        let mask: [UInt8] = [1, 2, 3, 4]
+        frame += mask
+        frame += payload.enumerated().map { $0.element ^ mask[$0.offset % 4] }
+        connection.send(Data(frame))
+    }
+
+    private func need(_ count: Int) throws {
+        while buffer.count < count {
+            let part = connection.receive()
+            if part.isEmpty { throw HarnessError("WebSocket closed or silent") }
+            buffer.append(part)
+        }
+    }
+
+    /// The next frame: its opcode and payload.
+    func receive() throws -> (opcode: UInt8, payload: Data) {
+        try need(2)
+        let bytes = [UInt8](buffer.prefix(2))
+        var length = Int(bytes[1] & 0x7f)
+        var offset = 2
+        if length == 126 {
+            try need(4)
+            length = Int(buffer[buffer.startIndex + 2]) << 8 | Int(buffer[buffer.startIndex + 3])
+            offset = 4
+        } else if length == 127 {
+            try need(10)
+            length = (2..<10).reduce(0) { $0 << 8 | Int(buffer[buffer.startIndex + $1]) }
+            offset = 10
+        }
+        try need(offset + length)
+        let payload = Data(buffer[(buffer.startIndex + offset)..<(buffer.startIndex + offset + length)])
+        buffer = Data(buffer[(buffer.startIndex + offset + length)...])
+        return (bytes[0] & 0x0f, payload)
+    }
+
+    /// The next text message as JSON (pings answered by dld's side are not expected here).
+    func receiveJSON() throws -> JSONValue {
+        while true {
+            let (opcode, payload) = try receive()
+            if opcode == 1 { return try JSONValue.parse(payload) }
+            if opcode == 8 { throw HarnessError("closed: \(payload.map { $0 })") }
+        }
+    }
+}
+
+extension HTTPListenerTests {
+    /// Requests over /ws are answered as on the socket; subscribe pushes a job's change.
+    @Test func webSocketRequestsAndEvents() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let socket = try RawWebSocket(port: web.port, token: try web.token)
+        let version = #"{"jsonrpc":"2.0","id":1,"method":"version"}"#
+        socket.send(version)
+        #expect(try socket.receiveJSON() == JSONValue.parse(Data(try web.socketReply(version).utf8)))
+        _ = try web.daemon.call("queue", ["paused": true])
+        socket.send(#"{"jsonrpc":"2.0","id":2,"method":"subscribe"}"#)
+        #expect(try socket.receiveJSON()["result"]?["seq"] != nil)
+        let id = try web.daemon.enqueue(["url": "http://127.0.0.1:1/x"])
+        _ = try web.daemon.call("pause", ["id": .int(id)])
+        var states: [String] = []
+        while !states.contains("paused") {
+            let event = try socket.receiveJSON()
+            guard event["method"] == "job.state", event["params"]?["id"]?.int64Value == id else { continue }
+            states.append(event["params"]?["state"]?.stringValue ?? "?")
+        }
+        #expect(states == ["queued", "paused"])
+    }
+
+    /// A foreign origin, no token: the upgrade is refused with the reason.
+    @Test func webSocketUpgradeChecks() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        #expect(throws: HarnessError.self) { try RawWebSocket(port: web.port, token: try web.token, origin: "http://evil.example") }
+        #expect(throws: HarnessError.self) { try RawWebSocket(port: web.port, token: String(repeating: "0", count: 64)) }
+        _ = try RawWebSocket(port: web.port, token: try web.token, origin: "http://127.0.0.1:\(web.port)")
+    }
+}
+
+extension HTTPListenerTests {
+    /// `dlctl web` prints the login URL, which logs in.
+    @Test func dlctlWebPrintsTheLoginURL() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let out = try web.daemon.dlctl(["web", "--state-dir", web.daemon.stateDir, "--no-open"])
+        #expect(out.status == 0, "\(out.stderr)")
+        let url = out.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(url == "http://127.0.0.1:\(web.port)/login?token=\(try web.token)")
+        let path = String(url.dropFirst("http://127.0.0.1:\(web.port)".count))
+        #expect(try web.request("GET", path, auth: false).status == 303)
+        web.daemon.stop()
+        let stopped = try web.daemon.dlctl(["web", "--state-dir", web.daemon.stateDir, "--no-open"])
+        #expect(stopped.status == 69, "no http-url once dld stopped")
+    }
+}
+
+extension HTTPListenerTests {
+    /// With http_cert and http_key, dld listens beyond loopback over TLS; the URL it writes is
+    /// one this machine can open, and the login cookie is Secure.
+    @Test func tlsBeyondLoopback() throws {
+        let daemon = try DaemonHarness()
+        let ca = try TestCA.make(in: daemon.root + "/ca")
+        let files = try ca.issue("web")
+        try "http_cert = \"\(files.certificatePath)\"\nhttp_key = \"\(files.keyPath)\"\n".write(
+            toFile: daemon.root + "/web.toml", atomically: true, encoding: .utf8)
+        daemon.extraArguments += ["--config", daemon.root + "/web.toml"]
+        let port = try freePort()
+        daemon.httpListen = "0.0.0.0:\(port)"
+        try daemon.start()
+        defer { daemon.stop() }
+        let url = try String(contentsOfFile: daemon.stateDir + "/http-url", encoding: .utf8)
+        #expect(url == "https://127.0.0.1:\(port)/\n")
+        let token = try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8).trimmingCharacters(
+            in: .whitespacesAndNewlines)
+        let version = try runProgram(
+            "/usr/bin/curl",
+            [
+                "-s", "--cacert", ca.certificatePath, "-H", "Authorization: Bearer \(token)", "-H", "Content-Type: application/json",
+                "-d", #"{"jsonrpc":"2.0","id":1,"method":"version"}"#, "https://127.0.0.1:\(port)/rpc",
+            ])
+        #expect(version.status == 0, "\(version.stderr)")
+        #expect(try JSONValue.parse(Data(version.stdout.utf8))["result"]?["protocol"] != nil, "\(version.stdout)")
+        let login = try runProgram(
+            "/usr/bin/curl",
+            ["-s", "-D", "-", "-o", "/dev/null", "--cacert", ca.certificatePath, "https://127.0.0.1:\(port)/login?token=\(token)"])
+        #expect(login.stdout.contains("HttpOnly; SameSite=Strict; Path=/; Secure"), "\(login.stdout)")
+        // Plain HTTP on the TLS port gets nowhere.
+        let plain = try runProgram("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(port)/"])
+        #expect(plain.stdout != "401" && plain.stdout != "200", "\(plain.stdout)")
+    }
+}
+
+extension HTTPListenerTests {
+    /// Hostile WebSocket input: a message over max_line_bytes, a binary message, a flood of
+    /// requests; each closes that connection, and dld answers on the socket afterwards.
+    @Test func hostileWebSocketInput() throws {
+        let web = try WebDaemon(config: "max_line_bytes = 65536\n")
+        defer { web.daemon.stop() }
+        let token = try web.token
+        let big = try RawWebSocket(port: web.port, token: token)
+        big.send(String(repeating: " ", count: 70000))
+        #expect(try big.closeCode() == 1009)
+        let binary = try RawWebSocket(port: web.port, token: token)
+        binary.send("{}", opcode: 2)
+        #expect(try binary.closeCode() == 1003)
+        // Garbage JSON is a JSON-RPC error, as on the socket, and the connection stays.
+        let garbage = try RawWebSocket(port: web.port, token: token)
+        garbage.send("{\u{1}")
+        #expect(try garbage.receiveJSON()["error"]?["data"]?["code"] == "parse_error")
+        garbage.send(#"{"jsonrpc":"2.0","id":1,"method":"version"}"#)
+        #expect(try garbage.receiveJSON()["result"]?["protocol"] != nil)
+        #expect(try web.daemon.call("version")["protocol"] != nil)
+    }
+}
+
+extension RawWebSocket {
+    /// The status code of the close frame dld sends next (text messages before it skipped).
+    func closeCode() throws -> Int {
+        while true {
+            let (opcode, payload) = try receive()
+            guard opcode == 8 else { continue }
+            let bytes = [UInt8](payload)
+            return bytes.count >= 2 ? Int(bytes[0]) << 8 | Int(bytes[1]) : -1
+        }
+    }
+}
+
+extension HTTPListenerTests {
+    /// Wrong tokens in a row are answered ever more slowly (50 ms, doubled each time), and the
+    /// wait holds no one else: a request with the token is answered at once meanwhile.
+    @Test func wrongTokensAreSlowedForThemOnly() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let wrong = [("Authorization", "Bearer " + String(repeating: "f", count: 64))]
+        for _ in 0..<5 { #expect(try web.request("GET", "/", headers: wrong).status == 401) }
+        // The sixth waits about 1.6 s.
+        let slow = try RawConnection(port: web.port)
+        let started = Date()
+        slow.send("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(web.port)\r\nAuthorization: Bearer \(String(repeating: "f", count: 64))\r\n\r\n")
+        usleep(100_000)
+        let quick = Date()
+        #expect(try web.request("GET", "/").status == 200)
+        #expect(Date().timeIntervalSince(quick) < 1, "a request with the token waited for the slowed one")
+        #expect(try RawResponse(slow.receiveAll()).status == 401)
+        #expect(Date().timeIntervalSince(started) > 1.2, "the sixth wrong token in a row was not slowed")
+        #expect(web.daemon.log.contains("failures_in_a_row=6"))
+    }
+}
+
+extension HTTPListenerTests {
+    /// Slow clients (with the read timeout at 1 s through DLD_TEST_HTTP_TIMEOUT): a silent
+    /// connection is closed, a body that drips in slower than the deadline is cut off, and a
+    /// silent WebSocket is pinged, kept while it answers, and closed when it does not.
+    @Test func slowClientsAreCutOff() throws {
+        let daemon = try DaemonHarness()
+        daemon.extraEnvironment["DLD_TEST_HTTP_TIMEOUT"] = "1"
+        let port = try freePort()
+        daemon.httpListen = "127.0.0.1:\(port)"
+        try daemon.start()
+        defer { daemon.stop() }
+        let token = try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8).trimmingCharacters(
+            in: .whitespacesAndNewlines)
+        var started = Date()
+        let silent = try RawConnection(port: port)
+        #expect(silent.receiveAll().isEmpty)
+        #expect(Date().timeIntervalSince(started) < 5, "a silent connection stayed open")
+
+        started = Date()
+        let drip = try RawConnection(port: port)
+        drip.send(
+            "POST /rpc HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nAuthorization: Bearer \(token)\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        var open = true
+        while open && Date().timeIntervalSince(started) < 10 {
+            usleep(300_000)
+            open = drip.send(Data(" ".utf8))
+        }
+        #expect(Date().timeIntervalSince(started) < 5, "a dripping body was not cut off")
+
+        let socket = try RawWebSocket(port: port, token: token)
+        let (opcode, _) = try socket.receive()
+        #expect(opcode == 9, "a silent WebSocket is pinged")
+        socket.send("", opcode: 10)
+        let (again, _) = try socket.receive()
+        #expect(again == 9, "a WebSocket that answered is pinged again, not closed")
+        started = Date()
+        var closed = false
+        while !closed && Date().timeIntervalSince(started) < 10 {
+            guard let frame = try? socket.receive() else { break }
+            closed = frame.opcode == 8
+        }
+        #expect(closed, "a WebSocket that did not answer its ping was not closed")
+        #expect(try daemon.call("version")["protocol"] != nil)
+    }
+}
+
+extension HTTPListenerTests {
+    /// A `get` that waits for its download longer than the read timeout (1 s here) still gets
+    /// its reply: a connection waiting for an answer is not idle.
+    @Test func aSlowAnswerIsNotIdle() async throws {
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness()
+            daemon.extraEnvironment["DLD_TEST_HTTP_TIMEOUT"] = "1"
+            let port = try freePort()
+            daemon.httpListen = "127.0.0.1:\(port)"
+            try daemon.start()
+            defer { daemon.stop() }
+            let token = try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8)
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+            let started = Date()
+            let body = #"{"jsonrpc":"2.0","id":1,"method":"get","params":{"url":"\#(origin.baseURL)/bytes/8000?rate=3000"}}"#
+            let connection = try RawConnection(port: port, timeout: 30)
+            connection.send(
+                "POST /rpc HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nAuthorization: Bearer \(token)\r\nContent-Type: application/json\r\n"
+                    + "Content-Length: \(body.utf8.count)\r\nConnection: close\r\n\r\n\(body)")
+            let response = try RawResponse(connection.receiveAll())
+            #expect(response.status == 200)
+            #expect(try JSONValue.parse(response.body)["result"]?["path"] != nil, "\(response.text)")
+            #expect(Date().timeIntervalSince(started) > 1.5, "the download should outlast the read timeout")
+        }
+    }
+}
