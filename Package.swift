@@ -111,6 +111,7 @@ let package = Package(
             // The dashboard's files, built into the binary: plain HTML, CSS and JavaScript.
             resources: [
                 .embedInCode("Dashboard/index.html"), .embedInCode("Dashboard/app.css"), .embedInCode("Dashboard/app.js"),
+                .embedInCode("Dashboard/icon.svg"),
             ]
         ),
         // Test origin server (deterministic bytes, Range, throttling, faults) and daemon launcher.

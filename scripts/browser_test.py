@@ -12,7 +12,7 @@ import sys
 import time
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -27,22 +27,41 @@ def browser():
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 
 
+# The table as the page shows it, read in one step: the page replaces its rows as events
+# come, so elements found one by one may be gone by the next look.
+ROWS = """
+return [...document.querySelectorAll('#jobs tbody tr')].map(tr => ({
+  id: tr.dataset.id, name: tr.querySelector('td.name').textContent,
+  state: tr.querySelector('td.state').firstChild.textContent, text: tr.querySelector('td.state').textContent,
+  progress: tr.querySelector('progress').hasAttribute('value') ? tr.querySelector('progress').value : null}));
+"""
+
+
 def row(driver, name):
-    """The table row whose name cell is `name`, or None."""
-    for tr in driver.find_elements(By.CSS_SELECTOR, "#jobs tbody tr"):
-        if tr.find_element(By.CSS_SELECTOR, "td.name").text == name:
-            return tr
-    return None
+    """The row whose name is `name`: {id, name, state, text, progress}, or None."""
+    return next((r for r in driver.execute_script(ROWS) if r["name"] == name), None)
 
 
 def state_of(driver, name):
-    tr = row(driver, name)
-    return tr.find_element(By.CSS_SELECTOR, "td.state").text.split("\n")[0] if tr else None
+    found = row(driver, name)
+    return found["state"] if found else None
+
+
+def press(driver, label):
+    """Clicks the button of that label, found again if the page replaced it meanwhile."""
+    for _ in range(50):
+        try:
+            driver.find_element(By.CSS_SELECTOR, f"button[aria-label='{label}']").click()
+            return
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    raise SystemExit(f"FAILED: the button {label!r} kept being replaced")
 
 
 def wait(driver, what, check, timeout=60):
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: check(d))
+        return WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException]).until(
+            lambda d: check(d))
     except TimeoutException:
         raise SystemExit(f"FAILED: {what} within {timeout} s; page says: {driver.find_element(By.TAG_NAME, 'body').text[:2000]}")
 
@@ -67,28 +86,31 @@ def main():
         wait(driver, "the summary from stats", lambda d: "jobs" in d.find_element(By.ID, "summary").text)
         print("ok: logged in with the token URL; the page shows the daemon's counts")
 
-        add(driver, f"{origin}/bytes/3000000?rate=1500000")
-        wait(driver, "the new job's row", lambda d: row(d, "3000000") is not None)
-        wait(driver, "a progress bar moving from /ws events",
-             lambda d: row(d, "3000000") is not None and 0 < float(
-                 row(d, "3000000").find_element(By.TAG_NAME, "progress").get_attribute("value") or 0) < 1, timeout=30)
+        add(driver, f"{origin}/bytes/3000000?rate=1000000")
+        wait(driver, "the new job running", lambda d: state_of(d, "3000000") == "running")
+        first = row(driver, "3000000")["progress"] or 0
+        # No state changes between running and completed: only /ws progress events move the bar.
+        wait(driver, "the progress bar moving with /ws progress events while the job runs",
+             lambda d: (r := row(d, "3000000")) is not None and r["state"] == "running" and (r["progress"] or 0) > first + 0.05,
+             timeout=30)
         wait(driver, "the job completed", lambda d: state_of(d, "3000000") == "completed")
-        value = row(driver, "3000000").find_element(By.TAG_NAME, "progress").get_attribute("value")
-        if float(value) != 1:
+        value = row(driver, "3000000")["progress"]
+        if value != 1:
             raise SystemExit(f"FAILED: a completed job's bar is at {value}, not 100 %")
         print("ok: added a URL through the page; its progress bar moved and reached 100 %")
 
         add(driver, f"{origin}/bytes/4000000?rate=200000")
         wait(driver, "the slow job running", lambda d: state_of(d, "4000000") == "running")
-        row(driver, "4000000").find_element(By.CSS_SELECTOR, "button[aria-label^='Pause job']").click()
+        slow = row(driver, "4000000")["id"]
+        press(driver, f"Pause job {slow}")
         wait(driver, "the job paused from the page", lambda d: state_of(d, "4000000") == "paused")
-        row(driver, "4000000").find_element(By.CSS_SELECTOR, "button[aria-label^='Resume job']").click()
+        press(driver, f"Resume job {slow}")
         wait(driver, "the job resumed from the page", lambda d: state_of(d, "4000000") in ("queued", "running", "completed"))
         print("ok: paused and resumed a job from the page")
 
         add(driver, f"{origin}/status/404")
-        wait(driver, "the failed job's reason", lambda d: row(d, "404") is not None and "http_status" in row(d, "404").text)
-        print(f"ok: a failed job shows why: {row(driver, '404').find_element(By.CSS_SELECTOR, 'td.state').text!r}")
+        wait(driver, "the failed job's reason", lambda d: row(d, "404") is not None and "http_status" in row(d, "404")["text"])
+        print(f"ok: a failed job shows why: {row(driver, '404')['text']!r}")
 
         for scheme in ("light", "dark"):
             driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": scheme}]})

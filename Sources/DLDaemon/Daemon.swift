@@ -304,7 +304,8 @@ struct DaemonService: Service, CustomStringConvertible {
         defer { if adoptedSocket == nil { unlink(config.socket) } }
         let http: HTTPListener?
         do {
-            http = try await HTTPListener.start(config: config, dispatcher: dispatcher, hub: hub, logger: logger, onShutdown: shutdown)
+            http = try await HTTPListener.start(
+                config: config, dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger, onShutdown: shutdown)
         } catch {
             channel.channel.close(promise: nil)
             throw error

@@ -15,6 +15,7 @@ public enum Dashboard {
         "/index.html": File(contentType: "text/html; charset=utf-8", bytes: PackageResources.index_html),
         "/app.css": File(contentType: "text/css; charset=utf-8", bytes: PackageResources.app_css),
         "/app.js": File(contentType: "text/javascript; charset=utf-8", bytes: PackageResources.app_js),
+        "/icon.svg": File(contentType: "image/svg+xml", bytes: PackageResources.icon_svg),
     ]
 
     /// Only the page's own files and connections back to dld: no inline script or style, no
@@ -23,9 +24,8 @@ public enum Dashboard {
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
         + "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
-    /// Headers every dashboard response carries.
+    /// Headers a dashboard response carries besides the listener's own (`no-store`, `nosniff`).
     public static let headers: [(String, String)] = [
-        ("Content-Security-Policy", contentSecurityPolicy), ("X-Content-Type-Options", "nosniff"),
-        ("Referrer-Policy", "no-referrer"), ("Cache-Control", "no-cache"),
+        ("Content-Security-Policy", contentSecurityPolicy), ("Referrer-Policy", "no-referrer"), ("X-Frame-Options", "DENY"),
     ]
 }

@@ -26,6 +26,8 @@ public final class HTTPListener: Sendable {
     let settings: Settings
     let dispatcher: Dispatcher
     let hub: EventHub
+    /// What `GET /metrics` renders; nil: 404 (tests of the listener alone).
+    let metrics: Metrics?
     let logger: Logger
     let throttle = AuthThrottle()
     let onShutdown: @Sendable () -> Void
@@ -39,7 +41,8 @@ public final class HTTPListener: Sendable {
     /// Binds the listener of `config` (nil when `http_listen` is ""), writes its URL to
     /// `<state_dir>/http-url`; throws a `DaemonError` that says why it cannot.
     static func start(
-        config: DaemonConfig, dispatcher: Dispatcher, hub: EventHub, logger: Logger, onShutdown: @escaping @Sendable () -> Void
+        config: DaemonConfig, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?, logger: Logger,
+        onShutdown: @escaping @Sendable () -> Void
     ) async throws -> HTTPListener? {
         let urlFile = config.stateDir + "/http-url"
         unlink(urlFile)
@@ -71,7 +74,7 @@ public final class HTTPListener: Sendable {
                     policy: HostPolicy(address: boundAddress, tls: tls != nil, extraHosts: Set(config.httpHosts ?? [])),
                     token: token, maxBodyBytes: config.maxLineBytes, maxConnections: config.maxConnections,
                     readTimeout: readTimeout),
-                dispatcher: dispatcher, hub: hub, logger: logger, onShutdown: onShutdown,
+                dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger, onShutdown: onShutdown,
                 url: "\(tls == nil ? "http" : "https")://\(boundAddress.localHostInURL):\(port)/", urlFile: urlFile)
             do {
                 bound = try await candidate.bind(host: boundAddress.host, port: port, tls: tls)
@@ -102,12 +105,13 @@ public final class HTTPListener: Sendable {
     }
 
     private init(
-        settings: Settings, dispatcher: Dispatcher, hub: EventHub, logger: Logger, onShutdown: @escaping @Sendable () -> Void, url: String,
-        urlFile: String
+        settings: Settings, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?, logger: Logger,
+        onShutdown: @escaping @Sendable () -> Void, url: String, urlFile: String
     ) {
         self.settings = settings
         self.dispatcher = dispatcher
         self.hub = hub
+        self.metrics = metrics
         self.logger = logger
         self.onShutdown = onShutdown
         self.url = url

@@ -128,11 +128,14 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
             respond(context, .methodNotAllowed, "POST a JSON-RPC request to /rpc\n", extra: [("Allow", "POST")])
         case (.GET, "/ws"):
             respond(context, .upgradeRequired, "/ws is a WebSocket\n", extra: [("Upgrade", "websocket")])
-        case (.GET, "/"):
-            respond(
-                context, .ok,
-                "dld \(DLDVersion.current): POST /rpc takes JSON-RPC requests (docs/protocol.md); GET /ws is a WebSocket for them and for events.\n"
-            )
+        case (.GET, "/metrics"):
+            guard let metrics = listener.metrics else { return respond(context, .notFound, "no metrics here\n") }
+            later(context, head, type: "text/plain; version=0.0.4; charset=utf-8") { ByteBuffer(string: await metrics.render()) }
+        case (.GET, "/openrpc.json"):
+            respond(context, .ok, ByteBuffer(bytes: OpenRPC.document.serialized()), type: "application/json", keepAlive: keepAlive)
+        case (.GET, let path) where Dashboard.files[path] != nil:
+            guard let file = Dashboard.files[path] else { return respond(context, .notFound, "not found\n") }
+            respond(context, .ok, ByteBuffer(bytes: file.bytes), type: file.contentType, extra: Dashboard.headers, keepAlive: keepAlive)
         default:
             respond(context, .notFound, "not found\n")
         }
@@ -184,6 +187,21 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
         context.eventLoop.scheduleTask(in: delay) {
             let (handler, context) = bound.value
             handler.respond(context, .unauthorized, "wrong token\n", extra: [("WWW-Authenticate", "Bearer")], close: true)
+        }
+    }
+
+    /// Answers with what `body` makes, off the event loop (a scrape reads the job table).
+    private func later(
+        _ context: ChannelHandlerContext, _ head: HTTPRequestHead, type: String, _ body: @escaping @Sendable () async -> ByteBuffer
+    ) {
+        answering = true
+        let promise = context.eventLoop.makePromise(of: ByteBuffer.self)
+        promise.completeWithTask { await body() }
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        promise.futureResult.whenSuccess { buffer in
+            let (handler, context) = bound.value
+            handler.answering = false
+            handler.respond(context, .ok, buffer, type: type, keepAlive: head.isKeepAlive)
         }
     }
 

@@ -130,15 +130,15 @@ function renderRow(job) {
   cell(row, "num", job.group === null ? "" : String(job.group));
   const actions = cell(row, "actions");
   if (["queued", "running", "waiting"].includes(job.state)) {
-    actions.appendChild(button("⏸", `Pause job ${job.id}`, () => act("pause", { id: job.id })));
+    actions.appendChild(button("Pause", `Pause job ${job.id}`, () => act("pause", { id: job.id })));
   }
   if (["paused", "failed", "waiting"].includes(job.state)) {
-    actions.appendChild(button("▶", `Resume job ${job.id}`, () => act("resume", { id: job.id })));
+    actions.appendChild(button("Resume", `Resume job ${job.id}`, () => act("resume", { id: job.id })));
   }
   if (!["completed", "canceled"].includes(job.state)) {
-    actions.appendChild(button("✕", `Cancel job ${job.id}`, () => act("cancel", { id: job.id })));
+    actions.appendChild(button("Cancel", `Cancel job ${job.id}`, () => act("cancel", { id: job.id })));
   }
-  actions.appendChild(button("🗑", `Remove the record of job ${job.id} (its file stays)`, () => act("remove", { id: job.id })));
+  actions.appendChild(button("Remove", `Remove the record of job ${job.id} (its file stays)`, () => act("remove", { id: job.id })));
   updateProgress(row, job.received, job.size, job.speed, job.state);
   return row;
 }
@@ -146,7 +146,8 @@ function renderRow(job) {
 function updateProgress(row, received, size, speed, state) {
   const bar = row.querySelector("progress");
   const fraction = state === "completed" ? 1 : size ? Math.min(1, received / size) : null;
-  if (fraction === null) bar.removeAttribute("value"); else bar.value = fraction;
+  // A bar that moves without a size only while bytes come; a stopped job's bar stands still.
+  if (fraction === null && state === "running") bar.removeAttribute("value"); else bar.value = fraction || 0;
   row.querySelector(".pct").textContent =
     fraction === null ? bytes(received) : `${Math.floor(fraction * 100)} % of ${bytes(size)}`;
   row.querySelector(".speed").textContent = speed ? `${bytes(speed)}/s` : "";

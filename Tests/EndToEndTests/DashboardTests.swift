@@ -1,0 +1,102 @@
+import DLRPC
+import DLTestSupport
+import Foundation
+import Testing
+
+/// The HTTP listener's page, metrics and OpenRPC document, against the real `dld`; the page in
+/// a real browser (Debian's chromium, driven by Selenium: scripts/browser_test.py).
+@Suite(.serialized) struct DashboardTests {
+    static var repository: URL {
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    }
+
+    /// The page and its two files, each with a policy that lets in nothing but dld's own
+    /// files and connections; none of them without the token.
+    @Test func thePageIsServedWithAStrictPolicy() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let page = try web.request("GET", "/")
+        #expect(page.status == 200)
+        #expect(page.header("content-type")?.hasPrefix("text/html") == true)
+        let policy = try #require(page.header("content-security-policy"))
+        for rule in ["default-src 'none'", "script-src 'self'", "style-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"] {
+            #expect(policy.contains(rule), "\(policy)")
+        }
+        let html = String(decoding: page.body, as: UTF8.self)
+        #expect(html.contains("<script src=\"/app.js\" defer></script>"))
+        // No inline script or style, which the policy would block, and nothing from elsewhere.
+        #expect(!html.contains("<script>") && !html.contains("style="))
+        #expect(html.range(of: #"(src|href)="(https?:)?//"#, options: .regularExpression) == nil)
+        for (path, type) in [("/app.js", "text/javascript"), ("/app.css", "text/css")] {
+            let file = try web.request("GET", path)
+            #expect(file.status == 200 && file.header("content-type")?.hasPrefix(type) == true, "\(path)")
+            #expect(file.header("content-security-policy") == policy, "\(path)")
+            #expect(try web.request("GET", path, auth: false).status == 401, "\(path)")
+        }
+        #expect(try web.request("GET", "/", auth: false).status == 401)
+    }
+
+    /// `GET /metrics`: Prometheus's text, whose counters move with a real download.
+    @Test func metricsMoveWithADownload() async throws {
+        try await withOrigin { origin in
+            let web = try WebDaemon()
+            defer { web.daemon.stop() }
+            #expect(try web.request("GET", "/metrics", auth: false).status == 401)
+            let before = try Self.metrics(web)
+            #expect(before["dld_downloaded_bytes_total"] == 0)
+            let reply = try web.rpc(#"{"jsonrpc":"2.0","id":1,"method":"enqueue","params":{"url":"\#(origin.baseURL)/bytes/250000"}}"#)
+            let id = try #require(try JSONValue.parse(reply.body)["result"]?["job"]?["id"]?.int64Value)
+            try web.daemon.waitForState(id, ["completed"])
+            let after = try Self.metrics(web)
+            #expect(after["dld_downloaded_bytes_total"] == 250_000)
+            #expect(after["dld_jobs_completed_total"] == 1)
+            #expect(after["dld_jobs{state=\"completed\"}"] == 1)
+        }
+    }
+
+    /// The samples of `GET /metrics`, by name and labels.
+    static func metrics(_ web: WebDaemon) throws -> [String: Double] {
+        let response = try web.request("GET", "/metrics")
+        #expect(response.status == 200)
+        #expect(response.header("content-type")?.hasPrefix("text/plain; version=0.0.4") == true)
+        var samples: [String: Double] = [:]
+        for line in String(decoding: response.body, as: UTF8.self).split(separator: "\n") where !line.hasPrefix("#") {
+            guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
+            samples[String(line[..<space])] = value
+        }
+        return samples
+    }
+
+    /// `GET /openrpc.json`: the document `rpc.discover` answers, with every method.
+    @Test func theOpenRPCDocumentOverHTTP() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let response = try web.request("GET", "/openrpc.json")
+        #expect(response.status == 200 && response.header("content-type") == "application/json")
+        let document = try JSONValue.parse(response.body)
+        #expect(document["openrpc"]?.stringValue?.hasPrefix("1.3") == true)
+        let names = Set((document["methods"]?.arrayValue ?? []).compactMap { $0["name"]?.stringValue })
+        #expect(names == Set(RPCMethod.allCases.map(\.rawValue)))
+        #expect(document == (try web.daemon.call("rpc.discover")))
+    }
+
+    /// In chromium: log in with the token URL, add a URL and watch its bar reach 100 %, pause
+    /// and resume a job, see a failed job's reason, no console errors; screenshots in light and
+    /// dark in .build/dashboard-screenshots.
+    @Test func theDashboardInARealBrowser() async throws {
+        try await withOrigin { origin in
+            let web = try WebDaemon()
+            defer { web.daemon.stop() }
+            let login = "http://127.0.0.1:\(web.port)/login?token=\(try web.token)"
+            let shots = Self.repository.appendingPathComponent(".build/dashboard-screenshots").path
+            try? FileManager.default.removeItem(atPath: shots)
+            let script = Self.repository.appendingPathComponent("scripts/browser_test.py").path
+            let run = try runProgram("/usr/bin/python3", [script, login, origin.baseURL, shots])
+            #expect(run.status == 0, "\(run.stdout)\(run.stderr.suffix(3000))")
+            for scheme in ["light", "dark"] {
+                let png = try Data(contentsOf: URL(fileURLWithPath: "\(shots)/dashboard-\(scheme).png"))
+                #expect(png.starts(with: [0x89, 0x50, 0x4E, 0x47]) && png.count > 10_000, "\(scheme): \(png.count) bytes")
+            }
+        }
+    }
+}
