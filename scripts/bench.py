@@ -49,7 +49,10 @@ wan         Over a link with round trips (a relay that delays every byte 20 ms e
             with its defaults beside curl --parallel and aria2c; see bench_wan.py.
 cpu         Wall time beside CPU time: 1 GiB from nginx by curl -o and dld (one stream and
             defaults), with each tool's CPU and the machine's, and SHA-256's cost per GiB;
-            2000 x 16 KiB into a fresh ext4, dld's CPU per file; see bench_cpu.py.
+            2000 x 16 KiB into a fresh ext4, dld's CPU per file (and, with perf as root, its
+            SQLite steps, task switches, tasks and context switches per file); see bench_cpu.py.
+web         The dashboard with 100 000 jobs: time to first render in headless chromium, and
+            the daemon's extra memory with the HTTP listener on; see bench_web.py.
 """
 import argparse, json, os, shutil, signal, subprocess, sys, tempfile, time
 
@@ -62,6 +65,7 @@ import bench_fleet  # noqa: E402
 import bench_idle  # noqa: E402
 import bench_many  # noqa: E402
 import bench_wan  # noqa: E402
+import bench_web  # noqa: E402
 
 SIZE = int(os.environ.get("BENCH_SIZE_MIB", "1024")) << 20
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
@@ -75,7 +79,7 @@ KILL_RATE = int(os.environ.get("BENCH_KILL_RATE", "8000000"))
 KILL_AFTER = float(os.environ.get("BENCH_KILL_AFTER", "0.9"))
 KILL_CYCLES = int(os.environ.get("BENCH_KILL_CYCLES", "10"))
 WIRE_SIZES = [int(m) << 20 for m in os.environ.get("BENCH_WIRE_MIB", "5,64,1024").split(",") if m.strip()]
-PARTS = ("idle", "throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments", "kill", "wire", "wan", "cpu")
+PARTS = ("idle", "throughput", "crash", "speed", "small", "scale", "postgres", "fleet", "segments", "kill", "wire", "wan", "cpu", "web")
 
 
 def wait_for_socket(path, proc, timeout=20):
@@ -526,6 +530,8 @@ def main():
             bench_idle.part_idle()
         elif part == "cpu":
             bench_cpu.part_cpu(BIN)
+        elif part == "web":
+            bench_web.part_web()
         else:
             bench_fleet.part_fleet()
         print(f"  ({part}: {time.monotonic() - started:.0f} s in all)")
