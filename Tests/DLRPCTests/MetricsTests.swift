@@ -138,8 +138,10 @@ import Testing
         }
 
         /// Scrapes until `done` holds (at most `seconds`): a job's notice comes with the turn
-        /// after the one that recorded it.
-        func scrape(seconds: Double = 60, until done: (Exposition) -> Bool) async throws -> Exposition {
+        /// after the one that recorded it. In the full suite on two cores a 300 kB transfer once
+        /// took over 60 s (a stalled read, then a retry), so the wait is long; it ends as soon
+        /// as the figures are there.
+        func scrape(seconds: Double = 180, until done: (Exposition) -> Bool) async throws -> Exposition {
             let deadline = Date().addingTimeInterval(seconds)
             var last = try await scrape()
             while !done(last), Date() < deadline {

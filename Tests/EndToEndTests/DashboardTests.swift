@@ -100,3 +100,65 @@ import Testing
         }
     }
 }
+
+/// Every method of the table over `POST /rpc` and over `/ws`, with real params, each answered
+/// without an error; a client of either transport can do all a socket client can.
+@Suite(.serialized) struct EveryMethodOverHTTPTests {
+    /// Calls `method` over one transport; its result, or the error's stable code.
+    typealias Call = (_ method: String, _ params: [String: JSONValue]) throws -> JSONValue
+
+    static func run(_ call: Call, origin: TestOrigin, dir: String) throws -> Set<String> {
+        var called: Set<String> = []
+        func ok(_ method: String, _ params: [String: JSONValue] = [:]) throws -> JSONValue {
+            called.insert(method)
+            let reply = try call(method, params)
+            #expect(reply["error"] == nil, "\(method): \(reply.serializedString())")
+            return reply["result"] ?? .null
+        }
+        _ = try ok("rpc.discover")
+        _ = try ok("version")
+        _ = try ok("queue", ["paused": true])
+        let job = try #require(try ok("enqueue", ["url": .string("\(origin.baseURL)/bytes/1000"), "dir": .string(dir)])["job"]?["id"])
+        _ = try ok("status", ["id": job])
+        _ = try ok("list", ["limit": 10])
+        _ = try ok("stats")
+        _ = try ok("pause", ["id": job])
+        _ = try ok("set_speed", ["id": job, "max_speed": 1000])
+        _ = try ok("set_speed", ["global": true, "max_speed": .null])
+        _ = try ok("change", ["id": job, "headers": ["X-A": "1"]])
+        _ = try ok("resume", ["id": job])
+        _ = try ok("cancel", ["id": job])
+        _ = try ok("remove", ["id": job])
+        _ = try ok("queue", ["paused": false])
+        _ = try ok("get", ["url": .string("\(origin.baseURL)/bytes/500")])
+        _ = try ok("unpin", ["url": .string("\(origin.baseURL)/bytes/500")])
+        _ = try ok("cache_list")
+        return called
+    }
+
+    @Test func everyMethodOverRPCAndWebSocket() async throws {
+        try await withOrigin { origin in
+            let web = try WebDaemon()
+            defer { web.daemon.stop() }
+            var next: Int64 = 1
+            let overRPC: Call = { method, params in
+                next += 1
+                let line = JSONValue.object(["jsonrpc": "2.0", "id": .int(next), "method": .string(method), "params": .object(params)])
+                return try JSONValue.parse(web.rpc(line.serializedString()).body)
+            }
+            let socket = try RawWebSocket(port: web.port, token: try web.token)
+            let overWebSocket: Call = { method, params in
+                next += 1
+                socket.send(
+                    JSONValue.object(["jsonrpc": "2.0", "id": .int(next), "method": .string(method), "params": .object(params)])
+                        .serializedString())
+                return try socket.receiveJSON()
+            }
+            for call in [overRPC, overWebSocket] {
+                let called = try Self.run(call, origin: origin, dir: web.daemon.downloadDir)
+                // All but the two that end or turn the connection: shutdown and subscribe have tests of their own.
+                #expect(called.union(["shutdown", "subscribe"]) == Set(RPCMethod.allCases.map(\.rawValue)))
+            }
+        }
+    }
+}
