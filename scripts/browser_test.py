@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Drives dld's dashboard in a real browser (Debian's chromium, chromium-driver and Selenium).
 
-    /usr/bin/python3 scripts/browser_test.py LOGIN_URL ORIGIN SCREENSHOT_DIR
+    /usr/bin/python3 scripts/browser_test.py LOGIN_URL ORIGIN SCREENSHOT_DIR DOWNLOAD_DIR
 
 LOGIN_URL is what `dlctl web` prints; ORIGIN serves the test origin's routes (`/bytes/N?rate=R`,
 `/status/404`). Each step prints a line; the first that fails prints why and exits 1. Run by
@@ -77,7 +77,7 @@ def add(driver, url, paused=False):
 
 
 def main():
-    login, origin, shots = sys.argv[1], sys.argv[2].rstrip("/"), sys.argv[3]
+    login, origin, shots, downloads = sys.argv[1], sys.argv[2].rstrip("/"), sys.argv[3], sys.argv[4]
     os.makedirs(shots, exist_ok=True)
     driver = browser()
     try:
@@ -111,6 +111,19 @@ def main():
         add(driver, f"{origin}/status/404")
         wait(driver, "the failed job's reason", lambda d: row(d, "404") is not None and "http_status" in row(d, "404")["text"])
         print(f"ok: a failed job shows why: {row(driver, '404')['text']!r}")
+
+        urls = driver.find_element(By.ID, "add-urls")
+        urls.clear()
+        urls.send_keys(f"{origin}/bytes/1000\n{origin}/bytes/2000")
+        driver.find_element(By.ID, "add-dir").send_keys(os.path.join(downloads, "lesson-1"))
+        driver.find_element(By.ID, "add-group").send_keys("lesson-1")
+        driver.find_element(By.CSS_SELECTOR, "#add-form button[type=submit]").click()
+        wait(driver, "the group added", lambda d: "2 files" in d.find_element(By.ID, "message").text)
+        driver.find_element(By.ID, "group-filter").send_keys("lesson-1\n")
+        wait(driver, "the group's line", lambda d: "completed, 2 of 2 files" in d.find_element(By.ID, "group-info").text)
+        for field in ("add-dir", "add-group"):
+            driver.find_element(By.ID, field).clear()
+        print(f"ok: a group added through the page; its line says {driver.find_element(By.ID, 'group-info').text!r}")
 
         for scheme in ("light", "dark"):
             driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": scheme}]})

@@ -81,8 +81,8 @@ import Testing
     }
 
     /// In chromium: log in with the token URL, add a URL and watch its bar reach 100 %, pause
-    /// and resume a job, see a failed job's reason, no console errors; screenshots in light and
-    /// dark in .build/dashboard-screenshots.
+    /// and resume a job, see a failed job's reason, add a group and see its line, no console
+    /// errors; screenshots in light and dark in .build/dashboard-screenshots.
     @Test func theDashboardInARealBrowser() async throws {
         try await withOrigin { origin in
             let web = try WebDaemon()
@@ -91,7 +91,7 @@ import Testing
             let shots = Self.repository.appendingPathComponent(".build/dashboard-screenshots").path
             try? FileManager.default.removeItem(atPath: shots)
             let script = Self.repository.appendingPathComponent("scripts/browser_test.py").path
-            let run = try runProgram("/usr/bin/python3", [script, login, origin.baseURL, shots])
+            let run = try runProgram("/usr/bin/python3", [script, login, origin.baseURL, shots, web.daemon.downloadDir])
             #expect(run.status == 0, "\(run.stdout)\(run.stderr.suffix(3000))")
             for scheme in ["light", "dark"] {
                 let png = try Data(contentsOf: URL(fileURLWithPath: "\(shots)/dashboard-\(scheme).png"))

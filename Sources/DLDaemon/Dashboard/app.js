@@ -154,6 +154,18 @@ function updateProgress(row, received, size, speed, state) {
   row.querySelector(".eta").textContent = speed && size ? duration((size - received) / speed) : "";
 }
 
+/** A group's line: its state, members done, bytes, folder and error. */
+async function loadGroup() {
+  const info = $("#group-info");
+  if (view.group === null) { info.hidden = true; return; }
+  const { group } = await rpc("status", { group: view.group });
+  const total = group.bytes_total === null ? "?" : bytes(group.bytes_total);
+  const error = group.error ? ` · ${group.error.message} [${group.error.code}]` : "";
+  info.textContent = `group ${group.id} “${group.name}”: ${group.state}, ${group.members_done} of ${group.members} files, ` +
+    `${bytes(group.bytes_done)} of ${total} → ${group.dir}${error}`;
+  info.hidden = false;
+}
+
 async function loadPage() {
   const params = { limit: PAGE };
   if (view.states) params.state = view.states;
@@ -185,7 +197,7 @@ async function loadStats() {
 
 async function refresh() {
   try {
-    await Promise.all([loadStats(), loadPage()]);
+    await Promise.all([loadStats(), loadPage(), loadGroup()]);
   } catch (error) {
     failed(error);
   }
@@ -200,6 +212,10 @@ function refreshSoon() {
 async function act(method, params) {
   try {
     if (method === "cancel" && !confirm("Cancel and delete the partial data?")) return;
+    if (method === "remove" && $("#delete-files").checked) {
+      if (!confirm("Remove the records and delete the files of completed jobs?")) return;
+      params = { ...params, delete_file: true };
+    }
     const result = await rpc(method, params);
     const count = result.count === undefined ? "" : ` ${result.count} job${result.count === 1 ? "" : "s"}`;
     say(`${method}:${count} done`);
