@@ -4,23 +4,7 @@ import Foundation
 import Testing
 
 /// A free TCP port on 127.0.0.1 at this moment (bound to port 0 and released).
-func freePort() throws -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    guard fd >= 0 else { throw HarnessError("socket failed") }
-    defer { close(fd) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    address.sin_port = 0
-    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let ok = withUnsafeMutablePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-            bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
-        }
-    }
-    guard ok else { throw HarnessError("bind failed") }
-    return Int(UInt16(bigEndian: address.sin_port))
-}
+func freePort() throws -> Int { try freeLoopbackPort() }
 
 /// A listening socket on 127.0.0.1:`port` (to make the port busy), or nil if it is busy already.
 func occupy(port: Int) -> Int32? {
