@@ -28,6 +28,19 @@ public struct JobView: Sendable, Equatable {
     }
 }
 
+/// Jobs as a reader sees them, many at once (a page of `list`, a group's members): their rows
+/// as read, and the live counters of those whose transfers run here. The rows are not copied
+/// into `JobView`s: a page of a thousand jobs would retain and release every string twice more.
+public struct JobViews: Sendable {
+    public var jobs: [Job]
+    public var live: [JobID: LiveProgress]
+
+    public init(_ jobs: [Job], live: [JobID: LiveProgress] = [:]) {
+        self.jobs = jobs
+        self.live = live
+    }
+}
+
 /// Which jobs a command applies to.
 public enum JobSelection: Sendable, Equatable {
     case ids([JobID])

@@ -99,24 +99,25 @@ extension Dispatcher {
             let (group, summary, jobs) = try await engine.groupStatus(reference)
             // Members as JSON text, not objects: a group of 2000 small files took megabytes of
             // dictionaries for one `status`, the daemon's peak.
-            return ["group": JobJSON.encodeGroup(group, summary), "jobs": .array(jobs.map(JobJSON.raw))]
+            return ["group": JobJSON.encodeGroup(group, summary), "jobs": .array(JobJSON.raw(jobs))]
         }
     }
 
     func list(_ params: ListParams) async throws(DLError) -> JSONValue {
         if let reference = params.group {
             let (_, _, jobs) = try await engine.groupStatus(reference, states: params.states)
-            return ["jobs": .array(jobs.map(JobJSON.raw)), "next_after_id": .null]
+            return ["jobs": .array(JobJSON.raw(jobs)), "next_after_id": .null]
         }
         // A page holds at most `maxPage` jobs whatever the limit: a page of 10 000 whole jobs
         // cost more than the daemon's memory budget to build; `next_after_id` continues where it
         // stopped.
         let limit = min(limits.maxPage, params.limit ?? 1000)
-        let jobs = try await engine.list(states: params.states, afterID: params.afterID, limit: limit + 1)
-        let page = jobs.prefix(limit)
-        let next: JSONValue = jobs.count > limit ? (page.last.map { .int($0.job.id) } ?? .null) : .null
+        var page = try await engine.list(states: params.states, afterID: params.afterID, limit: limit + 1)
+        let more = page.jobs.count > limit
+        if more { page.jobs.removeLast(page.jobs.count - limit) }
+        let next: JSONValue = more ? (page.jobs.last.map { .int($0.id) } ?? .null) : .null
         // Each job as JSON text: building and sorting each job's object took most of a page's time.
-        return ["jobs": .array(page.map(JobJSON.raw)), "next_after_id": next]
+        return ["jobs": .array(JobJSON.raw(page)), "next_after_id": next]
     }
 }
 

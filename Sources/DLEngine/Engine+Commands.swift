@@ -265,9 +265,9 @@ extension Engine {
     }
 
     /// A page of jobs after `afterID`, in id order.
-    public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws(DLError) -> [JobView] {
+    public func list(states: [JobState]?, afterID: JobID, limit: Int) async throws(DLError) -> JobViews {
         await linksSettled()
-        return try await storage { try await store.list(states: states, afterID: afterID, limit: limit) }.map(view)
+        return views(try await storage { try await store.list(states: states, afterID: afterID, limit: limit) })
     }
 
     /// A job, read once its file is linked (a `completed` row means the file is under its
@@ -354,6 +354,15 @@ extension Engine {
 
     func view(_ job: Job) -> JobView {
         JobView(job, live: liveProgress(of: job.id))
+    }
+
+    /// The rows as read, with the counters of those that run here.
+    func views(_ jobs: [Job]) -> JobViews {
+        var live: [JobID: LiveProgress] = [:]
+        if !running.isEmpty {
+            for job in jobs { if let progress = liveProgress(of: job.id) { live[job.id] = progress } }
+        }
+        return JobViews(jobs, live: live)
     }
 
     /// The counters of the job's running transfer, if it runs here.

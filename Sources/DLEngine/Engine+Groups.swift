@@ -226,7 +226,7 @@ extension Engine {
 
     /// The group, its summary and its members (those in `states`, when given).
     public func groupStatus(_ reference: GroupReference, states: [JobState]? = nil) async throws(DLError) -> (
-        JobGroup, GroupSummary, [JobView]
+        JobGroup, GroupSummary, JobViews
     ) {
         await linksSettled()
         let group = try await resolve(reference)
@@ -234,7 +234,7 @@ extension Engine {
         let summary = GroupSummary.summarize(group, members: members, active: activeGroups.contains(group.id))
         let wanted = states.map(Set.init)
         return (
-            group, summary, members.filter { wanted?.contains($0.state) ?? true }.map(view)
+            group, summary, views(wanted.map { wanted in members.filter { wanted.contains($0.state) } } ?? members)
         )
     }
 

@@ -39,20 +39,28 @@ extension TableColumns {
 }
 
 /// A row's cells named by the columns of one set.
+///
+/// Inlinable, as the job decoder that uses it: each backend's build specializes the decoder for
+/// its own cells. Called through the generic protocol from another module, every cell cost a
+/// witness call, and a `list` of the whole queue took more CPU than with each backend's own
+/// decoder (docs/benchmarks.md, the layers pass).
+@usableFromInline
 struct ColumnCells<Column: TableColumns, Cells: RowCells> {
-    let cells: Cells
+    @usableFromInline let cells: Cells
 
-    init(_ cells: Cells) { self.cells = cells }
+    @inlinable init(_ cells: Cells) { self.cells = cells }
 
-    func int64(_ column: Column) throws -> Int64? { try cells.int64(column.rawValue) }
-    func int(_ column: Column) throws -> Int? { try cells.int64(column.rawValue).map { Int(truncatingIfNeeded: $0) } }
-    func text(_ column: Column) throws -> String? { try cells.text(column.rawValue) }
-    func bool(_ column: Column) throws -> Bool? { try cells.bool(column.rawValue) }
+    @inlinable func int64(_ column: Column) throws -> Int64? { try cells.int64(column.rawValue) }
+    @inlinable func int(_ column: Column) throws -> Int? { try cells.int64(column.rawValue).map { Int(truncatingIfNeeded: $0) } }
+    @inlinable func text(_ column: Column) throws -> String? { try cells.text(column.rawValue) }
+    @inlinable func bool(_ column: Column) throws -> Bool? { try cells.bool(column.rawValue) }
     /// A time, kept as seconds since 1970.
-    func date(_ column: Column) throws -> Date? { try cells.double(column.rawValue).map(Date.init(timeIntervalSince1970:)) }
+    @inlinable func date(_ column: Column) throws -> Date? {
+        try cells.double(column.rawValue).map(Date.init(timeIntervalSince1970:))
+    }
 
     /// A `JobError` from its code and message columns: none without a code.
-    func error(code: Column, message: Column) throws -> JobError? {
+    @inlinable func error(code: Column, message: Column) throws -> JobError? {
         guard let code = try text(code) else { return nil }
         return JobError(code: code, message: try text(message) ?? "")
     }
@@ -110,7 +118,7 @@ public enum JobColumn: Int, TableColumns {
 
     public static let list = names()
 
-    public static func value(from cells: some RowCells) throws -> Job {
+    @inlinable public static func value(from cells: some RowCells) throws -> Job {
         let row = ColumnCells<Self, _>(cells)
         let epoch = Date(timeIntervalSince1970: 0)
         var job = Job(

@@ -8,6 +8,11 @@ public enum JobJSON {
 
     public static func raw(_ view: JobView) -> JSONValue { raw(view.job, live: view.live) }
 
+    /// Each job as text (`raw`), with its live counters.
+    public static func raw(_ views: JobViews) -> [JSONValue] {
+        views.jobs.map { raw($0, live: views.live[$0.id]) }
+    }
+
     public static func encode(_ job: Job, live: LiveProgress? = nil) -> JSONValue {
         var object: [String: JSONValue] = [:]
         object.reserveCapacity(keys.count)
