@@ -222,12 +222,15 @@ import Testing
         let origin = try await TestOrigin.start()
         do {
             try await f.engine.start()
-            // About two seconds at 200 000 bytes a second.
-            var spec = EnqueueSpec(url: origin.baseURL + "/bytes/400000?rate=200000")
+            // About four seconds at 100 000 bytes a second: long enough for a scrape to land in
+            // the middle even on two busy cores (at 200 000, one in the full suite came after the
+            // last byte, while the job was still being verified and published).
+            var spec = EnqueueSpec(url: origin.baseURL + "/bytes/400000?rate=100000")
             spec.name = "slow.bin"
             _ = try await f.engine.enqueue([spec])
             let running = try await f.scrape { text in
-                text.value("dld_active_transfers") == 1 && (text.value("dld_downloaded_bytes_total") ?? 0) > 0
+                text.value("dld_active_transfers") == 1
+                    && (1..<400_000).contains(text.value("dld_downloaded_bytes_total") ?? 0)
             }
             #expect(running.value("dld_active_transfers") == 1)
             #expect(running.value("dld_jobs", ["state": "running"]) == 1)
