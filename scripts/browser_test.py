@@ -131,6 +131,12 @@ def main():
             path = os.path.join(shots, f"dashboard-{scheme}.png")
             driver.save_screenshot(path)
             print(f"ok: screenshot {path}")
+        # Phone width: one column, each job a card.
+        driver.set_window_size(390, 844)
+        time.sleep(0.3)
+        path = os.path.join(shots, "dashboard-phone.png")
+        driver.save_screenshot(path)
+        print(f"ok: screenshot {path}")
 
         errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
         if errors:

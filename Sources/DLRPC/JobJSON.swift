@@ -6,8 +6,6 @@ public enum JobJSON {
 
     public static func encode(_ view: JobView) -> JSONValue { encode(view.job, live: view.live) }
 
-    public static func raw(_ view: JobView) -> JSONValue { raw(view.job, live: view.live) }
-
     /// Each job as text (`raw`), with its live counters.
     public static func raw(_ views: JobViews) -> [JSONValue] {
         views.jobs.map { raw($0, live: views.live[$0.id]) }

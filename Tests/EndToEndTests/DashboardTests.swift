@@ -93,7 +93,7 @@ import Testing
             let script = Self.repository.appendingPathComponent("scripts/browser_test.py").path
             let run = try runProgram("/usr/bin/python3", [script, login, origin.baseURL, shots, web.daemon.downloadDir])
             #expect(run.status == 0, "\(run.stdout)\(run.stderr.suffix(3000))")
-            for scheme in ["light", "dark"] {
+            for scheme in ["light", "dark", "phone"] {
                 let png = try Data(contentsOf: URL(fileURLWithPath: "\(shots)/dashboard-\(scheme).png"))
                 #expect(png.starts(with: [0x89, 0x50, 0x4E, 0x47]) && png.count > 10_000, "\(scheme): \(png.count) bytes")
             }
