@@ -97,7 +97,7 @@ install-files:
 		$(DESTDIR)$(BASH_COMPLETION_DIR) $(DESTDIR)$(ZSH_COMPLETION_DIR) $(DESTDIR)$(FISH_COMPLETION_DIR) $(DESTDIR)$(DOC_DIR)
 	install -m 755 $(BIN)/dld $(BIN)/dlctl $(DESTDIR)$(BINDIR)/
 	sed "s|@BINDIR@|$(BINDIR)|" systemd/dld.service > $(DESTDIR)$(UNIT_DIR)/dld.service
-	install -m 644 systemd/dld.socket $(DESTDIR)$(UNIT_DIR)/dld.socket
+	install -m 644 systemd/dld.socket systemd/dld-http.socket $(DESTDIR)$(UNIT_DIR)/
 	chmod 644 $(DESTDIR)$(UNIT_DIR)/dld.service
 	set -e; for tool in dld dlctl; do \
 		$(BIN)/$$tool --generate-completion-script bash > $(DESTDIR)$(BASH_COMPLETION_DIR)/$$tool; \
@@ -113,7 +113,7 @@ install-files:
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/dld $(DESTDIR)$(BINDIR)/dlctl
-	rm -f $(DESTDIR)$(UNIT_DIR)/dld.service $(DESTDIR)$(UNIT_DIR)/dld.socket
+	rm -f $(DESTDIR)$(UNIT_DIR)/dld.service $(DESTDIR)$(UNIT_DIR)/dld.socket $(DESTDIR)$(UNIT_DIR)/dld-http.socket
 	rm -f $(DESTDIR)$(MANDIR)/man1/dld.1 $(DESTDIR)$(MANDIR)/man1/dlctl.1 $(DESTDIR)$(MANDIR)/man5/dld.conf.5
 	rm -f $(DESTDIR)$(BASH_COMPLETION_DIR)/dld $(DESTDIR)$(BASH_COMPLETION_DIR)/dlctl
 	rm -f $(DESTDIR)$(ZSH_COMPLETION_DIR)/_dld $(DESTDIR)$(ZSH_COMPLETION_DIR)/_dlctl

@@ -38,7 +38,7 @@ public enum Daemon {
         // A socket handed over by systemd (dld.socket) is served as it is: its folder and mode
         // are the unit's; the socket path of the configuration is then only a name.
         let adopted = try SocketActivation.adopt()
-        if adopted == nil { try prepareSocketFolder(config.socket, logger: logger) }
+        if adopted.control == nil { try prepareSocketFolder(config.socket, logger: logger) }
         if !FileManager.default.fileExists(atPath: config.downloadDir) {
             try? FileManager.default.createDirectory(atPath: config.downloadDir, withIntermediateDirectories: true)
         }
@@ -108,7 +108,8 @@ public enum Daemon {
         }
         await engine.setOnCommit { metrics.committed($0) }
         let service = DaemonService(
-            config: config, engine: engine, hub: hub, cache: cache, metrics: metrics, bootGuard: bootGuard, adoptedSocket: adopted,
+            config: config, engine: engine, hub: hub, cache: cache, metrics: metrics, bootGuard: bootGuard, adoptedSocket: adopted.control,
+            adoptedHTTP: adopted.http,
             notifier: SystemdNotifier(), hooks: hooks, current: Reloadable(config), reloadConfig: reload, logger: logger)
         // Services shut down in the reverse order of this list: `DaemonService` first (it stops
         // the transfers with their last checkpoints committed), then the loops, which would
@@ -265,6 +266,9 @@ struct DaemonService: Service, CustomStringConvertible {
     let bootGuard: BootGuard
     /// The listening socket passed by systemd, if any (else dld binds `config.socket`).
     let adoptedSocket: Int32?
+    /// The HTTP listener's TCP socket passed by systemd (dld-http.socket), if any: served
+    /// instead of `http_listen`.
+    let adoptedHTTP: Int32?
     let notifier: SystemdNotifier
     /// The hook commands, replaced by a reload.
     let hooks: Reloadable<HookRunner>
@@ -305,7 +309,8 @@ struct DaemonService: Service, CustomStringConvertible {
         let http: HTTPListener?
         do {
             http = try await HTTPListener.start(
-                config: config, dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger, onShutdown: shutdown)
+                config: config, adopting: adoptedHTTP, dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger,
+                onShutdown: shutdown)
         } catch {
             channel.channel.close(promise: nil)
             throw error

@@ -44,6 +44,35 @@ public struct HTTPAddress: Sendable, Equatable {
         return HTTPAddress(host: address, port: number)
     }
 
+    /// The IP address and port a TCP socket is bound to (one systemd passed), or nil.
+    public static func bound(to fd: Int32) -> HTTPAddress? {
+        var storage = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let named = withUnsafeMutablePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        guard named == 0 else { return nil }
+        var text = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
+        switch Int32(storage.ss_family) {
+        case AF_INET:
+            let address = withUnsafePointer(to: &storage) { $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee } }
+            var bytes = address.sin_addr
+            guard inet_ntop(AF_INET, &bytes, &text, socklen_t(text.count)) != nil else { return nil }
+            return HTTPAddress(host: Self.text(text), port: Int(UInt16(bigEndian: address.sin_port)))
+        case AF_INET6:
+            let address = withUnsafePointer(to: &storage) { $0.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee } }
+            var bytes = address.sin6_addr
+            guard inet_ntop(AF_INET6, &bytes, &text, socklen_t(text.count)) != nil else { return nil }
+            return HTTPAddress(host: Self.text(text), port: Int(UInt16(bigEndian: address.sin6_port)))
+        default:
+            return nil
+        }
+    }
+
+    private static func text(_ characters: [CChar]) -> String {
+        String(decoding: characters.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
     /// 127.0.0.0/8 or ::1: only this machine can connect.
     public var isLoopback: Bool {
         host == "::1" || host.hasPrefix("127.")

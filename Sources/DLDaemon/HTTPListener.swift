@@ -40,12 +40,18 @@ public final class HTTPListener: Sendable {
 
     /// Binds the listener of `config` (nil when `http_listen` is ""), writes its URL to
     /// `<state_dir>/http-url`; throws a `DaemonError` that says why it cannot.
+    /// A TCP socket passed by systemd (`adopting`, dld-http.socket) is served instead of
+    /// `http_listen`, under the same rules (its address decides whether TLS is needed).
     static func start(
-        config: DaemonConfig, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?, logger: Logger,
-        onShutdown: @escaping @Sendable () -> Void
+        config: DaemonConfig, adopting inherited: Int32? = nil, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?,
+        logger: Logger, onShutdown: @escaping @Sendable () -> Void
     ) async throws -> HTTPListener? {
         let urlFile = config.stateDir + "/http-url"
         unlink(urlFile)
+        if let inherited {
+            return try await adopt(
+                inherited, config: config, dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger, onShutdown: onShutdown)
+        }
         if config.httpListen == "" { return nil }
         let explicit = config.httpListen != nil
         let address: HTTPAddress
@@ -55,13 +61,7 @@ public final class HTTPListener: Sendable {
             throw DaemonError("http_listen: \(error)")
         }
         let tls = try tlsContext(config)
-        if !address.isLoopback && tls == nil && !config.httpAllowInsecure {
-            throw DaemonError(
-                "http_listen \(address.hostInURL):\(address.port) is beyond loopback: set http_cert and http_key (TLS), "
-                    + "or http_allow_insecure = true if a TLS proxy is in front; the token would otherwise cross the network in clear")
-        }
-        let token = try HTTPToken.loadOrCreate(stateDir: config.stateDir)
-        let readTimeout = testReadTimeout(logger: logger) ?? .seconds(30)
+        try requireTLS(beyondLoopback: address, tls: tls, config: config)
         // The default address tries its neighbours; one that was asked for is that one or none.
         let ports = explicit || address.port != HTTPAddress.defaultPort ? address.port...address.port : HTTPAddress.defaultPorts
         var bound: (any Channel)?
@@ -69,13 +69,9 @@ public final class HTTPListener: Sendable {
         var boundAddress = address
         for port in ports {
             boundAddress.port = port
-            let candidate = HTTPListener(
-                settings: Settings(
-                    policy: HostPolicy(address: boundAddress, tls: tls != nil, extraHosts: Set(config.httpHosts ?? [])),
-                    token: token, maxBodyBytes: config.maxLineBytes, maxConnections: config.maxConnections,
-                    readTimeout: readTimeout),
-                dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger, onShutdown: onShutdown,
-                url: "\(tls == nil ? "http" : "https")://\(boundAddress.localHostInURL):\(port)/", urlFile: urlFile)
+            let candidate = try HTTPListener(
+                serving: boundAddress, tls: tls != nil, config: config, dispatcher: dispatcher, hub: hub, metrics: metrics,
+                logger: logger, onShutdown: onShutdown)
             do {
                 bound = try await candidate.bind(host: boundAddress.host, port: port, tls: tls)
                 listener = candidate
@@ -95,13 +91,76 @@ public final class HTTPListener: Sendable {
                 "the HTTP ports \(ports.lowerBound)…\(ports.upperBound) are all in use; set http_listen to a free address, or \"\" for none"
             )
         }
-        listener.server.withLock { $0 = bound }
-        try listener.writeURLFile()
         if boundAddress.port != address.port {
             logger.notice("HTTP port \(address.port) was in use; took the next free one", metadata: ["url": "\(listener.url)"])
         }
-        logger.info("HTTP listening", metadata: ["url": "\(listener.url)", "tls": "\(tls != nil)"])
+        try listener.serve(bound, from: "dld")
         return listener
+    }
+
+    /// The listener on a TCP socket that systemd bound: `http_listen` is not used then.
+    private static func adopt(
+        _ fd: Int32, config: DaemonConfig, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?, logger: Logger,
+        onShutdown: @escaping @Sendable () -> Void
+    ) async throws -> HTTPListener {
+        guard let address = HTTPAddress.bound(to: fd) else {
+            throw DaemonError("the HTTP socket systemd passed (dld-http.socket) has no IP address and port")
+        }
+        if config.httpListen != nil {
+            logger.notice("http_listen is not used: systemd passed the HTTP socket (dld-http.socket)")
+        }
+        let tls = try tlsContext(config)
+        do {
+            try requireTLS(beyondLoopback: address, tls: tls, config: config)
+        } catch {
+            Glibc.close(fd)
+            throw error
+        }
+        let listener = try HTTPListener(
+            serving: address, tls: tls != nil, config: config, dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger,
+            onShutdown: onShutdown)
+        let bound: any Channel
+        do {
+            bound = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                .childChannelInitializer { [listener] channel in
+                    channel.eventLoop.makeCompletedFuture { try listener.initialize(channel, tls: tls) }
+                }
+                .withBoundSocket(NIOBSDSocket.Handle(fd)).get()
+        } catch {
+            throw DaemonError("the HTTP socket systemd passed (dld-http.socket): \(error)")
+        }
+        try listener.serve(bound, from: "systemd")
+        return listener
+    }
+
+    /// Beyond loopback the token must not cross the network in clear.
+    private static func requireTLS(beyondLoopback address: HTTPAddress, tls: NIOSSLContext?, config: DaemonConfig) throws {
+        if !address.isLoopback && tls == nil && !config.httpAllowInsecure {
+            throw DaemonError(
+                "http_listen \(address.hostInURL):\(address.port) is beyond loopback: set http_cert and http_key (TLS), "
+                    + "or http_allow_insecure = true if a TLS proxy is in front; the token would otherwise cross the network in clear")
+        }
+    }
+
+    /// Keeps the bound channel, writes `<state_dir>/http-url`, and says so.
+    private func serve(_ bound: any Channel, from source: String) throws {
+        server.withLock { $0 = bound }
+        try writeURLFile()
+        logger.info("HTTP listening", metadata: ["url": "\(url)", "tls": "\(url.hasPrefix("https"))", "socket_from": "\(source)"])
+    }
+
+    /// A listener for `address` with the config's token and limits, not bound yet.
+    private convenience init(
+        serving address: HTTPAddress, tls: Bool, config: DaemonConfig, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?,
+        logger: Logger, onShutdown: @escaping @Sendable () -> Void
+    ) throws {
+        self.init(
+            settings: Settings(
+                policy: HostPolicy(address: address, tls: tls, extraHosts: Set(config.httpHosts ?? [])),
+                token: try HTTPToken.loadOrCreate(stateDir: config.stateDir), maxBodyBytes: config.maxLineBytes,
+                maxConnections: config.maxConnections, readTimeout: Self.testReadTimeout(logger: logger) ?? .seconds(30)),
+            dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger, onShutdown: onShutdown,
+            url: "\(tls ? "https" : "http")://\(address.localHostInURL):\(address.port)/", urlFile: config.stateDir + "/http-url")
     }
 
     private init(
@@ -154,7 +213,7 @@ public final class HTTPListener: Sendable {
 
     /// Each connection: counted against the limit, then TLS, timeouts, HTTP with its error
     /// handling (a malformed request or an oversized head gets a 400 and the connection ends).
-    private func initialize(_ channel: any Channel, tls: NIOSSLContext?) throws {
+    fileprivate func initialize(_ channel: any Channel, tls: NIOSSLContext?) throws {
         let id = ObjectIdentifier(channel)
         let open = children.withLock { children -> Int in
             children[id] = channel

@@ -62,39 +62,60 @@ public final class SystemdNotifier: Sendable {
     }
 }
 
-/// Socket activation: the listening socket systemd (or `systemd-socket-activate`) opened for
+/// Socket activation: the listening sockets systemd (or `systemd-socket-activate`) opened for
 /// dld and handed over as file descriptor 3 onwards, named by `$LISTEN_FDS`, `$LISTEN_PID`
-/// and `$LISTEN_FDNAMES` (sd_listen_fds(3)).
+/// and `$LISTEN_FDNAMES` (sd_listen_fds(3)): the control socket (dld.socket) and, when
+/// dld-http.socket is enabled, the HTTP listener's TCP socket.
 public enum SocketActivation {
     /// The first descriptor passed by systemd.
     static let firstDescriptor: Int32 = 3
 
-    /// The passed Unix stream socket that listens, or nil when none was passed to this
-    /// process. With several, the one named `dld` (`FileDescriptorName=`) is taken, else the
-    /// first Unix stream socket. The variables are removed, so that hooks and other children
-    /// do not take them for theirs; every passed descriptor is set close-on-exec.
-    public static func adopt(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> Int32? {
+    /// What systemd passed to this process.
+    public struct Sockets: Sendable, Equatable {
+        /// The Unix stream socket that listens, for the control socket.
+        public var control: Int32?
+        /// A TCP stream socket that listens, for the HTTP listener.
+        public var http: Int32?
+    }
+
+    /// The passed sockets (none when nothing was passed to this process). Of several Unix
+    /// stream sockets the one named `dld` (`FileDescriptorName=`) is taken, else the first; of
+    /// several TCP ones the one named `dld-http`, else the first. The variables are removed, so
+    /// that hooks and other children do not take them for theirs; every passed descriptor is
+    /// set close-on-exec.
+    public static func adopt(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> Sockets {
         guard let pid = environment["LISTEN_PID"].flatMap(Int32.init), pid == getpid(),
             let count = environment["LISTEN_FDS"].flatMap(Int32.init), count > 0
-        else { return nil }
+        else { return Sockets() }
         defer {
             unsetenv("LISTEN_PID")
             unsetenv("LISTEN_FDS")
             unsetenv("LISTEN_FDNAMES")
         }
         let names = environment["LISTEN_FDNAMES"].map { $0.split(separator: ":", omittingEmptySubsequences: false).map(String.init) } ?? []
-        var candidates: [(fd: Int32, name: String?)] = []
-        for index in 0..<count {
+        var unix: [(fd: Int32, name: String?)] = []
+        var tcp: [(fd: Int32, name: String?)] = []
+        // At most a few sockets make sense; a huge LISTEN_FDS is not looked through.
+        for index in 0..<min(count, 64) {
             let fd = firstDescriptor + index
             _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-            if isListeningUnixStream(fd) { candidates.append((fd, Int(index) < names.count ? names[Int(index)] : nil)) }
+            let name = Int(index) < names.count ? names[Int(index)] : nil
+            switch listeningStreamDomain(fd) {
+            case AF_UNIX: unix.append((fd, name))
+            case AF_INET, AF_INET6: tcp.append((fd, name))
+            default: break
+            }
         }
-        guard let chosen = candidates.first(where: { $0.name == "dld" }) ?? candidates.first else {
+        let sockets = Sockets(
+            control: (unix.first(where: { $0.name == "dld" }) ?? unix.first)?.fd,
+            http: (tcp.first(where: { $0.name == "dld-http" }) ?? tcp.first)?.fd)
+        guard sockets.control != nil || sockets.http != nil else {
             throw DaemonError(
-                "systemd passed \(count) socket(s) (LISTEN_FDS), but none is a listening Unix stream socket; check ListenStream= in dld.socket"
+                "systemd passed \(count) socket(s) (LISTEN_FDS), but none is a listening Unix or TCP stream socket; "
+                    + "check ListenStream= in dld.socket and dld-http.socket"
             )
         }
-        return chosen.fd
+        return sockets
     }
 
     /// The path a passed socket is bound to, for the log.
@@ -111,12 +132,14 @@ public enum SocketActivation {
         }
     }
 
-    private static func isListeningUnixStream(_ fd: Int32) -> Bool {
+    /// The address family of a listening stream socket, or nil for anything else.
+    private static func listeningStreamDomain(_ fd: Int32) -> Int32? {
         func option(_ name: Int32) -> Int32? {
             var value: Int32 = 0
             var length = socklen_t(MemoryLayout<Int32>.size)
             return getsockopt(fd, SOL_SOCKET, name, &value, &length) == 0 ? value : nil
         }
-        return option(SO_DOMAIN) == AF_UNIX && option(SO_TYPE) == Int32(SOCK_STREAM.rawValue) && option(SO_ACCEPTCONN) == 1
+        guard option(SO_TYPE) == Int32(SOCK_STREAM.rawValue), option(SO_ACCEPTCONN) == 1 else { return nil }
+        return option(SO_DOMAIN)
     }
 }

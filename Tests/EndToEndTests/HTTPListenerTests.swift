@@ -120,6 +120,12 @@ struct WebDaemon {
         try daemon.start()
     }
 
+    /// A daemon started otherwise (under systemd-socket-activate) that serves `port`.
+    init(running daemon: DaemonHarness, port: Int) {
+        self.daemon = daemon
+        self.port = port
+    }
+
     var token: String {
         get throws {
             try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)

@@ -14,6 +14,7 @@ import Testing
     static let files: [(path: String, mode: Int)] = [
         ("bin/dld", 0o755), ("bin/dlctl", 0o755),
         ("share/systemd/user/dld.service", 0o644), ("share/systemd/user/dld.socket", 0o644),
+        ("share/systemd/user/dld-http.socket", 0o644),
         ("share/man/man1/dld.1", 0o644), ("share/man/man1/dlctl.1", 0o644), ("share/man/man5/dld.conf.5", 0o644),
         ("share/bash-completion/completions/dld", 0o644), ("share/bash-completion/completions/dlctl", 0o644),
         ("share/zsh/site-functions/_dld", 0o644), ("share/zsh/site-functions/_dlctl", 0o644),
@@ -87,7 +88,7 @@ import Testing
         #expect(installed.status == 0, "\(installed.stderr)")
         let units = prefix + "/share/systemd/user"
         let verified = try runProgram(
-            "/usr/bin/systemd-analyze", ["--user", "verify", units + "/dld.service", units + "/dld.socket"],
+            "/usr/bin/systemd-analyze", ["--user", "verify", units + "/dld.service", units + "/dld.socket", units + "/dld-http.socket"],
             environment: ["XDG_RUNTIME_DIR": runtime, "MANPATH": prefix + "/share/man", "PATH": "/usr/bin:/bin", "HOME": daemon.root])
         #expect(verified.status == 0, "\(verified.stdout)\(verified.stderr)")
         #expect(verified.stdout.isEmpty && verified.stderr.isEmpty, "\(verified.stdout)\(verified.stderr)")

@@ -123,4 +123,55 @@ import Testing
         }
         try await origin.shutdown()
     }
+
+    /// dld-http.socket: systemd binds the HTTP port beside the control socket. The first
+    /// connection is an HTTP request: it starts dld, which serves that socket (not its own
+    /// http_listen) with its checks (no token: 401), writes its URL to http-url, and answers
+    /// JSON-RPC on it; the control socket passed with it is served too.
+    @Test func httpSocketActivation() throws {
+        let daemon = try DaemonHarness()
+        let port = try freeLoopbackPort()
+        let configured = try freeLoopbackPort()
+        daemon.httpListen = "127.0.0.1:\(configured)"
+        daemon.launcher = [
+            "/usr/bin/systemd-socket-activate", "--listen=" + daemon.socket, "--listen=127.0.0.1:\(port)", "--fdname=dld:dld-http",
+        ]
+        try daemon.launch()
+        defer { daemon.stop() }
+        let deadline = Date().addingTimeInterval(20)
+        while daemon.pid == nil && Date() < deadline { usleep(20_000) }
+        let web = WebDaemon(running: daemon, port: port)
+        // dld starts with this connection waiting: a generous timeout for a loaded machine.
+        let first = try RawConnection(port: port, timeout: 60)
+        first.send("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nConnection: close\r\n\r\n")
+        #expect(try RawResponse(first.receiveAll()).status == 401, "\(daemon.log)")
+        #expect(daemon.waitForLog("socket_from=systemd"), "\(daemon.log)")
+        let url = try String(contentsOfFile: daemon.stateDir + "/http-url", encoding: .utf8)
+        #expect(url.trimmingCharacters(in: .whitespacesAndNewlines) == "http://127.0.0.1:\(port)/", "\(url)")
+        #expect(daemon.log.contains("http_listen is not used"), "\(daemon.log)")
+        let reply = try web.rpc(#"{"jsonrpc":"2.0","id":1,"method":"version"}"#)
+        #expect(reply.status == 200 && String(decoding: reply.body, as: UTF8.self).contains("\"protocol\":3"), "\(reply.status)")
+        #expect(try web.request("GET", "/", headers: [("Host", "evil.example")]).status == 421)
+        #expect(try daemon.dlctl(["status"]).status == 0)
+        #expect(throws: HarnessError.self) { try RawConnection(port: configured, timeout: 2) }
+    }
+
+    /// A passed HTTP socket beyond loopback without TLS stops dld with the reason, as
+    /// http_listen would.
+    @Test func httpSocketBeyondLoopbackNeedsTLS() throws {
+        let daemon = try DaemonHarness()
+        let port = try freeLoopbackPort()
+        daemon.launcher = [
+            "/usr/bin/systemd-socket-activate", "--listen=" + daemon.socket, "--listen=0.0.0.0:\(port)", "--fdname=dld:dld-http",
+        ]
+        try daemon.launch()
+        defer { daemon.stop() }
+        let deadline = Date().addingTimeInterval(20)
+        while daemon.pid == nil && Date() < deadline { usleep(20_000) }
+        let first = try RawConnection(port: port, timeout: 60)
+        first.send("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nConnection: close\r\n\r\n")
+        _ = first.receiveAll()
+        #expect(daemon.waitForLog("is beyond loopback: set http_cert and http_key"), "\(daemon.log)")
+        #expect(daemon.stop() != 0)
+    }
 }
