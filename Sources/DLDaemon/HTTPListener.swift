@@ -232,7 +232,11 @@ public final class HTTPListener: Sendable {
         let upgrader = NIOWebSocketServerUpgrader(
             maxFrameSize: settings.maxBodyBytes, automaticErrorHandling: true,
             shouldUpgrade: { [self] channel, head in
-                channel.eventLoop.makeSucceededFuture(self.admitsUpgrade(head) ? HTTPHeaders() : nil)
+                guard self.admitsUpgrade(head) else { return channel.eventLoop.makeSucceededFuture(nil) }
+                // The gate goes before the HTTP decoder does: the decoder hands the bytes it
+                // read past the request (the first frames) on as bytes, not HTTP parts, and
+                // the gate must not be there to receive them.
+                return channel.pipeline.removeHandler(name: Self.gateName).map { HTTPHeaders() }.recover { _ in HTTPHeaders() }
             },
             upgradePipelineHandler: { [self] channel, _ in
                 channel.eventLoop.makeCompletedFuture {
@@ -254,7 +258,6 @@ public final class HTTPListener: Sendable {
                 upgraders: [upgrader],
                 completionHandler: { context in
                     context.pipeline.removeHandler(name: Self.requestHandlerName, promise: nil)
-                    context.pipeline.removeHandler(name: Self.gateName, promise: nil)
                 }
             ),
             withErrorHandling: true, withOutboundHeaderValidation: true, withEncoderConfiguration: .init(),
