@@ -312,7 +312,7 @@ struct DaemonService: Service, CustomStringConvertible {
                 config: config, adopting: adoptedHTTP, dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger,
                 onShutdown: shutdown)
         } catch {
-            channel.channel.close(promise: nil)
+            await abandon(channel)
             throw error
         }
         defer { http?.close() }
@@ -324,7 +324,7 @@ struct DaemonService: Service, CustomStringConvertible {
         do {
             try await engine.start()
         } catch {
-            channel.channel.close(promise: nil)
+            await abandon(channel)
             throw DaemonError("cannot start the queue: \(error)")
         }
         await cache.start()
@@ -441,6 +441,19 @@ struct DaemonService: Service, CustomStringConvertible {
     static let statusInterval: Duration = .seconds(5)
 
     /// "2 running, 10 queued, 1 waiting, 3.4 MB/s" (and why the queue is paused, if it is).
+    /// Closes the control socket's channel when start-up fails after it was bound. Connections
+    /// it accepted already (a client waiting for dld to come up) are each closed through
+    /// `executeThenClose`: a connection's channel dropped without it traps in NIO (its writer
+    /// was never finished; apple/swift-nio#3481).
+    private func abandon(_ channel: NIOAsyncChannel<NIOAsyncChannel<ByteBuffer, ByteBuffer>, Never>) async {
+        try? await channel.channel.close()
+        try? await channel.executeThenClose { inbound in
+            for try await connection in inbound {
+                try? await connection.executeThenClose { _, _ in }
+            }
+        }
+    }
+
     static func statusLine(_ stats: Engine.Stats) -> String {
         var parts = ["\(stats.active) running", "\(stats.counts[.queued] ?? 0) queued"]
         if let waiting = stats.counts[.waiting], waiting > 0 { parts.append("\(waiting) waiting") }
