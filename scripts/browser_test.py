@@ -134,9 +134,19 @@ def main():
         # Phone width: one column, each job a card.
         driver.set_window_size(390, 844)
         time.sleep(0.3)
+        driver.execute_script("document.getElementById('jobs').scrollIntoView()")
         path = os.path.join(shots, "dashboard-phone.png")
         driver.save_screenshot(path)
         print(f"ok: screenshot {path}")
+        # Nothing may be wider than the phone: the page must not scroll sideways.
+        wide = driver.execute_script(
+            "const w = document.documentElement.clientWidth;"
+            "return [document.documentElement.scrollWidth, w, Array.from(document.querySelectorAll('body *'))"
+            ".filter(e => e.getBoundingClientRect().right > w + 0.5 && !e.closest('.visually-hidden'))"
+            ".slice(0, 5).map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))];")
+        if wide[0] > wide[1]:
+            raise SystemExit(f"FAILED: at phone width the page is {wide[0]} px wide in a {wide[1]} px window; too wide: {wide[2]}")
+        print(f"ok: at phone width nothing is wider than the window ({wide[1]} px)")
 
         errors = [entry for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
         if errors:
