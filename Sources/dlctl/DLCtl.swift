@@ -14,7 +14,7 @@ struct DLCtl: ParsableCommand {
         version: "dlctl \(DLDVersion.current) (protocol \(DLDVersion.protocolVersion))",
         subcommands: [
             Enqueue.self, Status.self, Watch.self, Wait.self, Pause.self, Resume.self, Cancel.self, Remove.self, Stats.self, Queue.self,
-            Speed.self, SetURL.self, Get.self, Unpin.self, CacheList.self, Version.self, Shutdown.self, Web.self,
+            Speed.self, SetURL.self, Get.self, Unpin.self, CacheList.self, Version.self, Shutdown.self, Web.self, Discover.self,
         ])
 
     /// The options of every command are taken before the command too, as git and systemctl
@@ -584,6 +584,30 @@ struct Version: ParsableCommand {
         let result = try common.call(.version)
         common.emit(result) {
             "dld \(result["version"]?.stringValue ?? "?") (protocol \(result["protocol"]?.int64Value ?? 0)); dlctl \(DLDVersion.current)"
+        }
+    }
+}
+
+/// `rpc.discover`: the protocol as the daemon serves it, for tools that read OpenRPC.
+struct Discover: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "The daemon's protocol as an OpenRPC 1.3 document (JSON), from its own method table.",
+        discussion: "Without --json, one line per method: its name and summary. With --json, the whole document.")
+    @OptionGroup var common: Common
+
+    func run() throws {
+        let result = try common.call(.discover)
+        common.emit(result) {
+            let methods = result["methods"]?.arrayValue ?? []
+            let lines = methods.map { method in
+                let name = method["name"]?.stringValue ?? "?"
+                let summary = method["summary"]?.stringValue ?? ""
+                return summary.isEmpty ? name : "\(name)  \(summary)"
+            }
+            return
+                ([
+                    "OpenRPC \(result["openrpc"]?.stringValue ?? "?"): \(result["info"]?["title"]?.stringValue ?? "dld"), protocol \(result["info"]?["version"]?.stringValue ?? "?")"
+                ] + lines).joined(separator: "\n")
         }
     }
 }

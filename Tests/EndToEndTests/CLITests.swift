@@ -36,6 +36,26 @@ import Testing
 
     /// bash completion, loaded from the script dlctl generates: `dlctl pause <TAB>` offers the
     /// ids of the daemon's jobs; with no daemon it offers nothing and prints nothing.
+    /// `dlctl discover`: a line for every method the daemon answers, and with --json the
+    /// OpenRPC document itself.
+    @Test func discoverListsEveryMethod() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        let text = try daemon.dlctl(["discover"])
+        #expect(text.status == 0, "\(text.stderr)")
+        let lines = text.stdout.split(separator: "\n").map(String.init)
+        #expect(lines.first?.hasPrefix("OpenRPC 1.3") == true, "\(text.stdout)")
+        for method in RPCMethod.allCases {
+            #expect(
+                lines.contains { $0 == method.rawValue || $0.hasPrefix(method.rawValue + "  ") },
+                "\(method.rawValue) missing:\n\(text.stdout)")
+        }
+        let json = try daemon.dlctl(["discover", "--json"])
+        let document = try JSONValue.parse(Data(json.stdout.utf8))
+        #expect(document["methods"]?.arrayValue?.count == RPCMethod.allCases.count, "\(json.stdout.prefix(300))")
+    }
+
     @Test func jobIDsCompleteFromTheDaemon() throws {
         let daemon = try DaemonHarness()
         try daemon.start()
