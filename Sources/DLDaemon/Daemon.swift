@@ -323,6 +323,20 @@ struct DaemonService: Service, CustomStringConvertible {
             throw DaemonError("cannot start the queue: \(error)")
         }
         await cache.start()
+        // The drop folder is watched once the queue runs; a folder that cannot be made or
+        // watched stops the start-up with its reason.
+        let dropFolder: DropFolderWatch?
+        do {
+            let current = self.current
+            dropFolder =
+                config.watchDir.isEmpty
+                ? nil
+                : try DropFolderWatch(
+                    folder: config.watchDir, dispatcher: dispatcher, downloadDir: { current.value.downloadDir }, logger: logger)
+        } catch {
+            channel.channel.close(promise: nil)
+            throw error
+        }
         // Jobs that failed for want of a network start again as soon as a route is back. The
         // engine reads the route tables itself, so reports that come while it looks are one.
         let engine = self.engine
@@ -362,6 +376,7 @@ struct DaemonService: Service, CustomStringConvertible {
                 group.addTask {
                     for await isMetered in meteredChanges { await engine.meteredChanged(isMetered) }
                 }
+                if let dropFolder { group.addTask { await dropFolder.run() } }
                 // Serving ends when the socket is closed (SIGTERM, or a `shutdown` request).
                 try await group.next()
                 group.cancelAll()
