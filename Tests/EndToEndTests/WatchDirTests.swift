@@ -181,6 +181,7 @@ import Testing
             try daemon.start()
             defer { daemon.stop() }
             #expect(Self.waitForFile(folder + "/added/crash.txt"), "\(daemon.log.suffix(3000))")
+            #expect(!FileManager.default.fileExists(atPath: folder + "/failed/crash.txt.error"))
             let jobs = try Self.jobs(daemon)
             #expect(jobs.count == 3, "each line once: \(jobs.map { $0.serializedString() })")
             for job in jobs {
