@@ -97,6 +97,8 @@ import Testing
         do {
             try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
             try "\(origin.baseURL)/bytes/7000\n  out=early.bin\n".write(toFile: folder + "/early.txt", atomically: false, encoding: .utf8)
+            // A FIFO swept first: opening it must not block the folder (nor be taken).
+            #expect(mkfifo(folder + "/0fifo.txt", 0o600) == 0)
             let fd = open(folder + "/a-open.txt", O_WRONLY | O_CREAT | O_EXCL, 0o600)
             try #require(fd >= 0)
             let handle = FileHandle(fileDescriptor: fd, closeOnDealloc: true)
@@ -105,6 +107,7 @@ import Testing
             defer { daemon.stop() }
             #expect(Self.waitForFile(folder + "/added/early.txt"), "\(daemon.log.suffix(3000))")
             #expect(FileManager.default.fileExists(atPath: folder + "/a-open.txt"), "a file open for writing is not taken")
+            #expect(daemon.waitForLog("0fifo.txt is left alone: not a regular file"))
             handle.write(Data("\(origin.baseURL)/bytes/9000\n  out=open2.bin\n".utf8))
             try handle.close()
             #expect(Self.waitForFile(folder + "/added/a-open.txt"), "\(daemon.log.suffix(3000))")
@@ -144,6 +147,15 @@ import Testing
             #expect(Self.waitForFile(folder + "/failed/outside.txt.error"), "\(daemon.log.suffix(3000))")
             let outside = try String(contentsOfFile: folder + "/failed/outside.txt.error", encoding: .utf8)
             #expect(outside.hasPrefix("outside.txt: line 3: "), "\(outside)")
+
+            // Larger than the 16 MiB a dropped file may have (sparse: nothing is written).
+            let big = open(daemon.root + "/big.txt", O_WRONLY | O_CREAT | O_EXCL, 0o600)
+            try #require(big >= 0 && ftruncate(big, 17 << 20) == 0)
+            close(big)
+            #expect(rename(daemon.root + "/big.txt", folder + "/big.txt") == 0)
+            #expect(Self.waitForFile(folder + "/failed/big.txt.error"), "\(daemon.log.suffix(3000))")
+            let tooBig = try String(contentsOfFile: folder + "/failed/big.txt.error", encoding: .utf8)
+            #expect(tooBig.contains("a dropped file may have 16777216 at most"), "\(tooBig)")
 
             try "<metalink/>".write(toFile: folder + "/later.meta4", atomically: false, encoding: .utf8)
             // A link made elsewhere and moved in (inotify reports no link made in place).
