@@ -173,6 +173,14 @@ import Testing
         try await origin.shutdown()
     }
 
+    /// A `watch_dir` that is a file, not a folder, stops dld at start with that reason.
+    @Test func aWatchDirThatIsNotAFolderStopsTheStart() throws {
+        let (daemon, folder) = try Self.daemon()
+        try "".write(toFile: folder, atomically: false, encoding: .utf8)
+        #expect(throws: HarnessError.self) { try daemon.start() }
+        #expect(daemon.log.contains("watch_dir: \(folder) is not a folder"), "\(daemon.log.suffix(2000))")
+    }
+
     /// dld killed after a list's jobs are committed and before the list is moved (a test hook
     /// holds it there): at the restart the sweep finds the list again and enqueues none of its
     /// lines twice, then moves it.
