@@ -296,6 +296,15 @@ struct DaemonService: Service, CustomStringConvertible {
             Task { await cache.shutdown() }
             closer.withLock { $0?.close(promise: nil) }
         }
+        // The drop folder: made and watched now, before the socket is bound, so that a folder
+        // that cannot be made or watched stops the start-up with its reason and nothing to
+        // undo; its files are taken once the queue runs (the kernel keeps the events till then).
+        let current = self.current
+        let dropFolder =
+            config.watchDir.isEmpty
+            ? nil
+            : try DropFolderWatch(
+                folder: config.watchDir, dispatcher: dispatcher, downloadDir: { current.value.downloadDir }, logger: logger)
         let server = ControlServer(
             path: config.socket, dispatcher: dispatcher, hub: hub, limits: Self.limits(config), logger: logger, onShutdown: shutdown)
         let channel = try await server.bind(adopting: adoptedSocket)
@@ -323,20 +332,6 @@ struct DaemonService: Service, CustomStringConvertible {
             throw DaemonError("cannot start the queue: \(error)")
         }
         await cache.start()
-        // The drop folder is watched once the queue runs; a folder that cannot be made or
-        // watched stops the start-up with its reason.
-        let dropFolder: DropFolderWatch?
-        do {
-            let current = self.current
-            dropFolder =
-                config.watchDir.isEmpty
-                ? nil
-                : try DropFolderWatch(
-                    folder: config.watchDir, dispatcher: dispatcher, downloadDir: { current.value.downloadDir }, logger: logger)
-        } catch {
-            channel.channel.close(promise: nil)
-            throw error
-        }
         // Jobs that failed for want of a network start again as soon as a route is back. The
         // engine reads the route tables itself, so reports that come while it looks are one.
         let engine = self.engine

@@ -179,6 +179,7 @@ import Testing
         try "".write(toFile: folder, atomically: false, encoding: .utf8)
         #expect(throws: HarnessError.self) { try daemon.start() }
         #expect(daemon.log.contains("watch_dir: \(folder) is not a folder"), "\(daemon.log.suffix(2000))")
+        #expect(!daemon.log.contains("Fatal error"), "a refused start ends dld cleanly: \(daemon.log.suffix(2000))")
     }
 
     /// dld killed after a list's jobs are committed and before the list is moved (a test hook
