@@ -26,6 +26,21 @@ public struct InputEntry: Sendable, Equatable {
     }
 }
 
+extension InputEntry {
+    /// The job this entry asks for, over `base` (the caller's defaults): its URL, and its own
+    /// `out=`, `dir=` (made absolute by `absolute`), `checksum=` and `size=` where given. Both
+    /// `dlctl enqueue -i` and the drop folder build their `enqueue` params this way.
+    public func spec(over base: EnqueueSpec, absolute: (String) -> String) -> EnqueueSpec {
+        var spec = base
+        spec.url = url
+        spec.name = name ?? spec.name
+        spec.dir = dir.map(absolute) ?? spec.dir
+        spec.checksum = checksum ?? spec.checksum
+        spec.size = size ?? spec.size
+        return spec
+    }
+}
+
 /// Why an input file was refused, with the 1-based line at fault.
 public struct InputListError: Error, Sendable, Equatable, CustomStringConvertible {
     public var line: Int

@@ -100,6 +100,8 @@ public struct DaemonConfig: Sendable, Equatable {
     public var httpKey: String?
     /// Whether the listener may serve beyond loopback without TLS (behind a TLS proxy, say).
     public var httpAllowInsecure = false
+    /// The drop folder: input lists dropped there are enqueued (`DropFolderWatch`); "" for none.
+    public var watchDir = ""
     /// The file that was read, if any.
     public var configFile: String?
 
@@ -287,6 +289,10 @@ public struct DaemonConfig: Sendable, Equatable {
             TLSFileCheck.privateKey($0, what: "HTTP key")
         },
         .bool("http_allow_insecure", \.httpAllowInsecure, .restart, "Whether HTTP may listen beyond loopback without TLS."),
+        // Printed only when set, as the other folders that are off by default.
+        ConfigKey(
+            "watch_dir", \.watchDir, .restart, "A drop folder: input lists put there are enqueued; \"\" for none.",
+            parse: { try $0.watchDir() }, render: { $0.watchDir.isEmpty ? nil : TOMLText.quote($0.watchDir) }),
     ]
 
     /// The names, in the table's order, for messages.
@@ -364,6 +370,15 @@ extension ConfigValue {
             throw DaemonError("\(key) must be one of \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", "))")
         }
         return level
+    }
+
+    /// An absolute folder, or "" for none; not "/" (its sub-folders would be dld's).
+    func watchDir() throws -> String {
+        let s = try string()
+        guard s.isEmpty || (s.hasPrefix("/") && s != "/") else {
+            throw DaemonError("\(key) must be an absolute path of a folder, or \"\" for none")
+        }
+        return s
     }
 
     func netrc() throws -> String {

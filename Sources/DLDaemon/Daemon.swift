@@ -300,6 +300,15 @@ struct DaemonService: Service, CustomStringConvertible {
             Task { await cache.shutdown() }
             closer.withLock { $0?.close(promise: nil) }
         }
+        // The drop folder: made and watched now, before the socket is bound, so that a folder
+        // that cannot be made or watched stops the start-up with its reason and nothing to
+        // undo; its files are taken once the queue runs (the kernel keeps the events till then).
+        let current = self.current
+        let dropFolder =
+            config.watchDir.isEmpty
+            ? nil
+            : try DropFolderWatch(
+                folder: config.watchDir, dispatcher: dispatcher, downloadDir: { current.value.downloadDir }, logger: logger)
         let server = ControlServer(
             path: config.socket, dispatcher: dispatcher, hub: hub, limits: Self.limits(config), logger: logger, onShutdown: shutdown)
         let channel = try await server.bind(adopting: adoptedSocket)
@@ -367,6 +376,7 @@ struct DaemonService: Service, CustomStringConvertible {
                 group.addTask {
                     for await isMetered in meteredChanges { await engine.meteredChanged(isMetered) }
                 }
+                if let dropFolder { group.addTask { await dropFolder.run() } }
                 // Serving ends when the socket is closed (SIGTERM, or a `shutdown` request).
                 try await group.next()
                 group.cancelAll()

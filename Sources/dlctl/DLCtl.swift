@@ -289,15 +289,7 @@ struct Enqueue: ParsableCommand {
             ids = result["job"]?["id"]?.int64Value.map { [$0] } ?? []
             common.emit(result) { describe(result) }
         } else {
-            let jobs: [JSONValue] = entries.map { entry in
-                var spec = base
-                spec.url = entry.url
-                spec.name = entry.name ?? spec.name
-                spec.dir = entry.dir.map(absolute) ?? spec.dir
-                spec.checksum = entry.checksum ?? spec.checksum
-                spec.size = entry.size ?? spec.size
-                return .object(spec.params)
-            }
+            let jobs: [JSONValue] = entries.map { .object($0.spec(over: base, absolute: absolute).params) }
             // A long list goes in several calls, each under the daemon's limits on jobs and
             // bytes per request (docs/protocol.md); each call is atomic on its own.
             var outcomes: [JSONValue] = []

@@ -155,3 +155,20 @@ extension ConfigTests {
         #expect(DaemonConfig.restartKeys.isSuperset(of: ["http2", "worker_name", "socket", "database"]))
     }
 }
+
+extension ConfigTests {
+    /// `watch_dir` is an absolute folder (not "/"), or "" for none; printed only when set, and
+    /// it waits for the next start.
+    @Test func watchDir() throws {
+        var config = DaemonConfig.defaults(environment: ["HOME": "/home/u"])
+        try config.set("watch_dir", .string("/home/u/drop"))
+        #expect(config.watchDir == "/home/u/drop")
+        #expect(config.rendered().contains("watch_dir = \"/home/u/drop\""))
+        try config.set("watch_dir", .string(""))
+        #expect(config.watchDir.isEmpty && !config.rendered().contains("watch_dir"))
+        for bad: TOMLLite.Value in [.string("drop"), .string("/"), .integer(1)] {
+            #expect(throws: DaemonError.self) { try config.set("watch_dir", bad) }
+        }
+        #expect(DaemonConfig.restartKeys.contains("watch_dir"))
+    }
+}

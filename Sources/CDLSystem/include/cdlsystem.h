@@ -67,3 +67,20 @@ int dld_nm_process(dld_nm_watch *watch);
 
 /// Closes the connection and frees the watch. NULL is allowed.
 void dld_nm_close(dld_nm_watch *watch);
+
+/// The inotify events of the drop folder (values of <sys/inotify.h>).
+#define DLD_IN_CLOSE_WRITE 0x00000008u
+#define DLD_IN_MOVED_TO 0x00000080u
+#define DLD_IN_Q_OVERFLOW 0x00004000u
+#define DLD_IN_IGNORED 0x00008000u
+#define DLD_IN_ISDIR 0x40000000u
+
+/// An inotify descriptor (non-blocking, close-on-exec) watching `folder` (not followed if a
+/// symbolic link) for files closed after writing and files renamed into it. Also ignores
+/// SIGIO for the process (see `dld_open_for_writing_elsewhere`). Returns the descriptor, or
+/// -1 with errno set.
+int dld_drop_watch_open(const char *folder);
+
+/// Whether a process has the file of `fd` (opened read-only, by its owner) open for writing:
+/// 1 yes, 0 no, -1 unknown (not the owner, or a filesystem without leases).
+int dld_open_for_writing_elsewhere(int fd);
