@@ -401,7 +401,8 @@ private struct Reader {
             }
             if key != nil, key?.iv == nil {
                 throw DLError(
-                    .hlsInvalid, "line \(number): an init section encrypted with AES-128 needs an explicit IV on its EXT-X-KEY (RFC 8216, 4.3.2.5)")
+                    .hlsInvalid,
+                    "line \(number): an init section encrypted with AES-128 needs an explicit IV on its EXT-X-KEY (RFC 8216, 4.3.2.5)")
             }
             try count(number)
             self.map = map
@@ -428,7 +429,8 @@ private struct Reader {
         if let format = attributes["KEYFORMAT"], format != "identity" {
             throw DLError(
                 .hlsUnsupportedEncryption,
-                "line \(number): the key format \(format.prefix(100)) is DRM, which dld does not decrypt (only AES-128 with KEYFORMAT \"identity\")")
+                "line \(number): the key format \(format.prefix(100)) is DRM, which dld does not decrypt (only AES-128 with KEYFORMAT \"identity\")"
+            )
         }
         switch method {
         case "NONE":
@@ -436,11 +438,14 @@ private struct Reader {
         case "AES-128":
             guard let uri = attributes["URI"] else { throw DLError(.hlsInvalid, "line \(number): an AES-128 EXT-X-KEY needs a URI") }
             try count(number)
-            return HLSKey(url: try resolve(uri, number), iv: try attributes["IV"].map { text throws(DLError) in try HLSParser.iv(text, line: number) })
+            return HLSKey(
+                url: try resolve(uri, number), iv: try attributes["IV"].map { text throws(DLError) in try HLSParser.iv(text, line: number) }
+            )
         case "SAMPLE-AES", "SAMPLE-AES-CTR":
             throw DLError(
                 .hlsUnsupportedEncryption,
-                "line \(number): METHOD=\(method) encrypts samples inside the media (as DRM does); dld decrypts only whole segments (AES-128)")
+                "line \(number): METHOD=\(method) encrypts samples inside the media (as DRM does); dld decrypts only whole segments (AES-128)"
+            )
         default:
             throw DLError(.hlsUnsupportedEncryption, "line \(number): the encryption method \(method.prefix(40)) is not known")
         }
@@ -471,7 +476,9 @@ private struct Reader {
                     .hlsInvalid,
                     "line \(number): EXT-X-BYTERANGE without an offset must follow a sub-range of the same resource (RFC 8216, 4.3.2.2)")
             }
-            guard offset <= Int64.max - pending.length else { throw DLError(.hlsInvalid, "line \(number): the byte range ends beyond any file") }
+            guard offset <= Int64.max - pending.length else {
+                throw DLError(.hlsInvalid, "line \(number): the byte range ends beyond any file")
+            }
             range = HLSByteRange(offset: offset, length: pending.length)
             lastRangeEnd = (url, offset + pending.length)
         } else {
@@ -517,7 +524,9 @@ public struct HLSVariantRequest: Sendable, Equatable {
     public func choose(from variants: [HLSVariant]) -> Result<Int, DLError> {
         if let index {
             guard variants.indices.contains(index) else {
-                return .failure(.invalidParams("\"variant\" is \(index), but the master playlist has \(variants.count) variants (0…\(variants.count - 1))"))
+                return .failure(
+                    .invalidParams(
+                        "\"variant\" is \(index), but the master playlist has \(variants.count) variants (0…\(variants.count - 1))"))
             }
             return .success(index)
         }

@@ -41,7 +41,11 @@ extension Engine {
         let total = counts.values.reduce(0, +)
         if group.error == nil, total > 0, counts[.completed, default: 0] == total {
             let members = try await storage { try await store.members(of: groupID) }
-            try await publish(group, members: members)
+            if group.hls != nil {
+                try await publishHLS(group, members: members)
+            } else {
+                try await publish(group, members: members)
+            }
         } else if counts[.failed, default: 0] > 0 {
             let failed = try await storage { try await store.firstFailedMember(of: groupID) }
             logger.notice("group failed", metadata: ["group": "\(groupID)", "member": "\(failed?.id ?? 0)"])
@@ -158,10 +162,12 @@ extension Engine {
     /// One member of a group to create (the name tests and older callers know).
     public typealias MemberSpec = GroupMemberSpec
 
-    /// Creates a group and its members in one transaction.
+    /// Creates a group and its members in one transaction; with `hls`, an HLS download whose
+    /// `dir` is the file (or folder) it is published as, and whose recipe is written with the
+    /// group's row.
     public func enqueueGroup(
         name: String, dir: String, priority: Int, headers: [HeaderField], overwrite: Bool, paused: Bool,
-        options: JobOptions = JobOptions(), members: [MemberSpec]
+        options: JobOptions = JobOptions(), members: [MemberSpec], hls: HLSRecipe? = nil
     ) async throws(DLError) -> (JobGroup, [Job]) {
         try await serial { () async throws(DLError) in
             try requireAccepting()
@@ -176,7 +182,18 @@ extension Engine {
                 try destination.resolvedFolder((normalized as NSString).deletingLastPathComponent)
                 + "/" + (normalized as NSString).lastPathComponent
             var isDirectory: ObjCBool = false
-            if FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory), !isDirectory.boolValue {
+            if let hls {
+                // Published whole under its name: a folder never merges into one that exists,
+                // and a file replaces one only with overwrite.
+                if FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory),
+                    hls.layout == .folder || isDirectory.boolValue || !overwrite
+                {
+                    throw DLError(
+                        .destinationExists,
+                        "\(folder) exists already" + (hls.layout == .file && !isDirectory.boolValue ? "; pass overwrite to replace it" : "")
+                    )
+                }
+            } else if FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory), !isDirectory.boolValue {
                 throw DLError(.destinationInvalid, "\(folder) is a file, not a folder")
             }
             var seen: Set<String> = []
@@ -210,7 +227,13 @@ extension Engine {
                 }
             }
             let (group, jobs) = try await storage {
-                try await store.insertGroup(name: name, dir: folder, priority: priority, members: news, now: now())
+                try await store.insertGroup(
+                    name: name, dir: folder, priority: priority, members: news,
+                    hls: hls.map { recipe in
+                        var recipe = recipe
+                        recipe.output = folder
+                        return recipe.encoded()
+                    }, now: now())
             }
             // Staged members keep their relative folders. Each new folder is made durable: its
             // members' files are committed there, and must not vanish with it in a power cut.

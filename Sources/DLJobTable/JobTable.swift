@@ -188,8 +188,9 @@ public protocol JobTable: Sendable {
 
     // MARK: Groups
 
-    /// Creates a group and its members (staged under the group's folder) in one transaction.
-    func insertGroup(name: String, dir: String, priority: Int, members: [NewJob], now: Date) async throws -> (JobGroup, [Job])
+    /// Creates a group and its members (staged under the group's folder) in one transaction;
+    /// `hls`, an HLS recipe, is written with the group's row.
+    func insertGroup(name: String, dir: String, priority: Int, members: [NewJob], hls: String?, now: Date) async throws -> (JobGroup, [Job])
     /// Records a group's closing or failed publish, with its event; `members` rows are written
     /// in the same transaction. With `publish: false` the event is returned instead.
     @discardableResult
@@ -298,6 +299,11 @@ extension JobTable {
     ) async throws -> Bool {
         try await checkpoint(
             id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: now, owner: owner)
+    }
+
+    /// A group without an HLS recipe.
+    public func insertGroup(name: String, dir: String, priority: Int, members: [NewJob], now: Date) async throws -> (JobGroup, [Job]) {
+        try await insertGroup(name: name, dir: dir, priority: priority, members: members, hls: nil, now: now)
     }
 
     @discardableResult

@@ -170,7 +170,11 @@ import Testing
         let long = "#EXTM3U\n#" + String(repeating: "x", count: HLSLimits.maxLineBytes + 1) + "\n"
         #expect(Self.code(long) == .hlsInvalid)
         let big = [UInt8](repeating: 0x23, count: HLSLimits.maxPlaylistBytes + 1)
-        if case .failure(let error) = HLSParser.parse(big, base: Self.base) { #expect(error.code == .hlsInvalid) } else { Issue.record("accepted") }
+        if case .failure(let error) = HLSParser.parse(big, base: Self.base) {
+            #expect(error.code == .hlsInvalid)
+        } else {
+            Issue.record("accepted")
+        }
         var many = "#EXTM3U\n#EXT-X-TARGETDURATION:1\n"
         many += String(repeating: "#EXTINF:1,\na.ts\n", count: HLSLimits.maxSegments + 1)
         if case .failure(let error) = Self.parse(many) {
@@ -182,7 +186,8 @@ import Testing
 
     /// CRLF line ends, a byte order mark, blank lines, comments and unknown tags are fine.
     @Test func tolerant() throws {
-        let text = "\u{FEFF}#EXTM3U\r\n\r\n# a comment\r\n#EXT-X-UNKNOWN:1\r\n#EXT-X-TARGETDURATION:4\r\n#EXTINF:4,\r\na.ts\r\n#EXT-X-ENDLIST\r\n"
+        let text =
+            "\u{FEFF}#EXTM3U\r\n\r\n# a comment\r\n#EXT-X-UNKNOWN:1\r\n#EXT-X-TARGETDURATION:4\r\n#EXTINF:4,\r\na.ts\r\n#EXT-X-ENDLIST\r\n"
         let media = try Self.media(text)
         #expect(media.segments.map(\.url) == ["https://cdn.example.com/video/a.ts"])
     }
@@ -245,7 +250,8 @@ import Testing
     /// The joined order: the init section first and again where it changes, keys and IVs.
     @Test func pieces() throws {
         let pieces = try #require(try Self.recipe().pieces())
-        #expect(pieces.map(\.name) == ["init-0000.mp4", "seg-000000.mp4", "seg-000000.mp4", "seg-000001.m4s", "init-0001.mp4", "seg-000002.ts"])
+        #expect(
+            pieces.map(\.name) == ["init-0000.mp4", "seg-000000.mp4", "seg-000000.mp4", "seg-000001.m4s", "init-0001.mp4", "seg-000002.ts"])
         #expect(pieces[3].keyName == "key-0000.key")
         #expect(pieces[3].iv == [UInt8](repeating: 0, count: 15) + [7])
         #expect(pieces[5].keyName == "key-0001.key")
@@ -261,12 +267,15 @@ import Testing
         let text = recipe.localPlaylist()
         let media = try #require(
             try { () throws -> HLSMedia? in
-                guard case .media(let m) = try HLSParser.parse(Array(text.utf8), base: "https://local/x/index.m3u8").get() else { return nil }
+                guard case .media(let m) = try HLSParser.parse(Array(text.utf8), base: "https://local/x/index.m3u8").get() else {
+                    return nil
+                }
                 return m
             }())
         #expect(media.endList)
         #expect(media.segments.count == 4)
-        #expect(media.segments.map(\.url.lastPathComponentOfURL) == ["seg-000000.mp4", "seg-000000.mp4", "seg-000001.m4s", "seg-000002.ts"])
+        #expect(
+            media.segments.map(\.url.lastPathComponentOfURL) == ["seg-000000.mp4", "seg-000000.mp4", "seg-000001.m4s", "seg-000002.ts"])
         #expect(media.segments[1].range == HLSByteRange(offset: 100, length: 50))
         #expect(media.segments[2].key?.url == "https://local/x/key-0000.key")
         #expect(media.segments[2].key?.iv == [UInt8](repeating: 0, count: 15) + [7])
@@ -318,7 +327,8 @@ import Testing
                 switch Int.random(in: 0..<5, using: &rng) {
                 case 0 where !bytes.isEmpty: bytes[position] = UInt8.random(in: 0...255, using: &rng)
                 case 1: bytes.insert(contentsOf: interesting[Int.random(in: 0..<interesting.count, using: &rng)], at: position)
-                case 2 where !bytes.isEmpty: bytes.removeSubrange(position..<min(bytes.count, position + Int.random(in: 1...12, using: &rng)))
+                case 2 where !bytes.isEmpty:
+                    bytes.removeSubrange(position..<min(bytes.count, position + Int.random(in: 1...12, using: &rng)))
                 case 3 where !bytes.isEmpty:
                     let end = min(bytes.count, position + Int.random(in: 1...40, using: &rng))
                     bytes.insert(contentsOf: bytes[position..<end], at: position)
