@@ -86,6 +86,12 @@ struct HLSFixture {
         try variant.replacingOccurrences(of: "METHOD=AES-128", with: "METHOD=SAMPLE-AES").appending("\n#EXT-X-ENDLIST\n")
             .replacingOccurrences(of: "a_0", with: "../ts/a_0").replacingOccurrences(of: "b_0", with: "../ts/b_0")
             .write(toFile: www + "/bad/sample-aes.m3u8", atomically: true, encoding: .utf8)
+        // A key that is not the one the segments were encrypted with.
+        try Data((0..<16).map { UInt8($0 * 7 + 1) }).write(to: URL(fileURLWithPath: www + "/bad/wrong.key"))
+        try variant.replacingOccurrences(of: "URI=\"k1.key\"", with: "URI=\"wrong.key\"")
+            .replacingOccurrences(of: "URI=\"k2.key\"", with: "URI=\"../ts/k2.key\"").replacingOccurrences(of: "a_0", with: "../ts/a_0")
+            .replacingOccurrences(of: "b_0", with: "../ts/b_0").appending("\n#EXT-X-ENDLIST\n")
+            .write(toFile: www + "/bad/wrong-key.m3u8", atomically: true, encoding: .utf8)
         // Live: no EXT-X-ENDLIST (still growing).
         try variant.replacingOccurrences(of: "URI=\"k", with: "URI=\"../ts/k").replacingOccurrences(of: "a_0", with: "../ts/a_0")
             .replacingOccurrences(of: "b_0", with: "../ts/b_0").appending("\n")
@@ -105,6 +111,26 @@ struct HLSFixture {
     /// The HLS demuxer's option for a playlist (other demuxers refuse it): any segment name.
     static func playlistOptions(_ input: String) -> [String] {
         input.hasSuffix(".m3u8") ? ["-allowed_extensions", "ALL"] : []
+    }
+
+    /// The MPEG-TS variant's segments decrypted by the openssl command line, one after the other:
+    /// the bytes dld's joined file must hold. The IVs are the RFC's: the first three explicit
+    /// (0, 1, 2), the last three their media sequence numbers (3, 4, 5).
+    func decryptedByOpenSSL() throws -> Data {
+        var joined = Data()
+        for index in 0..<6 {
+            let key = try Data(contentsOf: URL(fileURLWithPath: www + (index < 3 ? "/ts/k1.key" : "/ts/k2.key")))
+            let segment = www + (index < 3 ? "/ts/a_00\(index).ts" : "/ts/b_00\(index).ts")
+            let output = folder + "/plain-\(index).ts"
+            try Self.run(
+                "/usr/bin/openssl",
+                [
+                    "enc", "-d", "-aes-128-cbc", "-K", key.map { String(format: "%02x", $0) }.joined(), "-iv",
+                    String(format: "%032x", index), "-in", segment, "-out", output,
+                ])
+            joined += try Data(contentsOf: URL(fileURLWithPath: output))
+        }
+        return joined
     }
 
     /// ffprobe's duration (seconds) and stream types.
@@ -159,6 +185,9 @@ struct HLSFixture {
         let result = try daemon.dlctl(["enqueue", nginx.url + "/master.m3u8", "--max-height", "300", "--name", "clip.ts", "--wait"])
         #expect(result.status == 0, "\(result.stdout)\n\(result.stderr)\n\(daemon.log.suffix(3000))")
         let out = daemon.downloadDir + "/clip.ts"
+        // Byte for byte what openssl decrypts (a wrong IV spoils only a segment's first block,
+        // which the frames would not show).
+        #expect(try Data(contentsOf: URL(fileURLWithPath: out)) == (try fixture.decryptedByOpenSSL()))
         let expected = try HLSFixture.frames(nginx.url + "/ts/v.m3u8")
         #expect(expected.count > 300)
         #expect(try HLSFixture.frames(out) == expected)
@@ -227,6 +256,28 @@ struct HLSFixture {
             #expect(nginx.count(path) == 1, "\(path) was fetched again: \(nginx.requests)")
         }
         #expect(try HLSFixture.frames(daemon.downloadDir + "/slow.ts") == (try HLSFixture.frames(nginx.url + "/ts/v.m3u8")))
+    }
+
+    /// A segment that does not decrypt with its key (wrong key: bad padding) fails the group
+    /// with `hls_assembly`; nothing appears under the file's name and the members stay staged.
+    @Test func undecryptableSegmentFailsTheGroup() throws {
+        let daemon = try DaemonHarness()
+        let fixture = try HLSFixture(in: daemon.root)
+        let nginx = try TestNginx(serving: fixture.www, in: daemon.root)
+        try daemon.start()
+        defer { _ = daemon.stop() }
+        let result = try daemon.call("enqueue", ["url": .string(nginx.url + "/bad/wrong-key.m3u8"), "name": "broken.ts"])
+        let groupID = try #require(result["group"]?["id"]?.int64Value)
+        let wait = try daemon.dlctl(["wait", "--group", String(groupID)])
+        #expect(wait.status == 1, "\(wait.stdout)\n\(wait.stderr)")
+        let group = try daemon.call("status", ["group": .int(groupID)])["group"]
+        #expect(group?["state"] == "failed", "\(group?.serializedString() ?? "")")
+        #expect(group?["error"]?["code"] == "hls_assembly")
+        let message = group?["error"]?["message"]?.stringValue ?? ""
+        #expect(message.contains("seg-000000.ts") && message.contains("does not decrypt"), "\(message)")
+        #expect(!FileManager.default.fileExists(atPath: daemon.downloadDir + "/broken.ts"))
+        let staged = try FileManager.default.contentsOfDirectory(atPath: daemon.downloadDir).filter { $0.contains(".dld-staging-") }
+        #expect(staged.count == 1)
     }
 
     /// SAMPLE-AES is refused with its code; a live playlist (no EXT-X-ENDLIST) too, and with
