@@ -152,6 +152,13 @@ public struct HLSRecipe: Sendable, Equatable, Codable {
         public var range: HLSByteRange?
         public var keyName: String?
         public var iv: [UInt8]?
+
+        public init(name: String, range: HLSByteRange? = nil, keyName: String? = nil, iv: [UInt8]? = nil) {
+            self.name = name
+            self.range = range
+            self.keyName = keyName
+            self.iv = iv
+        }
     }
 
     /// The joined file in order: the init section first and again wherever it changes, each

@@ -41,11 +41,7 @@ extension Engine {
         let total = counts.values.reduce(0, +)
         if group.error == nil, total > 0, counts[.completed, default: 0] == total {
             let members = try await storage { try await store.members(of: groupID) }
-            if group.hls != nil {
-                try await publishHLS(group, members: members)
-            } else {
-                try await publish(group, members: members)
-            }
+            try await publish(group, members: members)
         } else if counts[.failed, default: 0] > 0 {
             let failed = try await storage { try await store.firstFailedMember(of: groupID) }
             logger.notice("group failed", metadata: ["group": "\(groupID)", "member": "\(failed?.id ?? 0)"])
@@ -65,6 +61,11 @@ extension Engine {
     /// the folder never shows files of a group that is not completed; start-up finishes a move
     /// that a crash interrupted (`finishGroupMoves`).
     func publish(_ group: JobGroup, members: [Job]) async throws(DLError) {
+        // An HLS download is joined (or gets its local playlist), not moved.
+        if group.hls != nil {
+            try await publishHLS(group, members: members)
+            return
+        }
         // Its last members may be recorded completed and not yet linked into the staging folder.
         await linksSettled()
         var group = group
