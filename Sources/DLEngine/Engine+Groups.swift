@@ -62,8 +62,9 @@ extension Engine {
     /// that a crash interrupted (`finishGroupMoves`).
     func publish(_ group: JobGroup, members: [Job]) async throws(DLError) {
         // An HLS download is joined (or gets its local playlist), not moved.
-        if group.hls != nil {
-            try await publishHLS(group, members: members)
+        let withRecipe = try await recipeRead(group)
+        if withRecipe.hls != nil {
+            try await publishHLS(withRecipe, members: members)
             return
         }
         // Its last members may be recorded completed and not yet linked into the staging folder.
@@ -253,7 +254,7 @@ extension Engine {
         JobGroup, GroupSummary, JobViews
     ) {
         await linksSettled()
-        let group = try await resolve(reference)
+        let group = try await recipeRead(try await resolve(reference))
         let members = try await storage { try await store.members(of: group.id) }
         let summary = GroupSummary.summarize(group, members: members, active: activeGroups.contains(group.id))
         let wanted = states.map(Set.init)

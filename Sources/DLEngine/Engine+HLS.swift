@@ -119,6 +119,14 @@ extension Engine {
         }
     }
 
+    /// The group with its HLS recipe read (one indexed read; nil `hls` for other groups).
+    func recipeRead(_ group: JobGroup) async throws(DLError) -> JobGroup {
+        guard group.hls == nil else { return group }
+        var group = group
+        group.hls = try await storage { try await store.hlsRecipe(of: group.id) }
+        return group
+    }
+
     // MARK: Publishing
 
     /// The file of the file layout while it is built: inside the staging folder, so that it

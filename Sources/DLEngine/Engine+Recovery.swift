@@ -211,7 +211,7 @@ extension Engine {
                 if published.contains(id), let group = try await storage({ try await store.fetchGroup(id) }), group.staging == path {
                     // Recorded as published, but dld died before the files were moved.
                     let members = try await storage { try await store.members(of: id) }
-                    if let recipe = group.hls.flatMap(HLSRecipe.decode) {
+                    if let recipe = try await recipeRead(group).hls.flatMap(HLSRecipe.decode) {
                         finishHLS(group, recipe: recipe, overwrite: members.first?.overwrite ?? false)
                     } else {
                         moveIntoPlace(group, members: members)

@@ -149,7 +149,7 @@ public enum JobColumn: Int, TableColumns {
 
 /// The columns of a `JobGroup`.
 public enum GroupColumn: Int, TableColumns {
-    case id, name, dir, staging, priority, closed, errorCode, errorMessage, createdAt, updatedAt, finishedAt, hls
+    case id, name, dir, staging, priority, closed, errorCode, errorMessage, createdAt, updatedAt, finishedAt
 
     public var name: String {
         switch self {
@@ -164,7 +164,6 @@ public enum GroupColumn: Int, TableColumns {
         case .createdAt: return "created_at"
         case .updatedAt: return "updated_at"
         case .finishedAt: return "finished_at"
-        case .hls: return "hls"
         }
     }
 
@@ -179,7 +178,7 @@ public enum GroupColumn: Int, TableColumns {
             closed: try row.text(.closed).flatMap(GroupState.init(rawValue:)),
             error: try row.error(code: .errorCode, message: .errorMessage),
             createdAt: try row.date(.createdAt) ?? epoch, updatedAt: try row.date(.updatedAt) ?? epoch,
-            finishedAt: try row.date(.finishedAt), hls: try row.text(.hls))
+            finishedAt: try row.date(.finishedAt))
     }
 }
 

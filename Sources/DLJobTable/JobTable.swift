@@ -198,6 +198,8 @@ public protocol JobTable: Sendable {
     /// Deletes a group record (after its members), with its event.
     func deleteGroup(_ id: GroupID, now: Date) async throws
     func fetchGroup(_ id: GroupID) async throws -> JobGroup?
+    /// An HLS group's recipe (nil for other groups), which `fetchGroup` does not read.
+    func hlsRecipe(of id: GroupID) async throws -> String?
     /// Groups with this name, newest first.
     func fetchGroups(named name: String) async throws -> [JobGroup]
     func members(of id: GroupID) async throws -> [Job]

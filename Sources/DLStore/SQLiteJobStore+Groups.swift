@@ -33,6 +33,10 @@ extension SQLiteJobStore {
         }
     }
 
+    public func hlsRecipe(of id: GroupID) async throws -> String? {
+        try await pool.read { db in try String.fetchOne(db, sql: "SELECT hls FROM groups WHERE id = ?", arguments: [id]) }
+    }
+
     /// Groups with this name, newest first.
     public func fetchGroups(named name: String) async throws -> [JobGroup] {
         try await pool.read { db in

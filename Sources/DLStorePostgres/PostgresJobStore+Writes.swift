@@ -316,6 +316,10 @@ extension PostgresJobStore {
         try await rows("SELECT \(unescaped: GroupColumn.list) FROM groups WHERE id = \(id)").first.map(GroupColumn.decode)
     }
 
+    public func hlsRecipe(of id: GroupID) async throws -> String? {
+        try await rows("SELECT hls FROM groups WHERE id = \(id)").first?.decode(String?.self) ?? nil
+    }
+
     public func fetchGroups(named name: String) async throws -> [JobGroup] {
         try await rows("SELECT \(unescaped: GroupColumn.list) FROM groups WHERE name = \(text: name) ORDER BY id DESC").map(
             GroupColumn.decode)
