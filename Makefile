@@ -34,7 +34,7 @@ crash: deps
 	DLD_POWERCUT=full SWIFT=$(SWIFT) scripts/test.sh --filter 'PowerCutTests|DiskFaultTests'
 
 # libFuzzer on the parsers of untrusted input (JSON-RPC, the config file, Content-Disposition,
-# input lists, netrc, a response head): builds the targets of Fuzz/ (a package of its own, so
+# input lists, netrc, a response head, HLS playlists): builds the targets of Fuzz/ (a package of its own, so
 # `make test` never builds them; under a minute, only DLCore and DLRPC) and runs each for
 # FUZZ_SECONDS from its seed corpus in Fuzz/corpus/<target>/. Fails if one crashes; the input
 # is in Fuzz/.build/artifacts/<target>/ and belongs in a regression test in Tests/.

@@ -24,6 +24,7 @@ let package = Package(
         .executableTarget(
             name: "fuzz-http-response", dependencies: ["FuzzSupport", .product(name: "DLCore", package: "dld")],
             path: "Sources/fuzz-http-response"),
+        .executableTarget(name: "fuzz-hls", dependencies: ["FuzzSupport", .product(name: "DLCore", package: "dld")], path: "Sources/fuzz-hls"),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -18,6 +18,10 @@
 # And a real browser for the dashboard's tests: Debian's chromium and chromium-driver, driven by
 # Selenium (python3-selenium, for Debian's /usr/bin/python3), without their recommends.
 #
+# And for the HLS tests: Debian's ffmpeg (ffmpeg, ffprobe: media made at test time, and the
+# frames dld's files are compared with) and nginx (the origin that serves the playlists),
+# without their recommends.
+#
 # And Python's `jsonschema` for the python3 on PATH (pinned, from PyPI with that python3's pip;
 # Debian's python3-jsonschema where pip may not install): scripts/check-openrpc.py checks real
 # replies against the OpenRPC document of `rpc.discover` with it.
@@ -57,7 +61,20 @@ browser_missing=()
 command -v chromium >/dev/null 2>&1 || browser_missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || browser_missing+=(chromium-driver)
 /usr/bin/python3 -c 'import selenium' >/dev/null 2>&1 || browser_missing+=(python3-selenium)
-[ ${#missing[@]} -eq 0 ] && [ -z "$postgres_missing" ] && [ ${#tools_missing[@]} -eq 0 ] && [ ${#browser_missing[@]} -eq 0 ] && exit 0
+media_missing=()
+command -v ffmpeg >/dev/null 2>&1 && command -v ffprobe >/dev/null 2>&1 || media_missing+=(ffmpeg)
+[ -x /usr/sbin/nginx ] || media_missing+=(nginx)
+[ ${#missing[@]} -eq 0 ] && [ -z "$postgres_missing" ] && [ ${#tools_missing[@]} -eq 0 ] && [ ${#browser_missing[@]} -eq 0 ] \
+  && [ ${#media_missing[@]} -eq 0 ] && if [ ${#media_missing[@]} -gt 0 ]; then
+  if can_install && { echo "installing ${media_missing[*]} (the HLS tests)" >&2; \
+      apt_install --no-install-recommends "${media_missing[@]}"; }; then
+    :
+  else
+    echo "note: ${media_missing[*]} could not be installed here; the HLS tests will fail" >&2
+    echo "      until they are: sudo apt-get install --no-install-recommends ${media_missing[*]}" >&2
+  fi
+fi
+exit 0
 
 can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
 updated=

@@ -37,8 +37,42 @@ public struct EnqueueSpec: Sendable, Equatable {
     /// daemon's choice, so `allowed_roots` do not apply (the cache folder is usually under
     /// `~/.cache`, a hidden entry of `$HOME`). Never set from a request's params.
     public var intoCache = false
+    /// `kind`: nil when not given (an HLS playlist when the URL's path ends in `.m3u8`).
+    public var kind: DownloadKind?
+    /// What an HLS download asks for (`max_height`, `max_bandwidth`, `variant`, `hls_layout`,
+    /// `live`); used when `isHLS`.
+    public var hls = HLSRequest()
 
     public init(url: String) { self.url = url }
+
+    /// Whether this is an HLS download: `kind: "hls"`, or no kind and a `.m3u8` path. Guessing
+    /// from the answer's content type would cost a request at every enqueue.
+    public var isHLS: Bool {
+        switch kind {
+        case .hls: true
+        case .file: false
+        case nil: HLSRequest.looksLikePlaylist(url)
+        }
+    }
+}
+
+/// `kind` of `enqueue`: a file as served, or an HLS playlist whose media is downloaded.
+public enum DownloadKind: String, Sendable, Equatable, CaseIterable {
+    case file, hls
+}
+
+/// The HLS params of `enqueue`.
+public struct HLSRequest: Sendable, Equatable {
+    public var variant = HLSVariantRequest()
+    public var layout: HLSLayout = .file
+    public var live = false
+
+    public init() {}
+
+    /// Whether the URL's path ends in `.m3u8` (any case).
+    public static func looksLikePlaylist(_ url: String) -> Bool {
+        (URLComponents(string: url)?.path ?? "").lowercased().hasSuffix(".m3u8")
+    }
 }
 
 /// One member of a group to create: a URL and a path relative to the group's folder.

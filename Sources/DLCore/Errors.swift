@@ -30,6 +30,16 @@ public struct DLError: Error, Sendable, Equatable, CustomStringConvertible {
         case storageError = "storage_error"
         /// `get`: the download of a URL that was not cached failed or was canceled.
         case downloadFailed = "download_failed"
+        /// `enqueue` of HLS: the playlist is not one, or breaks RFC 8216's rules.
+        case hlsInvalid = "hls_invalid"
+        /// `enqueue` of HLS: `SAMPLE-AES`, `SAMPLE-AES-CTR` or a DRM `KEYFORMAT`.
+        case hlsUnsupportedEncryption = "hls_unsupported_encryption"
+        /// `enqueue` of HLS: a live playlist (no `EXT-X-ENDLIST`) without `live: true`.
+        case hlsLive = "hls_live"
+        /// `enqueue` of HLS: something dld cannot join into one file (audio served apart).
+        case hlsUnsupported = "hls_unsupported"
+        /// `enqueue` of HLS: the playlist could not be fetched.
+        case hlsFetchFailed = "hls_fetch_failed"
     }
 
     public static func invalidParams(_ message: String) -> DLError { DLError(.invalidParams, message) }

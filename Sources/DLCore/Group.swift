@@ -19,12 +19,19 @@ public struct JobGroup: Sendable, Equatable {
     public var createdAt: Date
     public var updatedAt: Date
     public var finishedAt: Date?
+    /// An HLS download's recipe (`HLSRecipe`'s JSON): set when the group is created, in the
+    /// same transaction, and never changed. Its publish joins the members into `dir` (a file)
+    /// or writes a local playlist beside them, instead of moving the staging folder. Read only
+    /// by `JobTable.hlsRecipe(of:)` (the generic group reads leave it nil): a recipe can be
+    /// megabytes, and a group's turns must not read it each time.
+    public var hls: String?
 
     public init(
         id: GroupID = 0, name: String, dir: String, staging: String, priority: Int = 0,
         closed: GroupState? = nil, error: JobError? = nil, createdAt: Date, updatedAt: Date,
-        finishedAt: Date? = nil
+        finishedAt: Date? = nil, hls: String? = nil
     ) {
+        self.hls = hls
         self.id = id
         self.name = name
         self.dir = dir

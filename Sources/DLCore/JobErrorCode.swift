@@ -77,6 +77,9 @@ public struct JobErrorCode: RawRepresentable, Hashable, Sendable, CustomStringCo
     public static let fileMissing = JobErrorCode(rawValue: "file_missing")
     /// A job with `mirrors`: no URL of the file is left.
     public static let noMirrorLeft = JobErrorCode(rawValue: "no_mirror_left")
+    /// An HLS group's segments could not be joined into its file: a key is not 16 bytes, a
+    /// segment does not decrypt (wrong key or IV), or a byte range is beyond its file.
+    public static let hlsAssembly = JobErrorCode(rawValue: "hls_assembly")
     /// Not a failure: bytes on disk could not be continued, and the transfer started over.
     public static let startedOver = JobErrorCode(rawValue: "started_over")
     /// A transfer's checkpoint found the job no longer this worker's (a shared table): the
@@ -120,6 +123,7 @@ public struct JobErrorCode: RawRepresentable, Hashable, Sendable, CustomStringCo
         .retriesExhausted,
         .fileMissing,
         .noMirrorLeft,
+        .hlsAssembly,
         .startedOver,
     ]
 

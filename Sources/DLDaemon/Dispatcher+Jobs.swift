@@ -10,6 +10,14 @@ import Foundation
 extension Dispatcher {
     func enqueue(_ params: EnqueueParams) async throws(DLError) -> JSONValue {
         switch params {
+        case .job(let spec) where spec.isHLS:
+            try Self.checkOnDisk(spec.options)
+            let (created, jobs) = try await engine.enqueueHLS(spec)
+            let summary = GroupSummary.summarize(created, members: jobs, active: false)
+            return [
+                "group": JobJSON.encodeGroup(created, summary), "count": .int(Int64(jobs.count)),
+                "results": .array(jobs.map { ["id": .int($0.id), "created": true, "path": .string($0.path)] }),
+            ]
         case .job(let spec):
             try Self.checkOnDisk(spec.options)
             let outcomes = try await engine.enqueue([spec])

@@ -83,7 +83,10 @@ public enum TableMigration {
         // Groups first: jobs refer to them.
         var groups: [JobGroup] = []
         for folder in try await source.groupFolders() {
-            if let group = try await source.fetchGroup(folder.id) { groups.append(group) }
+            if var group = try await source.fetchGroup(folder.id) {
+                group.hls = try await source.hlsRecipe(of: folder.id)
+                groups.append(group)
+            }
         }
         try await target.importRows(groups: groups, jobs: [], events: [])
         summary.groups = groups.count

@@ -61,6 +61,12 @@ extension Engine {
     /// the folder never shows files of a group that is not completed; start-up finishes a move
     /// that a crash interrupted (`finishGroupMoves`).
     func publish(_ group: JobGroup, members: [Job]) async throws(DLError) {
+        // An HLS download is joined (or gets its local playlist), not moved.
+        let withRecipe = try await recipeRead(group)
+        if withRecipe.hls != nil {
+            try await publishHLS(withRecipe, members: members)
+            return
+        }
         // Its last members may be recorded completed and not yet linked into the staging folder.
         await linksSettled()
         var group = group
@@ -158,10 +164,12 @@ extension Engine {
     /// One member of a group to create (the name tests and older callers know).
     public typealias MemberSpec = GroupMemberSpec
 
-    /// Creates a group and its members in one transaction.
+    /// Creates a group and its members in one transaction; with `hls`, an HLS download whose
+    /// `dir` is the file (or folder) it is published as, and whose recipe is written with the
+    /// group's row.
     public func enqueueGroup(
         name: String, dir: String, priority: Int, headers: [HeaderField], overwrite: Bool, paused: Bool,
-        options: JobOptions = JobOptions(), members: [MemberSpec]
+        options: JobOptions = JobOptions(), members: [MemberSpec], hls: HLSRecipe? = nil
     ) async throws(DLError) -> (JobGroup, [Job]) {
         try await serial { () async throws(DLError) in
             try requireAccepting()
@@ -176,7 +184,18 @@ extension Engine {
                 try destination.resolvedFolder((normalized as NSString).deletingLastPathComponent)
                 + "/" + (normalized as NSString).lastPathComponent
             var isDirectory: ObjCBool = false
-            if FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory), !isDirectory.boolValue {
+            if let hls {
+                // Published whole under its name: a folder never merges into one that exists,
+                // and a file replaces one only with overwrite.
+                if FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory),
+                    hls.layout == .folder || isDirectory.boolValue || !overwrite
+                {
+                    throw DLError(
+                        .destinationExists,
+                        "\(folder) exists already" + (hls.layout == .file && !isDirectory.boolValue ? "; pass overwrite to replace it" : "")
+                    )
+                }
+            } else if FileManager.default.fileExists(atPath: folder, isDirectory: &isDirectory), !isDirectory.boolValue {
                 throw DLError(.destinationInvalid, "\(folder) is a file, not a folder")
             }
             var seen: Set<String> = []
@@ -210,7 +229,13 @@ extension Engine {
                 }
             }
             let (group, jobs) = try await storage {
-                try await store.insertGroup(name: name, dir: folder, priority: priority, members: news, now: now())
+                try await store.insertGroup(
+                    name: name, dir: folder, priority: priority, members: news,
+                    hls: hls.map { recipe in
+                        var recipe = recipe
+                        recipe.output = folder
+                        return recipe.encoded()
+                    }, now: now())
             }
             // Staged members keep their relative folders. Each new folder is made durable: its
             // members' files are committed there, and must not vanish with it in a power cut.
@@ -229,7 +254,7 @@ extension Engine {
         JobGroup, GroupSummary, JobViews
     ) {
         await linksSettled()
-        let group = try await resolve(reference)
+        let group = try await recipeRead(try await resolve(reference))
         let members = try await storage { try await store.members(of: group.id) }
         let summary = GroupSummary.summarize(group, members: members, active: activeGroups.contains(group.id))
         let wanted = states.map(Set.init)

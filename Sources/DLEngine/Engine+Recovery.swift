@@ -211,7 +211,11 @@ extension Engine {
                 if published.contains(id), let group = try await storage({ try await store.fetchGroup(id) }), group.staging == path {
                     // Recorded as published, but dld died before the files were moved.
                     let members = try await storage { try await store.members(of: id) }
-                    moveIntoPlace(group, members: members)
+                    if let recipe = try await recipeRead(group).hls.flatMap(HLSRecipe.decode) {
+                        finishHLS(group, recipe: recipe, overwrite: members.first?.overwrite ?? false)
+                    } else {
+                        moveIntoPlace(group, members: members)
+                    }
                     logger.notice("finished moving a published group into its folder", metadata: ["group": "\(id)", "dir": "\(group.dir)"])
                     continue
                 }

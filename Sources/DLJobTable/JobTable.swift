@@ -188,8 +188,9 @@ public protocol JobTable: Sendable {
 
     // MARK: Groups
 
-    /// Creates a group and its members (staged under the group's folder) in one transaction.
-    func insertGroup(name: String, dir: String, priority: Int, members: [NewJob], now: Date) async throws -> (JobGroup, [Job])
+    /// Creates a group and its members (staged under the group's folder) in one transaction;
+    /// `hls`, an HLS recipe, is written with the group's row.
+    func insertGroup(name: String, dir: String, priority: Int, members: [NewJob], hls: String?, now: Date) async throws -> (JobGroup, [Job])
     /// Records a group's closing or failed publish, with its event; `members` rows are written
     /// in the same transaction. With `publish: false` the event is returned instead.
     @discardableResult
@@ -197,6 +198,8 @@ public protocol JobTable: Sendable {
     /// Deletes a group record (after its members), with its event.
     func deleteGroup(_ id: GroupID, now: Date) async throws
     func fetchGroup(_ id: GroupID) async throws -> JobGroup?
+    /// An HLS group's recipe (nil for other groups), which `fetchGroup` does not read.
+    func hlsRecipe(of id: GroupID) async throws -> String?
     /// Groups with this name, newest first.
     func fetchGroups(named name: String) async throws -> [JobGroup]
     func members(of id: GroupID) async throws -> [Job]
@@ -298,6 +301,11 @@ extension JobTable {
     ) async throws -> Bool {
         try await checkpoint(
             id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: now, owner: owner)
+    }
+
+    /// A group without an HLS recipe.
+    public func insertGroup(name: String, dir: String, priority: Int, members: [NewJob], now: Date) async throws -> (JobGroup, [Job]) {
+        try await insertGroup(name: name, dir: dir, priority: priority, members: members, hls: nil, now: now)
     }
 
     @discardableResult

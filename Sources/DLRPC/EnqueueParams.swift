@@ -18,8 +18,13 @@ public enum EnqueueParams: MethodParams {
     public static let jobKeys: Set<String> = [
         "url", "path", "dir", "name", "priority", "key", "meta", "headers", "overwrite", "paused", "checksum", "size",
         "on_exists", "insecure", "ca_file", "ca_dir", "client_cert", "client_key", "max_speed", "segments", "metered",
-        "mirrors", "encrypt_to",
+        "mirrors", "encrypt_to", "kind", "max_height", "max_bandwidth", "variant", "hls_layout", "live",
     ]
+
+    /// The params only an HLS download takes.
+    static let hlsKeys: Set<String> = ["max_height", "max_bandwidth", "variant", "hls_layout", "live"]
+    /// The params of a job that an HLS download does not take: it is a group of many files.
+    static let notForHLS: [String] = ["key", "meta", "checksum", "size", "mirrors", "max_speed", "encrypt_to", "on_exists"]
 
     /// The form's names: `group` makes a group, `jobs` a batch, anything else one job.
     public static func keys(of raw: [String: JSONValue]) -> Set<String> {
@@ -66,7 +71,12 @@ public enum EnqueueParams: MethodParams {
         for (index, element) in zip(list.indices, list) {
             guard let object = element.objectValue else { throw .invalidParams("jobs[\(index)] must be an object") }
             do throws(DLError) {
-                specs.append(try EnqueueSpec(Params(object, allowed: jobKeys), limits: limits))
+                let spec = try EnqueueSpec(Params(object, allowed: jobKeys), limits: limits)
+                if spec.isHLS {
+                    throw DLError.invalidParams(
+                        "an HLS playlist is enqueued alone, not in a batch (or with \"kind\": \"file\" to download the playlist itself)")
+                }
+                specs.append(spec)
             } catch {
                 throw DLError(error.code, "jobs[\(index)]: \(error.message)")
             }
@@ -112,6 +122,40 @@ extension EnqueueSpec {
         paused = try params.bool("paused") ?? false
         maxSpeed = try JobParamRules.rate(params)
         mirrors = try JobParamRules.mirrors(params, url: url)
+        if let text = try params.string("kind") {
+            guard let kind = DownloadKind(rawValue: text) else {
+                throw .invalidParams("\"kind\" must be \"file\" or \"hls\", not \(text.prefix(40))")
+            }
+            self.kind = kind
+        }
+        try decodeHLS(params)
+    }
+
+    /// The HLS params, and the job params an HLS download refuses.
+    private mutating func decodeHLS(_ params: Params) throws(DLError) {
+        let given = EnqueueParams.hlsKeys.filter { params.value($0) != nil }
+        guard isHLS else {
+            if let name = given.sorted().first {
+                throw .invalidParams("\"\(name)\" is for HLS playlists (kind \"hls\", or a URL ending in .m3u8)")
+            }
+            return
+        }
+        if let name = EnqueueParams.notForHLS.first(where: { params.value($0) != nil }) {
+            throw .invalidParams("\"\(name)\" is not taken by an HLS download (a group of segments)")
+        }
+        hls.variant.maxHeight = try params.int("max_height", in: 1...1 << 20).map(Int.init)
+        hls.variant.maxBandwidth = try params.int("max_bandwidth", in: 1...Int64.max)
+        hls.variant.index = try params.int("variant", in: 0...Int64(HLSLimits.maxVariants - 1)).map(Int.init)
+        if hls.variant.index != nil, hls.variant.maxHeight != nil || hls.variant.maxBandwidth != nil {
+            throw .invalidParams("give \"variant\", or \"max_height\"/\"max_bandwidth\", not both")
+        }
+        if let text = try params.string("hls_layout") {
+            guard let layout = HLSLayout(rawValue: text) else {
+                throw .invalidParams("\"hls_layout\" must be \"file\" or \"folder\", not \(text.prefix(40))")
+            }
+            hls.layout = layout
+        }
+        hls.live = try params.bool("live") ?? false
     }
 
     /// The params that say this job: only what differs from the defaults.
@@ -133,6 +177,14 @@ extension EnqueueSpec {
         if !mirrors.isEmpty { params["mirrors"] = .array(mirrors.map { .string($0.url) }) }
         JobParamRules.add(
             JobOptions(insecure: insecure, tls: tls, segments: segments, metered: metered, encryptTo: encryptTo), to: &params)
+        if let kind { params["kind"] = .string(kind.rawValue) }
+        if isHLS {
+            if let index = hls.variant.index { params["variant"] = .int(Int64(index)) }
+            if let height = hls.variant.maxHeight { params["max_height"] = .int(Int64(height)) }
+            if let bandwidth = hls.variant.maxBandwidth { params["max_bandwidth"] = .int(bandwidth) }
+            if hls.layout != .file { params["hls_layout"] = .string(hls.layout.rawValue) }
+            if hls.live { params["live"] = true }
+        }
         return params
     }
 }
@@ -419,6 +471,16 @@ extension EnqueueParams {
                 "What a taken name does: error (destination_exists) or rename (the first free `name (2).ext`, …); default error."),
             "max_speed": JobParamRules.rateSchema.described("The job's own speed limit in bytes per second; 0: none (default)."),
             "mirrors": JobParamRules.mirrorsSchema,
+            "kind": Schema.names(DownloadKind.allCases.map(\.rawValue)).described(
+                "file: the URL's bytes; hls: an HLS playlist whose media is downloaded and joined (default: hls when the URL's path ends in .m3u8, else file)."
+            ),
+            "max_height": Schema.integer(min: 1, max: 1 << 20).described("HLS: the highest variant at most this many pixels high."),
+            "max_bandwidth": Schema.integer(min: 1).described("HLS: the highest variant of at most this BANDWIDTH (bits per second)."),
+            "variant": Schema.integer(min: 0, max: Int64(HLSLimits.maxVariants - 1)).described(
+                "HLS: this variant of the master playlist (0-based, in the playlist's order)."),
+            "hls_layout": Schema.names(HLSLayout.allCases.map(\.rawValue)).described(
+                "HLS: file (one NAME.ts or NAME.mp4, default) or folder (the segments and a local index.m3u8)."),
+            "live": Schema.boolean.described("HLS: record a live playlist (not supported yet: refused with hls_live)."),
         ]
         properties.merge(more) { _, new in new }
         return Schema.object(properties, required: ["url"])

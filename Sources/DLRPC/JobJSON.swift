@@ -127,6 +127,24 @@ public enum JobJSON {
             "error": summary.error.map { ["code": .string($0.code), "message": .string($0.message)] } ?? .null,
             "created_at": timestamp(group.createdAt),
             "finished_at": group.finishedAt.map(timestamp) ?? .null,
+            "hls": group.hls.flatMap(HLSRecipe.decode).map(encodeHLS) ?? .null,
+        ]
+    }
+
+    /// What an HLS group downloads: the layout, the container, its segments, and the variant
+    /// chosen from a master playlist (null when the URL was a media playlist).
+    static func encodeHLS(_ recipe: HLSRecipe) -> JSONValue {
+        let variant: JSONValue =
+            recipe.variant.map { variant in
+                [
+                    "index": recipe.variantIndex.map { .int(Int64($0)) } ?? .null, "bandwidth": .int(variant.bandwidth),
+                    "width": variant.width.map { .int(Int64($0)) } ?? .null, "height": variant.height.map { .int(Int64($0)) } ?? .null,
+                    "codecs": variant.codecs.map { .string($0) } ?? .null,
+                ]
+            } ?? .null
+        return [
+            "layout": .string(recipe.layout.rawValue), "container": .string(recipe.container),
+            "segments": .int(Int64(recipe.segments.count)), "variant": variant,
         ]
     }
 

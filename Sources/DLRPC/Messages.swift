@@ -70,6 +70,11 @@ extension DLError.Code {
         case .destinationNotAllowed: return -32009
         case .queueFull: return -32010
         case .downloadFailed: return -32020
+        case .hlsInvalid: return -32021
+        case .hlsUnsupportedEncryption: return -32022
+        case .hlsLive: return -32023
+        case .hlsUnsupported: return -32024
+        case .hlsFetchFailed: return -32025
         }
     }
 }

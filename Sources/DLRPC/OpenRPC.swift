@@ -158,6 +158,17 @@ public enum OpenRPC {
             "bytes_done": Schema.integer(min: 0), "bytes_total": Schema.nullable(Schema.integer(min: 0)),
             "error": Schema.nullable(Schema.record(["code": Schema.string(), "message": Schema.string()])),
             "created_at": Schema.timestamp, "finished_at": Schema.nullable(Schema.timestamp),
+            "hls": Schema.nullable(
+                Schema.record([
+                    "layout": Schema.names(HLSLayout.allCases.map(\.rawValue)), "container": Schema.names(["ts", "mp4"]),
+                    "segments": Schema.integer(min: 1),
+                    "variant": Schema.nullable(
+                        Schema.record([
+                            "index": Schema.nullable(Schema.integer(min: 0)), "bandwidth": Schema.integer(min: 0),
+                            "width": Schema.nullable(Schema.integer(min: 0)), "height": Schema.nullable(Schema.integer(min: 0)),
+                            "codecs": Schema.nullable(Schema.string()),
+                        ])),
+                ])),
         ]).described("A group (docs/protocol.md, \"Groups\").")
     }
 
@@ -281,7 +292,10 @@ extension RPCMethod {
     public var errors: [DLError.Code] {
         switch self {
         case .enqueue:
-            [.invalidParams, .invalidURL, .destinationInvalid, .destinationExists, .destinationNotAllowed, .queueFull, .shuttingDown]
+            [
+                .invalidParams, .invalidURL, .destinationInvalid, .destinationExists, .destinationNotAllowed, .queueFull, .shuttingDown,
+                .hlsInvalid, .hlsUnsupportedEncryption, .hlsLive, .hlsUnsupported, .hlsFetchFailed,
+            ]
         case .pause, .resume, .cancel: [.invalidParams, .jobNotFound, .invalidState, .groupNotFound, .shuttingDown]
         case .remove: [.invalidParams, .jobNotFound, .groupNotFound, .shuttingDown]
         case .status: [.invalidParams, .jobNotFound, .groupNotFound]

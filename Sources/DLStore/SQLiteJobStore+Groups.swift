@@ -6,16 +6,17 @@ import GRDB
 extension SQLiteJobStore {
     /// Creates a group and its members in one transaction.
     public func insertGroup(
-        name: String, dir: String, priority: Int, members: [NewJob], now: Date
+        name: String, dir: String, priority: Int, members: [NewJob], hls: String?, now: Date
     ) async throws -> (JobGroup, [Job]) {
         let (group, jobs, events) = try await pool.write { db in
             try db.execute(
-                sql: "INSERT INTO groups (name, dir, staging, priority, created_at, updated_at) VALUES (?, ?, '', ?, ?, ?)",
-                arguments: [name, dir, priority, now.timeIntervalSince1970, now.timeIntervalSince1970])
+                sql: "INSERT INTO groups (name, dir, staging, priority, created_at, updated_at, hls) VALUES (?, ?, '', ?, ?, ?, ?)",
+                arguments: [name, dir, priority, now.timeIntervalSince1970, now.timeIntervalSince1970, hls])
             let id = db.lastInsertedRowID
             let staging = JobGroup.stagingFolder(for: dir, id: id)
             try db.execute(sql: "UPDATE groups SET staging = ? WHERE id = ?", arguments: [staging, id])
-            let group = JobGroup(id: id, name: name, dir: dir, staging: staging, priority: priority, createdAt: now, updatedAt: now)
+            let group = JobGroup(
+                id: id, name: name, dir: dir, staging: staging, priority: priority, createdAt: now, updatedAt: now, hls: hls)
             let staged = NewJob.staged(members, dir: dir, staging: staging)
             var events: [StoredEvent] = []
             let outcomes = try Self.insert(staged, groupID: id, now: now, events: &events, in: db)
@@ -30,6 +31,10 @@ extension SQLiteJobStore {
             try Self.rows(GroupColumn.self, db.cachedStatement(sql: "SELECT \(GroupColumn.list) FROM groups WHERE id = ?"), arguments: [id])
                 .first
         }
+    }
+
+    public func hlsRecipe(of id: GroupID) async throws -> String? {
+        try await pool.read { db in try String.fetchOne(db, sql: "SELECT hls FROM groups WHERE id = ?", arguments: [id]) }
     }
 
     /// Groups with this name, newest first.

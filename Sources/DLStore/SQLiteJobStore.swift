@@ -209,6 +209,11 @@ public final class SQLiteJobStore: JobTable {
             // NULL for a job without mirrors.
             try db.execute(sql: "ALTER TABLE jobs ADD COLUMN mirrors TEXT")
         }
+        migrator.registerMigration("v12-hls") { db in
+            // An HLS group's recipe (HLSRecipe's JSON), written with the group's row; NULL for
+            // any other group.
+            try db.execute(sql: "ALTER TABLE groups ADD COLUMN hls TEXT")
+        }
         return migrator
     }
 

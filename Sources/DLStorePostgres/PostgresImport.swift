@@ -112,9 +112,10 @@ private struct ImportedGroup: Encodable {
     var createdAt: Double
     var updatedAt: Double
     var finishedAt: Double?
+    var hls: String?
 
     enum CodingKeys: String, CodingKey {
-        case id, name, dir, staging, priority, closed
+        case id, name, dir, staging, priority, closed, hls
         case errorCode = "error_code"
         case errorMessage = "error_message"
         case createdAt = "created_at"
@@ -134,11 +135,12 @@ private struct ImportedGroup: Encodable {
         createdAt = group.createdAt.timeIntervalSince1970
         updatedAt = group.updatedAt.timeIntervalSince1970
         finishedAt = group.finishedAt?.timeIntervalSince1970
+        hls = group.hls.map(storedText)
     }
 
     static let set = RecordSet<ImportedGroup>(columns: [
         ("id", "bigint"), ("name", "text"), ("dir", "text"), ("staging", "text"), ("priority", "bigint"), ("closed", "text"),
         ("error_code", "text"), ("error_message", "text"), ("created_at", "double precision"), ("updated_at", "double precision"),
-        ("finished_at", "double precision"),
+        ("finished_at", "double precision"), ("hls", "text"),
     ])
 }

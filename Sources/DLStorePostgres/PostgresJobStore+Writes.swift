@@ -245,7 +245,9 @@ extension PostgresJobStore {
 
     // MARK: Groups
 
-    public func insertGroup(name: String, dir: String, priority: Int, members: [NewJob], now: Date) async throws -> (JobGroup, [Job]) {
+    public func insertGroup(
+        name: String, dir: String, priority: Int, members: [NewJob], hls: String?, now: Date
+    ) async throws -> (JobGroup, [Job]) {
         let (group, jobs, events) = try await transaction { connection in
             let id =
                 try await connection.rows("SELECT nextval(pg_get_serial_sequence('groups', 'id'))", logger: logger)
@@ -255,11 +257,12 @@ extension PostgresJobStore {
             let at = now.timeIntervalSince1970
             try await connection.run(
                 """
-                INSERT INTO groups (id, name, dir, staging, priority, created_at, updated_at)
-                VALUES (\(id), \(text: name), \(text: dir), \(text: staging), \(priority), \(at), \(at))
+                INSERT INTO groups (id, name, dir, staging, priority, created_at, updated_at, hls)
+                VALUES (\(id), \(text: name), \(text: dir), \(text: staging), \(priority), \(at), \(at), \(text: hls))
                 """,
                 logger: logger)
-            let group = JobGroup(id: id, name: name, dir: dir, staging: staging, priority: priority, createdAt: now, updatedAt: now)
+            let group = JobGroup(
+                id: id, name: name, dir: dir, staging: staging, priority: priority, createdAt: now, updatedAt: now, hls: hls)
             let staged = NewJob.staged(members, dir: dir, staging: staging)
             let (outcomes, events) = try await Self.insert(staged, groupID: id, now: now, on: connection, logger: logger)
             return (group, outcomes.map(\.job), events)
@@ -311,6 +314,10 @@ extension PostgresJobStore {
 
     public func fetchGroup(_ id: GroupID) async throws -> JobGroup? {
         try await rows("SELECT \(unescaped: GroupColumn.list) FROM groups WHERE id = \(id)").first.map(GroupColumn.decode)
+    }
+
+    public func hlsRecipe(of id: GroupID) async throws -> String? {
+        try await rows("SELECT hls FROM groups WHERE id = \(id)").first?.decode(String?.self) ?? nil
     }
 
     public func fetchGroups(named name: String) async throws -> [JobGroup] {

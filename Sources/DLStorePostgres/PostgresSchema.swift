@@ -135,6 +135,14 @@ enum PostgresSchema {
                 "ALTER TABLE jobs ADD COLUMN mirrors text"
             ]
         ),
+        (
+            "v6-hls",
+            [
+                // An HLS group's recipe (HLSRecipe's JSON), written with the group's row; NULL
+                // for any other group.
+                "ALTER TABLE groups ADD COLUMN hls text"
+            ]
+        ),
     ]
 
     /// Applies the migrations this database lacks, in one transaction, under an advisory lock:

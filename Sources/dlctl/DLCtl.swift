@@ -203,9 +203,20 @@ struct Enqueue: ParsableCommand {
         inversion: .prefixedNo,
         help: "Download on a metered connection, or wait while the connection is metered (default: the daemon's `metered`).")
     var metered: Bool?
+    @Flag(help: "The URL is an HLS playlist: download its media into one NAME.ts or NAME.mp4 (implied by a URL ending in .m3u8).")
+    var hls = false
+    @Flag(name: .customLong("no-hls"), help: "Download a .m3u8 URL as the file it is, not as HLS.") var noHLS = false
+    @Option(name: .customLong("max-height"), help: "HLS: the best variant at most this many pixels high.") var maxHeight: Int?
+    @Option(name: .customLong("max-bandwidth"), help: "HLS: the best variant of at most this many bits per second.") var maxBandwidth:
+        Int64?
+    @Option(help: "HLS: this variant of the master playlist (0-based).") var variant: Int?
+    @Option(name: .customLong("hls-layout"), help: "HLS: file (default) or folder (segments and a local index.m3u8 that plays offline).")
+    var hlsLayout: String?
     @OptionGroup var common: Common
 
     func validate() throws {
+        if hls && noHLS { throw ValidationError("give --hls or --no-hls, not both") }
+        if let hlsLayout, HLSLayout(rawValue: hlsLayout) == nil { throw ValidationError("--hls-layout must be file or folder") }
         if let maxSpeed, ByteRate.parse(maxSpeed) == nil { throw ValidationError("--max-speed must be a rate such as 2M, 512K or 100000") }
         if urls.isEmpty && input == nil { throw ValidationError("give URLs, or -i FILE") }
         if (urls.count > 1 || input != nil)
@@ -281,11 +292,22 @@ struct Enqueue: ParsableCommand {
         base.size = size
         base.mirrors = mirrors.map { JobMirror(url: $0) }
         base.maxSpeed = maxSpeed.flatMap(ByteRate.parse)
+        base.kind = hls ? .hls : noHLS ? .file : nil
+        base.hls.variant = HLSVariantRequest(index: variant, maxHeight: maxHeight, maxBandwidth: maxBandwidth)
+        base.hls.layout = hlsLayout.flatMap(HLSLayout.init(rawValue:)) ?? .file
         var ids: [Int64] = []
         if entries.count == 1 && input == nil {
             var spec = base
             spec.url = entries[0].url
             let result = try common.call(.enqueue, EnqueueParams.job(spec))
+            if let group = result["group"]?["id"]?.int64Value {
+                // An HLS playlist: a group of its segments, published as one file.
+                common.emit(result) {
+                    "HLS group \(group) (\(result["count"]?.int64Value ?? 0) files) → \(result["group"]?["dir"]?.stringValue ?? "")"
+                }
+                if wait { try waitFor(common: common, ids: [], group: String(group), timeout: nil, showProgress: true) }
+                return
+            }
             ids = result["job"]?["id"]?.int64Value.map { [$0] } ?? []
             common.emit(result) { describe(result) }
         } else {

@@ -31,6 +31,33 @@ import Testing
         }
     }
 
+    /// An HLS group's recipe is written with its row, read back by `hlsRecipe` (and by no
+    /// generic group read), unchanged by the group's closing; other groups have none.
+    @Test(arguments: Backend.allCases)
+    func hlsRecipeIsKeptWithTheGroup(_ backend: Backend) async throws {
+        try await withStore(backend) { store, fixture in
+            let recipe = #"{"layout":"file","segments":[{"member":0}],"note":"ünïcode \\ \"quoted\""}"#
+            let news = [NewJob(url: "https://e.com/s0.ts", path: "/tmp/g/v.ts/seg-000000.ts")]
+            let (group, _) = try await store.insertGroup(name: "v.ts", dir: "/tmp/g/v.ts", priority: 0, members: news, hls: recipe, now: t0)
+            #expect(group.hls == recipe)
+            #expect(try await store.hlsRecipe(of: group.id) == recipe)
+            // The generic reads (a group's turns) leave it out.
+            #expect(try await store.fetchGroup(group.id)?.hls == nil)
+            #expect(try await store.fetchGroups(named: "v.ts").first?.hls == nil)
+            var closed = group
+            closed.closed = .completed
+            closed.finishedAt = t0
+            try await store.saveGroup(closed)
+            // A restarted daemon reads it too.
+            let reopened = try await fixture.open()
+            #expect(try await reopened.hlsRecipe(of: group.id) == recipe)
+            #expect(try await reopened.fetchGroup(group.id)?.closed == .completed)
+            let (plain, _) = try await store.insertGroup(
+                name: "p", dir: "/tmp/g/p", priority: 0, members: [NewJob(url: "https://e.com/p", path: "/tmp/g/p/p")], now: t0)
+            #expect(try await store.hlsRecipe(of: plain.id) == nil)
+        }
+    }
+
     /// A group's whole life as the engine drives it, read back through every group query.
     @Test(arguments: Backend.allCases)
     func groupLifecycle(_ backend: Backend) async throws {
