@@ -224,7 +224,8 @@ import Testing
             #expect(done["state"] == "completed", "\(done.serializedString())")
             #expect(try AgeTool.decrypt(daemon.downloadDir + "/again.bin.age", identity: identity) == Data(TestOrigin.bytes(count: size)))
             // Every byte came again from the start: the second request had no Range.
-            #expect(origin.requests.count == 2)
+            // (More than two when a loaded machine made a request time out and retry: each is whole.)
+            #expect(origin.requests.count >= 2)
             #expect(origin.requests.allSatisfy { $0.header("range") == nil }, "\(origin.requests.map { $0.header("range") ?? "-" })")
         }
     }

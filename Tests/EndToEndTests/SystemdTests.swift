@@ -138,11 +138,9 @@ import Testing
         ]
         try daemon.launch()
         defer { daemon.stop() }
-        let deadline = Date().addingTimeInterval(20)
-        while daemon.pid == nil && Date() < deadline { usleep(20_000) }
         let web = WebDaemon(running: daemon, port: port)
         // dld starts with this connection waiting: a generous timeout for a loaded machine.
-        let first = try RawConnection(port: port, timeout: 60)
+        let first = try connectOnceListening(port: port)
         first.send("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nConnection: close\r\n\r\n")
         #expect(try RawResponse(first.receiveAll()).status == 401, "\(daemon.log)")
         #expect(daemon.waitForLog("socket_from=systemd"), "\(daemon.log)")
@@ -166,12 +164,23 @@ import Testing
         ]
         try daemon.launch()
         defer { daemon.stop() }
-        let deadline = Date().addingTimeInterval(20)
-        while daemon.pid == nil && Date() < deadline { usleep(20_000) }
-        let first = try RawConnection(port: port, timeout: 60)
+        let first = try connectOnceListening(port: port)
         first.send("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nConnection: close\r\n\r\n")
         _ = first.receiveAll()
         #expect(daemon.waitForLog("is beyond loopback: set http_cert and http_key"), "\(daemon.log)")
         #expect(daemon.stop() != 0)
+    }
+
+    /// A connection to the port systemd-socket-activate binds, once it has bound it (it is
+    /// refused until then).
+    private func connectOnceListening(port: Int) throws -> RawConnection {
+        let deadline = Date().addingTimeInterval(30)
+        while true {
+            do {
+                return try RawConnection(port: port, timeout: 60)
+            } catch  where Date() < deadline {
+                usleep(50_000)
+            }
+        }
     }
 }
