@@ -24,6 +24,9 @@ let package = Package(
         .executableTarget(
             name: "fuzz-http-response", dependencies: ["FuzzSupport", .product(name: "DLCore", package: "dld")],
             path: "Sources/fuzz-http-response"),
+        .executableTarget(
+            name: "fuzz-metalink", dependencies: ["FuzzSupport", .product(name: "DLRPC", package: "dld"), .product(name: "DLCore", package: "dld")],
+            path: "Sources/fuzz-metalink"),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -30,6 +30,9 @@ public struct DLError: Error, Sendable, Equatable, CustomStringConvertible {
         case storageError = "storage_error"
         /// `get`: the download of a URL that was not cached failed or was canceled.
         case downloadFailed = "download_failed"
+        /// `enqueue` of a Metalink (`metalink`, or a `.meta4`/`.metalink` URL): the document
+        /// cannot be fetched, is not a Metalink, breaks a limit, or names an unsafe file.
+        case invalidMetalink = "invalid_metalink"
     }
 
     public static func invalidParams(_ message: String) -> DLError { DLError(.invalidParams, message) }

@@ -70,6 +70,7 @@ extension DLError.Code {
         case .destinationNotAllowed: return -32009
         case .queueFull: return -32010
         case .downloadFailed: return -32020
+        case .invalidMetalink: return -32011
         }
     }
 }

@@ -1,0 +1,60 @@
+import DLCore
+import Testing
+
+/// The choices a Metalink's file makes for its job: URL order, the hash, the pieces' geometry.
+@Suite struct MetalinkChoiceTests {
+    /// URLs go by priority, then the preferred location among equals, then document order.
+    @Test func urlOrderByPriorityThenLocation() {
+        let file = MetalinkFile(
+            name: "a.iso",
+            urls: [
+                MetalinkURL(url: "http://us.example/a.iso", priority: 2, location: "us"),
+                MetalinkURL(url: "http://none.example/a.iso"),
+                MetalinkURL(url: "http://fr.example/a.iso", priority: 1, location: "fr"),
+                MetalinkURL(url: "http://de.example/a.iso", priority: 2, location: "de"),
+                MetalinkURL(url: "http://de2.example/a.iso", priority: 1, location: "de"),
+            ])
+        #expect(
+            file.orderedURLs(preferredLocation: nil) == [
+                "http://fr.example/a.iso", "http://de2.example/a.iso", "http://us.example/a.iso", "http://de.example/a.iso",
+                "http://none.example/a.iso",
+            ])
+        #expect(
+            file.orderedURLs(preferredLocation: "DE") == [
+                "http://de2.example/a.iso", "http://fr.example/a.iso", "http://de.example/a.iso", "http://us.example/a.iso",
+                "http://none.example/a.iso",
+            ])
+        #expect(file.orderedURLs(preferredLocation: nil, limit: 2) == ["http://fr.example/a.iso", "http://de2.example/a.iso"])
+    }
+
+    /// The strongest whole-file hash wins: sha-512 > sha-256 > sha-1 > md5.
+    @Test func strongestHash() {
+        let md5 = Checksum(algorithm: .md5, hex: String(repeating: "a", count: 32))
+        let sha1 = Checksum(algorithm: .sha1, hex: String(repeating: "b", count: 40))
+        let sha256 = Checksum(algorithm: .sha256, hex: String(repeating: "c", count: 64))
+        let sha512 = Checksum(algorithm: .sha512, hex: String(repeating: "d", count: 128))
+        #expect(MetalinkFile(name: "x", hashes: [md5, sha256, sha1]).checksum == sha256)
+        #expect(MetalinkFile(name: "x", hashes: [sha512, md5]).checksum == sha512)
+        #expect(MetalinkFile(name: "x", hashes: [md5, sha1]).checksum == sha1)
+        #expect(MetalinkFile(name: "x", hashes: []).checksum == nil)
+    }
+
+    /// Pieces cut the file in `length`-byte ranges, the last one shorter.
+    @Test func pieceGeometry() {
+        #expect(PieceHashes.count(size: 10, length: 4) == 3)
+        #expect(PieceHashes.count(size: 8, length: 4) == 2)
+        #expect(PieceHashes.count(size: 0, length: 4) == 0)
+        let pieces = PieceHashes(algorithm: .sha1, length: 4, hashes: ["", "", ""])
+        #expect(pieces.range(of: 0, size: 10) == 0..<4)
+        #expect(pieces.range(of: 2, size: 10) == 8..<10)
+    }
+
+    /// A URL is read as a Metalink by its path's suffix only.
+    @Test func metalinkURLs() {
+        #expect(Metalink.isMetalinkURL("http://h/x.meta4"))
+        #expect(Metalink.isMetalinkURL("https://h/dir/X.METALINK?sig=1"))
+        #expect(!Metalink.isMetalinkURL("http://h/x.meta4.txt"))
+        #expect(!Metalink.isMetalinkURL("http://h/x?f=a.meta4"))
+        #expect(!Metalink.isMetalinkURL("http://h/x.iso"))
+    }
+}
