@@ -37,6 +37,8 @@ public struct EnqueueSpec: Sendable, Equatable {
     /// daemon's choice, so `allowed_roots` do not apply (the cache folder is usually under
     /// `~/.cache`, a hidden entry of `$HOME`). Never set from a request's params.
     public var intoCache = false
+    /// The file's piece hashes (from a Metalink): each piece is verified as it lands.
+    public var pieces: PieceHashes?
 
     public init(url: String) { self.url = url }
 }
@@ -50,5 +52,7 @@ public struct GroupMemberSpec: Sendable, Equatable {
     public var meta: String?
     /// More URLs of the same file (`mirrors`), checked.
     public var mirrors: [JobMirror] = []
+    /// The file's piece hashes (from a Metalink).
+    public var pieces: PieceHashes?
     public init(url: String) { self.url = url }
 }

@@ -281,7 +281,10 @@ extension RPCMethod {
     public var errors: [DLError.Code] {
         switch self {
         case .enqueue:
-            [.invalidParams, .invalidURL, .destinationInvalid, .destinationExists, .destinationNotAllowed, .queueFull, .shuttingDown]
+            [
+                .invalidParams, .invalidURL, .destinationInvalid, .destinationExists, .destinationNotAllowed, .queueFull, .shuttingDown,
+                .invalidMetalink,
+            ]
         case .pause, .resume, .cancel: [.invalidParams, .jobNotFound, .invalidState, .groupNotFound, .shuttingDown]
         case .remove: [.invalidParams, .jobNotFound, .groupNotFound, .shuttingDown]
         case .status: [.invalidParams, .jobNotFound, .groupNotFound]

@@ -203,11 +203,23 @@ struct Enqueue: ParsableCommand {
         inversion: .prefixedNo,
         help: "Download on a metered connection, or wait while the connection is metered (default: the daemon's `metered`).")
     var metered: Bool?
+    @Option(
+        help: "A local Metalink file (.meta4 or v3 .metalink): one file becomes a job, several a group in -d DIR (--name names it).")
+    var metalink: String?
     @OptionGroup var common: Common
 
     func validate() throws {
+        if metalink != nil {
+            guard urls.isEmpty, input == nil, group == nil, output == nil, key == nil, meta == nil, checksum == nil, size == nil,
+                mirrors.isEmpty, maxSpeed == nil
+            else {
+                throw ValidationError(
+                    "--metalink takes no URL, -i, --group, -o, --key, --meta, --checksum, --size, --mirror or --max-speed")
+            }
+            return
+        }
         if let maxSpeed, ByteRate.parse(maxSpeed) == nil { throw ValidationError("--max-speed must be a rate such as 2M, 512K or 100000") }
-        if urls.isEmpty && input == nil { throw ValidationError("give URLs, or -i FILE") }
+        if urls.isEmpty && input == nil { throw ValidationError("give URLs, -i FILE or --metalink FILE") }
         if (urls.count > 1 || input != nil)
             && (output != nil || name != nil || key != nil || checksum != nil || size != nil || !mirrors.isEmpty)
         {
@@ -246,6 +258,10 @@ struct Enqueue: ParsableCommand {
     }
 
     func run() throws {
+        if let metalink {
+            try runMetalink(metalink)
+            return
+        }
         let entries = try entries()
         if let group {
             try runGroup(group, entries)
@@ -319,6 +335,36 @@ struct Enqueue: ParsableCommand {
             common.emit(result) { outcomes.map(describe).joined(separator: "\n") }
         }
         if wait { try waitFor(common: common, ids: ids, group: nil, timeout: nil, showProgress: true) }
+    }
+
+    /// `--metalink FILE`: the document is sent as it is (`metalink`); the daemon reads it.
+    private func runMetalink(_ file: String) throws {
+        guard let data = FileManager.default.contents(atPath: file) else {
+            printError("cannot read \(file)")
+            throw ExitCode(66)
+        }
+        var params: [String: JSONValue] = ["metalink": .string(String(decoding: data, as: UTF8.self))]
+        if let dir { params["dir"] = .string(absolute(dir)) }
+        if let name { params["name"] = .string(name) }
+        if let priority { params["priority"] = .int(Int64(priority)) }
+        let fields = try headerFields(headers)
+        if !fields.isEmpty {
+            params["headers"] = .object(Dictionary(fields.map { ($0.name, JSONValue.string($0.value)) }) { _, last in last })
+        }
+        if overwrite { params["overwrite"] = true }
+        if paused { params["paused"] = true }
+        JobParamRules.add(options, to: &params)
+        let result = try common.call(RPCMethod.enqueue.rawValue, params)
+        if let groupID = result["group"]?["id"]?.int64Value {
+            common.emit(result) {
+                "group \(groupID) (\(result["count"]?.int64Value ?? 0) files) → \(result["group"]?["dir"]?.stringValue ?? "")"
+            }
+            if wait { try waitFor(common: common, ids: [], group: String(groupID), timeout: nil, showProgress: true) }
+        } else {
+            common.emit(result) { describe(result) }
+            let ids = result["job"]?["id"]?.int64Value.map { [$0] } ?? []
+            if wait { try waitFor(common: common, ids: ids, group: nil, timeout: nil, showProgress: true) }
+        }
     }
 
     /// `--group NAME -d DIR`: one group whose members land in DIR together.
