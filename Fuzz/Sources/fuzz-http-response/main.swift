@@ -37,7 +37,9 @@ public func fuzz(_ start: UnsafePointer<UInt8>?, _ count: Int) -> CInt {
     if let delay { fuzzCheck(delay.isFinite && delay >= 0, "Retry-After gave \(delay)") }
     // The engine's answer: a server's Retry-After is honoured up to the cap, never more.
     let policy = BackoffPolicy()
-    switch RetryDecision.decide(TransferFailure(kind, "http_status", message, retryAfter: delay), attempts: 1, policy: policy, now: now, unit: 0.5) {
+    switch RetryDecision.decide(
+        TransferFailure(kind, .httpStatus, message, retryAfter: delay), attempts: 1, policy: policy, now: now, unit: 0.5)
+    {
     case .wait(_, let until):
         fuzzCheck(transient && until >= now && until.timeIntervalSince(now) <= policy.cap, "waits until \(until)")
     case .fail:
