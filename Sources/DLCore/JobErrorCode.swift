@@ -77,6 +77,8 @@ public struct JobErrorCode: RawRepresentable, Hashable, Sendable, CustomStringCo
     public static let fileMissing = JobErrorCode(rawValue: "file_missing")
     /// A job with `mirrors`: no URL of the file is left.
     public static let noMirrorLeft = JobErrorCode(rawValue: "no_mirror_left")
+    /// A piece of a file with piece hashes (a Metalink's) matches its hash from no source.
+    public static let badPiece = JobErrorCode(rawValue: "bad_piece")
     /// Not a failure: bytes on disk could not be continued, and the transfer started over.
     public static let startedOver = JobErrorCode(rawValue: "started_over")
     /// A transfer's checkpoint found the job no longer this worker's (a shared table): the
@@ -120,12 +122,13 @@ public struct JobErrorCode: RawRepresentable, Hashable, Sendable, CustomStringCo
         .retriesExhausted,
         .fileMissing,
         .noMirrorLeft,
+        .badPiece,
         .startedOver,
     ]
 
     /// Failures after which the partial file cannot be trusted: a `resume` starts over from
     /// byte 0 (`StateMachine`, and the bulk statements of both job tables).
-    public static let startOver: Set<JobErrorCode> = [.checksumMismatch, .sizeMismatch]
+    public static let startOver: Set<JobErrorCode> = [.checksumMismatch, .sizeMismatch, .badPiece]
 
     /// Codes of failures that end inside dld and are never recorded on a job.
     public static let neverRecorded: [JobErrorCode] = [.leaseLost, .mirrorDisagrees]

@@ -177,6 +177,7 @@ extension Engine {
         request.segmentLayout = started.segments
         request.mirrors = started.mirrors
         request.urlDropped = started.urlDropped
+        request.pieces = started.pieces.flatMap(PieceHashes.init(encoded:))
         request.hostSlots = progress.hostConnections ?? [:]
         request.unsynced = started.unsynced
         request.bootID = configuration.bootID

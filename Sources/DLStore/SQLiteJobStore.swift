@@ -209,6 +209,11 @@ public final class SQLiteJobStore: JobTable {
             // NULL for a job without mirrors.
             try db.execute(sql: "ALTER TABLE jobs ADD COLUMN mirrors TEXT")
         }
+        migrator.registerMigration("v12-pieces") { db in
+            // A file's piece hashes from a Metalink (PieceHashes.encoded), written once at
+            // enqueue; NULL for a job without them.
+            try db.execute(sql: "ALTER TABLE jobs ADD COLUMN pieces TEXT")
+        }
         return migrator
     }
 

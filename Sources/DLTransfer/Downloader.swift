@@ -42,6 +42,9 @@ public struct TransferRequest: Sendable {
     public var urlDropped: String?
     /// With mirrors: connections the ranges may open to each host (`MirrorAllowance`).
     public var hostSlots: [String: Int] = [:]
+    /// The file's piece hashes (from a Metalink): each piece is checked once it has landed,
+    /// and a bad one fetched again from another source (`PieceCheck`).
+    public var pieces: PieceHashes?
     /// The age recipients the file is encrypted to (`options.encryptTo`, parsed by `run`);
     /// empty: the file is stored as served.
     var recipients: [AgeRecipient] = []
@@ -283,6 +286,7 @@ public final class Downloader: Sendable {
         if !request.mirrors.isEmpty {
             state.sources = SourceBook(MirrorSet(url: request.url, urlDropped: request.urlDropped, mirrors: request.mirrors))
         }
+        if request.pieces != nil { state.served = ServedLog() }
         var request = request
         if let texts = request.options.encryptTo, !texts.isEmpty {
             switch AgeRecipient.parseList(texts) {
@@ -317,6 +321,9 @@ public final class Downloader: Sendable {
         }
         do {
             try await attempt(request, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
+            if let pieces = request.pieces, request.recipients.isEmpty {
+                try await checkPieces(pieces, request: request, file: file, state: &state, digests: digests)
+            }
             var done = state.checkpoint
             done.sha256 = digests.sha256.finalize()
             done.digest = digests.requested?.finalize() ?? (request.checksum != nil ? done.sha256 : nil)
@@ -469,6 +476,10 @@ public final class Downloader: Sendable {
         /// The source the first request went to (the job's URL unless it failed or was
         /// dropped); later requests of one stream go there too.
         var sourceURL: String?
+        /// With piece hashes: which source served which bytes, and the bad pieces blamed on
+        /// each (`PieceCheck`).
+        var served: ServedLog?
+        var pieceBlame = PieceBlame()
         var checkpoint: TransferCheckpoint {
             var checkpoint = TransferCheckpoint(
                 received: received, size: size, validators: validators, finalURL: finalURL.map(URLRules.redacted),

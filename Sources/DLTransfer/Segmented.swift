@@ -303,9 +303,17 @@ extension Downloader {
             }
             let slot = open.slot
             let bodyFrom = (at: ContinuousClock.now, done: run.state.withLock { $0.planner.segment(slot).done })
+            // With piece hashes: which source these bytes came from (what a bad piece blames).
+            let noteServed = {
+                guard let served = template.served else { return }
+                let done = run.state.withLock { $0.planner.segment(slot).done }
+                served.add(bodyFrom.done..<done, source: source ?? Self.onlySource)
+            }
             do {
                 try await receive(open, run: run, request: request, host: host, base: base, progress: progress, checkpoint: checkpoint)
+                noteServed()
             } catch let failure as SourceFailure {
+                noteServed()
                 run.state.withLock { $0.planner.release(slot) }
                 guard let book, let source else { throw failure.underlying }
                 book.state.withLock { $0.closed(source) }

@@ -58,3 +58,39 @@ import Testing
         #expect(!Metalink.isMetalinkURL("http://h/x.iso"))
     }
 }
+
+extension MetalinkChoiceTests {
+    /// The stored form reads back to the same hashes; its summary counts them without splitting.
+    @Test func piecesStoredForm() {
+        let pieces = PieceHashes(
+            algorithm: .sha1, length: 262_144, hashes: [String(repeating: "a", count: 40), String(repeating: "b", count: 40)])
+        #expect(pieces.encoded.hasPrefix("sha1:262144:aaaa"))
+        #expect(PieceHashes(encoded: pieces.encoded) == pieces)
+        #expect(PieceHashes.summary(encoded: pieces.encoded)?.count == 2)
+        #expect(PieceHashes(encoded: "sha1:10:abc") == nil)
+        #expect(PieceHashes(encoded: "tiger:10:") == nil)
+        #expect(PieceHashes(encoded: "sha1:0:") == nil)
+        #expect(PieceHashes(encoded: "garbage") == nil)
+    }
+}
+
+extension MetalinkChoiceTests {
+    /// A bad piece blames the sources that served any of its bytes; the third bad piece of one
+    /// source drops it, once.
+    @Test func pieceBlame() {
+        let served: [(bytes: Range<Int64>, source: Int)] = [(0..<10, 0), (10..<20, 1), (20..<30, 0)]
+        #expect(PieceBlame.suspects(of: 5..<15, in: served) == [0, 1])
+        #expect(PieceBlame.suspects(of: 12..<18, in: served) == [1])
+        #expect(PieceBlame.suspects(of: 30..<40, in: served).isEmpty)
+        var blame = PieceBlame()
+        let first = blame.blame(2)
+        let second = blame.blame(2)
+        let other = blame.blame(1)
+        let third = blame.blame(2)
+        let fourth = blame.blame(2)
+        #expect(!first && !second && !other)
+        #expect(third)
+        #expect(!fourth)
+        #expect(PieceBlame.reason(3, .sha1).hasPrefix("bad_piece: 3 pieces"))
+    }
+}

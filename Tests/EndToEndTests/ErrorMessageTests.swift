@@ -215,6 +215,7 @@ func closedPort() throws -> Int {
             "started_over": ("EndToEndTests/SpeedTests", "changedURLWithAnotherETagStartsOverWithTheReason"),
             "metered": ("EndToEndTests/MeteredTests", "jobsThatMayNotUseAMeteredConnectionWaitForOneThatIsNot"),
             "no_mirror_left": ("EndToEndTests/MirrorTests", "jobFailsOnlyWhenNoMirrorIsLeft"),
+            "bad_piece": ("EndToEndTests/MetalinkTests", "badPieceFromEveryMirrorFails"),
             // No real part here causes these: built by the functions that make them.
             "digest_error": ("DLTransferTests/TransferMessageTests", "codesNoRealPartCauses"),
             "network_error": ("DLTransferTests/TransferMessageTests", "codesNoRealPartCauses"),
