@@ -32,6 +32,12 @@ public enum MetalinkReader {
         if let declared = declaredEncoding(text), !["utf-8", "utf8", "us-ascii"].contains(declared.lowercased()) {
             throw Metalink.invalid("the document declares the encoding \"\(declared.prefix(40))\"; only UTF-8 is read")
         }
+        // FoundationXML reads a processing instruction without data (`<?name?>`) with strlen
+        // on a null pointer: the process dies (found by fuzz-metalink). A Metalink has none
+        // besides its XML declaration, which libxml2 does not report as one.
+        if Self.hasProcessingInstruction(data) {
+            throw Metalink.invalid("a processing instruction (<?…?>) other than the XML declaration is not accepted")
+        }
         if data.range(of: Data("<!DOCTYPE".utf8)) != nil || data.range(of: Data("<!ENTITY".utf8)) != nil {
             throw Metalink.invalid("a document type declaration (<!DOCTYPE or <!ENTITY) is not accepted")
         }
@@ -48,6 +54,25 @@ public enum MetalinkReader {
             throw Metalink.invalid("not well-formed XML (line \(parser.lineNumber)): \(reason.prefix(200))")
         }
         return try Metalink.read(root, limits: limits)
+    }
+
+    /// Whether `<?` appears anywhere but at the XML declaration (`<?xml` and a space, first in
+    /// the document after an optional byte order mark).
+    static func hasProcessingInstruction(_ data: Data) -> Bool {
+        let bytes = [UInt8](data)
+        let start = bytes.starts(with: [0xEF, 0xBB, 0xBF]) ? 3 : 0
+        var index = 0
+        while index + 1 < bytes.count {
+            if bytes[index] == UInt8(ascii: "<"), bytes[index + 1] == UInt8(ascii: "?") {
+                let declaration = Array("<?xml".utf8)
+                let isDeclaration =
+                    index == start && bytes[index...].starts(with: declaration) && index + 5 < bytes.count
+                    && [UInt8(ascii: " "), UInt8(ascii: "\t"), UInt8(ascii: "\n"), UInt8(ascii: "\r")].contains(bytes[index + 5])
+                if !isDeclaration { return true }
+            }
+            index += 1
+        }
+        return false
     }
 
     /// `encoding="…"` of the XML declaration, when there is one.

@@ -169,6 +169,19 @@ import Testing
         #expect(throws: DLError.self) { try MetalinkReader.parse(utf16) }
     }
 
+    /// Found by fuzz-metalink: `<?xmlurn:…?>` is a processing instruction without data, which
+    /// FoundationXML read with strlen(NULL), and the process died (SIGSEGV). Processing
+    /// instructions are refused before parsing now; the XML declaration still reads.
+    @Test func processingInstructionWithoutDataIsRefused() {
+        let crashing =
+            "<?xmlurn:ietf:params:xml:ns:metlaink?>\n<metalink xmlns=\"urn:ietf:params:xml:ns:metalink\">\n  <file name=\"diml:ns:metalink\"><file name=\"../x\"><url>http://h/pab</has2</hash></piehttp://h.example/b.txt</url></file>\n</metalink>\n"
+        #expect(Self.refusal(crashing)?.contains("processing instruction") == true)
+        #expect(
+            Self.refusal("<?pi?>" + Self.doc("<file name=\"a\"><url>http://h/a</url></file>"))?.contains("processing instruction") == true)
+        #expect(Self.refusal(Self.doc("<file name=\"a\"><?x?><url>http://h/a</url></file>"))?.contains("processing instruction") == true)
+        #expect(Self.refusal("\u{FEFF}<?xml version=\"1.0\"?>" + Self.doc("<file name=\"a\"><url>http://h/a</url></file>")) == nil)
+    }
+
     /// The limits: bytes, elements, files, URLs and pieces, each named when broken.
     @Test func limits() {
         var limits = MetalinkLimits()
