@@ -16,6 +16,8 @@
 //                                 size, other bytes; `setVariant` overrides it for every path).
 //                                 corrupt=K (the byte at file offset K is served flipped, in
 //                                 every response that covers it: a mirror with a bad piece).
+//                                 duplicate=URL sends `Link: <URL>; rel=duplicate` (RFC 6249);
+//                                 sha256=BASE64 sends `Digest: SHA-256=BASE64` (RFC 3230).
 //                                 `rate` (bytes/s) throttles each response, so each connection.
 //                                 gate=N holds the body's first byte until N bodies stream at
 //                                 once (at most 20 s): a peak of concurrency as an event.
@@ -821,6 +823,12 @@ final class OriginHandler: ChannelInboundHandler {
         }
         if let cacheControl = query["cache_control"] {
             headers.add(name: "Cache-Control", value: cacheControl)
+        }
+        if let duplicate = query["duplicate"] {
+            headers.add(name: "Link", value: "<\(duplicate)>; rel=duplicate; pri=1")
+        }
+        if let digest = query["sha256"] {
+            headers.add(name: "Digest", value: "SHA-256=\(digest)")
         }
         // A conditional GET whose validator still matches: 304, no body (RFC 9110 §13.1).
         let tags = request.headers.first(name: "if-none-match")

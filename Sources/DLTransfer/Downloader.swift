@@ -94,7 +94,12 @@ public struct TransferCheckpoint: Sendable, Equatable {
     /// Set when the attempt had bytes and had to start over from 0: why (`started_over`).
     public var startedOver: JobError?
     /// With mirrors: which sources are dropped, and why (recorded with the attempt's outcome).
+    /// Also set for a job without mirrors when the server named some (RFC 6249 `Link:
+    /// rel=duplicate`): they are the job's from then on.
     public var mirrors: MirrorColumn?
+    /// The SHA-256 the server announced (RFC 3230 `Digest`) for a job that had no checksum:
+    /// it becomes the job's.
+    public var announcedChecksum: Checksum?
 
     public init(
         received: Int64, size: Int64?, validators: Validators, finalURL: String?,
@@ -327,10 +332,12 @@ public final class Downloader: Sendable {
             var done = state.checkpoint
             done.sha256 = digests.sha256.finalize()
             done.digest = digests.requested?.finalize() ?? (request.checksum != nil ? done.sha256 : nil)
-            var mismatch: TransferFailure? = nil
+            var mismatch: TransferFailure? = announcedMismatch(request, state: state, sha256: done.sha256)
             // For an encrypted file, the checksum and the size are the plaintext's, the bytes
             // the server sent; what is kept in the partial file is ciphertext either way.
-            if let expected = request.checksum, let actual = done.digest, actual != expected.hex {
+            if mismatch != nil {
+                // Said by announcedMismatch.
+            } else if let expected = request.checksum, let actual = done.digest, actual != expected.hex {
                 mismatch = TransferFailure(
                     .permanent, .checksumMismatch,
                     "the file from \(hostName(state)) does not match the checksum: its \(expected.algorithm.rawValue) is \(actual), expected \(expected.hex); it is kept at \(request.partialPath) (resume downloads it again)"
@@ -480,6 +487,10 @@ public final class Downloader: Sendable {
         /// each (`PieceCheck`).
         var served: ServedLog?
         var pieceBlame = PieceBlame()
+        /// RFC 6249: the other copies the first answer named (`Link: rel=duplicate`, the
+        /// job's own URL left out), and the SHA-256 it announced (RFC 3230 `Digest`).
+        var duplicates: [String] = []
+        var announced: Checksum?
         var checkpoint: TransferCheckpoint {
             var checkpoint = TransferCheckpoint(
                 received: received, size: size, validators: validators, finalURL: finalURL.map(URLRules.redacted),
@@ -487,6 +498,12 @@ public final class Downloader: Sendable {
             checkpoint.startedOver = startedOver
             checkpoint.segments = segments
             checkpoint.mirrors = sources?.column
+            if !duplicates.isEmpty {
+                let known = checkpoint.mirrors ?? MirrorColumn(mirrors: [], urlDropped: nil)
+                let merged = RFC6249.merged(known.mirrors, url: "", found: duplicates)
+                if merged != known.mirrors { checkpoint.mirrors = MirrorColumn(mirrors: merged, urlDropped: known.urlDropped) }
+            }
+            checkpoint.announcedChecksum = announced
             return checkpoint
         }
     }
@@ -865,7 +882,10 @@ public final class Downloader: Sendable {
             let status = Int(response.status.code)
             guard [301, 302, 303, 307, 308].contains(status), let location = response.headers.first(name: "location") else {
                 state.finalURL = current
-                if status == 200 || status == 206 { responseHeads.report(path: request.path, response.headers) }
+                if status == 200 || status == 206 {
+                    responseHeads.report(path: request.path, response.headers)
+                    noteAnnouncements(response.headers, request: request, state: &state)
+                }
                 return response
             }
             // Redirect bodies are short; reading a little lets the connection be reused.

@@ -94,3 +94,39 @@ extension MetalinkChoiceTests {
         #expect(PieceBlame.reason(3, .sha1).hasPrefix("bad_piece: 3 pieces"))
     }
 }
+
+/// RFC 6249 `Link: rel=duplicate` and RFC 3230 `Digest` headers.
+@Suite struct RFC6249Tests {
+    /// Duplicates among several links and header values; other relations and bad URLs are left.
+    @Test func duplicateLinks() {
+        let values = [
+            #"<http://a.example/f>; rel=duplicate; pri=1; geo=de, <http://m.example/f.meta4>; rel=describedby; type="application/metalink4+xml""#,
+            #"<https://b.example/f>; rel="duplicate"; pri=2"#,
+            #"<ftp://c.example/f>; rel=duplicate, <http://d.example/f>; rel="alternate duplicate""#,
+            "garbage",
+        ]
+        #expect(RFC6249.duplicates(values) == ["http://a.example/f", "https://b.example/f", "http://d.example/f"])
+    }
+
+    /// SHA-256 from `Digest`, among others; a malformed one is none.
+    @Test func digestHeader() {
+        // sha256("abc")
+        let abc = "ungWv48Bz+pBQUDeXa4iI7ADYaOWF3qctBD/YfIAFa0="
+        #expect(
+            RFC6249.sha256(digest: "MD5=kAFQmDzST7DWlj99KOF/cg==, SHA-256=\(abc)")?.hex
+                == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+        #expect(RFC6249.sha256(digest: "SHA-256=bm90IDMyIGJ5dGVz") == nil)
+        #expect(RFC6249.sha256(digest: "MD5=kAFQmDzST7DWlj99KOF/cg==") == nil)
+        #expect(RFC6249.sha256(digest: nil) == nil)
+    }
+
+    /// Found URLs join the mirrors once each, never the job's own, up to 16.
+    @Test func mergedMirrors() {
+        let merged = RFC6249.merged(
+            [JobMirror(url: "http://b/f", dropped: "404")], url: "http://a/f",
+            found: ["http://a/f", "http://b/f", "http://c/f", "http://c/f"])
+        #expect(merged == [JobMirror(url: "http://b/f", dropped: "404"), JobMirror(url: "http://c/f")])
+        let many = RFC6249.merged([], url: "http://a/f", found: (0..<30).map { "http://m\($0)/f" })
+        #expect(many.count == 16)
+    }
+}

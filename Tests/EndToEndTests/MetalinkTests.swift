@@ -181,4 +181,50 @@ import Testing
             #expect(try daemon.call("list")["jobs"]?.arrayValue?.isEmpty == true)
         }
     }
+
+    /// RFC 6249 and RFC 3230: an answer with `Link: <URL>; rel=duplicate` and `Digest:
+    /// SHA-256=…` gives a job without mirrors or checksum that mirror and that checksum; a job
+    /// whose own checksum the server's Digest contradicts fails with checksum_mismatch.
+    @Test func linkAndDigestHeaders() async throws {
+        let size = 300_000
+        try await withOrigin { origin in
+            let daemon = try DaemonHarness(config: Self.config)
+            try daemon.start()
+            defer { daemon.stop() }
+            let hex = try Self.hex(.sha256, TestOrigin.bytes(count: size)[...])
+            var digest: [UInt8] = []
+            var index = hex.startIndex
+            while index < hex.endIndex {
+                let next = hex.index(index, offsetBy: 2)
+                digest.append(UInt8(hex[index..<next], radix: 16) ?? 0)
+                index = next
+            }
+            func encoded(_ text: String) -> String { text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? text }
+            let mirror = "\(origin.baseURL)/bytes/\(size)?copy=2"
+            let base64 = Data(digest).base64EncodedString()
+            let url = "\(origin.baseURL)/bytes/\(size)?duplicate=\(encoded(mirror))&sha256=\(encoded(base64))"
+            let id = try daemon.enqueue(["url": .string(url), "name": "announced.bin"])
+            let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            #expect(done["checksum"]?.stringValue == "sha256:\(hex)", "\(done.serializedString())")
+            #expect(MirrorTests.dropped(done) == [url: .null, mirror: .null], "\(done.serializedString())")
+            try expectOriginBytes(at: daemon.downloadDir + "/announced.bin", count: size)
+
+            // The client's checksum and the server's Digest disagree: neither is taken.
+            let other = String(repeating: "0", count: 64)
+            let contradicted = try daemon.enqueue(["url": .string(url), "name": "contradicted.bin", "checksum": .string("sha256:\(other)")])
+            let failed = try daemon.waitForState(contradicted, ["completed", "failed"], timeout: 60)
+            #expect(failed["error"]?["code"] == "checksum_mismatch", "\(failed.serializedString())")
+            #expect(failed["error"]?["message"]?.stringValue?.contains("Digest header") == true, "\(failed.serializedString())")
+
+            // A Digest that the bytes do not match fails the job that had no checksum.
+            let wrong = Data(repeating: 7, count: 32).base64EncodedString()
+            let lying = try daemon.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?sha256=\(encoded(wrong))"), "name": "lying.bin",
+            ])
+            let lied = try daemon.waitForState(lying, ["completed", "failed"], timeout: 60)
+            #expect(lied["error"]?["code"] == "checksum_mismatch", "\(lied.serializedString())")
+            #expect(!FileManager.default.fileExists(atPath: daemon.downloadDir + "/lying.bin"))
+        }
+    }
 }
