@@ -302,6 +302,11 @@ struct Enqueue: ParsableCommand {
             var spec = base
             spec.url = entries[0].url
             let result = try common.call(.enqueue, EnqueueParams.job(spec))
+            // A `.meta4` URL of several files is a group.
+            if let groupID = result["group"]?["id"]?.int64Value {
+                try reportGroup(result, groupID)
+                return
+            }
             ids = result["job"]?["id"]?.int64Value.map { [$0] } ?? []
             common.emit(result) { describe(result) }
         } else {
@@ -356,15 +361,20 @@ struct Enqueue: ParsableCommand {
         JobParamRules.add(options, to: &params)
         let result = try common.call(RPCMethod.enqueue.rawValue, params)
         if let groupID = result["group"]?["id"]?.int64Value {
-            common.emit(result) {
-                "group \(groupID) (\(result["count"]?.int64Value ?? 0) files) → \(result["group"]?["dir"]?.stringValue ?? "")"
-            }
-            if wait { try waitFor(common: common, ids: [], group: String(groupID), timeout: nil, showProgress: true) }
+            try reportGroup(result, groupID)
         } else {
             common.emit(result) { describe(result) }
             let ids = result["job"]?["id"]?.int64Value.map { [$0] } ?? []
             if wait { try waitFor(common: common, ids: ids, group: nil, timeout: nil, showProgress: true) }
         }
+    }
+
+    /// A group a Metalink became: its line, then the wait for it with `--wait`.
+    private func reportGroup(_ result: JSONValue, _ groupID: Int64) throws {
+        common.emit(result) {
+            "group \(groupID) (\(result["count"]?.int64Value ?? 0) files) → \(result["group"]?["dir"]?.stringValue ?? "")"
+        }
+        if wait { try waitFor(common: common, ids: [], group: String(groupID), timeout: nil, showProgress: true) }
     }
 
     /// `--group NAME -d DIR`: one group whose members land in DIR together.

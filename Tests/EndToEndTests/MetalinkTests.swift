@@ -147,6 +147,16 @@ import Testing
             try expectOriginBytes(at: daemon.downloadDir + "/renamed.bin", count: size)
             let refused = try daemon.dlctl(["enqueue", "--metalink", file, "--checksum", "md5:\(String(repeating: "0", count: 32))"])
             #expect(refused.status != 0)
+            // A .meta4 URL of two files, as any URL: the group is waited for.
+            origin.setDocument(
+                "two.meta4",
+                Self.document([
+                    try Self.file("x.bin", size: 1000, urls: [("\(origin.baseURL)/bytes/1000", 1)]),
+                    try Self.file("y.bin", size: 2000, urls: [("\(origin.baseURL)/bytes/2000", 1)]),
+                ]))
+            let group = try daemon.dlctl(["enqueue", "\(origin.baseURL)/doc/two.meta4", "-d", daemon.downloadDir + "/two", "--wait"])
+            #expect(group.status == 0 && group.stdout.contains("group"), "\(group.stdout) \(group.stderr)")
+            try expectOriginBytes(at: daemon.downloadDir + "/two/y.bin", count: 2000)
         }
     }
 
