@@ -131,6 +131,24 @@ public struct PieceHashes: Sendable, Equatable, Codable {
         return (algorithm, length, parts[0].utf8.count + parts[1].utf8.count + 2)
     }
 
+    /// The pieces that overlap `near` (the bytes a range just wrote) and whose every byte is
+    /// written in `layout` (each range's bytes before its `done`): those that can be checked now.
+    public func landed(near: Range<Int64>, layout: SegmentLayout) -> [Int] {
+        let size = layout.size
+        guard length > 0, !near.isEmpty, size > 0 else { return [] }
+        let first = Int(max(0, near.lowerBound) / length)
+        let last = min(hashes.count - 1, Int((min(near.upperBound, size) - 1) / length))
+        guard first <= last else { return [] }
+        return (first...last).filter { index in
+            let piece = range(of: index, size: size)
+            return layout.segments.allSatisfy { segment in
+                // The piece's bytes inside this range must all be before its `done`.
+                let end = min(piece.upperBound, segment.end)
+                return end <= segment.start || piece.lowerBound >= segment.end || end <= segment.done
+            }
+        }
+    }
+
     /// The pieces a file of `size` bytes has with this length.
     public static func count(size: Int64, length: Int64) -> Int {
         guard length > 0, size > 0 else { return 0 }

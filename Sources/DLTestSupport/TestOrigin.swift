@@ -15,7 +15,8 @@
 //                                 variant=K (the body is the stream from byte K on: the same
 //                                 size, other bytes; `setVariant` overrides it for every path).
 //                                 corrupt=K (the byte at file offset K is served flipped, in
-//                                 every response that covers it: a mirror with a bad piece).
+//                                 every response that covers it: a mirror with a bad piece);
+//                                 with corrupt_every=P also K+P, K+2P, … (a bad piece each).
 //                                 duplicate=URL sends `Link: <URL>; rel=duplicate` (RFC 6249);
 //                                 sha256=BASE64 sends `Digest: SHA-256=BASE64` (RFC 3230).
 //                                 `rate` (bytes/s) throttles each response, so each connection.
@@ -499,21 +500,35 @@ private struct BodyStream {
     var stalled = false
     /// The request's path+query, for `bytesServed(uri:)`.
     var uri = ""
-    /// `corrupt=K`: this offset of the pattern is served with its bits flipped.
+    /// `corrupt=K`: this offset of the pattern is served with its bits flipped; with
+    /// `corrupt_every=P`, also every P bytes after it.
     var corrupt: Int64?
+    var corruptEvery: Int64?
 
     func chunk(length: Int) -> ByteBuffer? {
         switch source {
         case .pattern(let start):
             let at = start + sent
-            guard let corrupt, corrupt >= at, corrupt < at + Int64(length), var chunk = Pattern.chunk(at: at, length: length) else {
-                return Pattern.chunk(at: at, length: length)
+            guard let corrupt, var chunk = Pattern.chunk(at: at, length: length) else { return Pattern.chunk(at: at, length: length) }
+            let end = at + Int64(chunk.readableBytes)
+            var offsets: [Int64] = []
+            if let every = corruptEvery, every > 0 {
+                var next = corrupt >= at ? corrupt : corrupt + (at - corrupt + every - 1) / every * every
+                while next < end {
+                    offsets.append(next)
+                    next += every
+                }
+            } else if corrupt >= at && corrupt < end {
+                offsets = [corrupt]
             }
+            guard !offsets.isEmpty else { return chunk }
             // A copy: the pattern's table is shared by every response.
             var copy = ByteBufferAllocator().buffer(capacity: chunk.readableBytes)
             copy.writeBuffer(&chunk)
-            let index = copy.readerIndex + Int(corrupt - at)
-            copy.setInteger(~(copy.getInteger(at: index, as: UInt8.self) ?? 0), at: index)
+            for offset in offsets {
+                let index = copy.readerIndex + Int(offset - at)
+                copy.setInteger(~(copy.getInteger(at: index, as: UInt8.self) ?? 0), at: index)
+            }
             return copy
         case .fixed(let buffer):
             return buffer.getSlice(at: buffer.readerIndex + Int(sent), length: length)
@@ -788,7 +803,10 @@ final class OriginHandler: ChannelInboundHandler {
 
     private func serveBytes(context: ChannelHandlerContext, request: HTTPRequestHead, size: Int64, query: Query) {
         var numbers: [String: Int64] = [:]
-        for key in ["rate", "drop_after", "stall_after", "length", "overlong", "linger", "ranges_for", "variant", "gate", "corrupt"] {
+        for key in [
+            "rate", "drop_after", "stall_after", "length", "overlong", "linger", "ranges_for", "variant", "gate", "corrupt",
+            "corrupt_every",
+        ] {
             switch query.int(key) {
             case .absent:
                 continue
@@ -908,6 +926,7 @@ final class OriginHandler: ChannelInboundHandler {
         stream.rate = rate
         stream.gate = numbers["gate"]
         stream.corrupt = numbers["corrupt"].map { $0 + variant }
+        stream.corruptEvery = numbers["corrupt_every"]
         switch (dropAfter, stallAfter) {
         case (let d?, let s?):
             stream.limit = min(d, s)

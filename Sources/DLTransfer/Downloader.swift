@@ -291,7 +291,7 @@ public final class Downloader: Sendable {
         if !request.mirrors.isEmpty {
             state.sources = SourceBook(MirrorSet(url: request.url, urlDropped: request.urlDropped, mirrors: request.mirrors))
         }
-        if request.pieces != nil { state.served = ServedLog() }
+        if let pieces = request.pieces, request.options.encryptTo?.isEmpty != false { state.pieceTracker = PieceTracker(pieces) }
         var request = request
         if let texts = request.options.encryptTo, !texts.isEmpty {
             switch AgeRecipient.parseList(texts) {
@@ -483,10 +483,9 @@ public final class Downloader: Sendable {
         /// The source the first request went to (the job's URL unless it failed or was
         /// dropped); later requests of one stream go there too.
         var sourceURL: String?
-        /// With piece hashes: which source served which bytes, and the bad pieces blamed on
-        /// each (`PieceCheck`).
-        var served: ServedLog?
-        var pieceBlame = PieceBlame()
+        /// With piece hashes (and not encrypted at rest): which source served which bytes,
+        /// which pieces were found good as they landed, the blame (`PieceCheck`).
+        var pieceTracker: PieceTracker?
         /// RFC 6249: the other copies the first answer named (`Link: rel=duplicate`, the
         /// job's own URL left out), and the SHA-256 it announced (RFC 3230 `Digest`).
         var duplicates: [String] = []
@@ -511,6 +510,8 @@ public final class Downloader: Sendable {
     /// The bytes on disk cannot be continued: says why (the job's `error`, `started_over`, live
     /// in `status` and kept if the attempt ends early), before the caller cuts the file to 0.
     func startingOver(_ reason: String, state: inout AttemptState, progress: TransferProgress, job: JobID) {
+        // The bytes are fetched again: what was checked of them, and who served them, is old.
+        state.pieceTracker?.startOver()
         guard state.received > 0 else { return }
         let error = JobError(
             code: .startedOver,

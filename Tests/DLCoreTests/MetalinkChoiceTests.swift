@@ -130,3 +130,23 @@ extension MetalinkChoiceTests {
         #expect(many.count == 16)
     }
 }
+
+extension MetalinkChoiceTests {
+    /// A piece can be checked once every one of its bytes is written, whichever ranges wrote
+    /// them; only pieces near the bytes just written are looked at.
+    @Test func landedPieces() {
+        let pieces = PieceHashes(algorithm: .sha1, length: 10, hashes: Array(repeating: "", count: 4))
+        var layout = SegmentLayout(size: 35)
+        #expect(pieces.landed(near: 0..<35, layout: layout).isEmpty)
+        // Two ranges: [0, 20) written up to 15, [20, 35) written up to 35.
+        layout = SegmentLayout(size: 35, prefix: 15)
+        guard let split = SegmentLayout(encoded: "0-15-20,20-35-35", size: 35) else {
+            Issue.record("the layout does not read")
+            return
+        }
+        #expect(pieces.landed(near: 0..<15, layout: layout) == [0])
+        #expect(pieces.landed(near: 20..<35, layout: split) == [2, 3])
+        #expect(pieces.landed(near: 0..<15, layout: split) == [0])
+        #expect(pieces.landed(near: 5..<15, layout: split) == [0])
+    }
+}

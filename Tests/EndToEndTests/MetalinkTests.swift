@@ -74,6 +74,31 @@ import Testing
         }
     }
 
+    /// A mirror that serves every piece bad is dropped with `bad_piece` after three; the file
+    /// ends exact from the good one.
+    @Test func mirrorWithBadPiecesIsDropped() async throws {
+        let size = 6 << 20
+        try await withOrigin { good in
+            try await withStarted(try await TestOrigin.start()) { corrupt in
+                let corruptURL = "\(corrupt.baseURL)/bytes/\(size)?corrupt=7&corrupt_every=\(Self.pieceLength)&rate=8000000"
+                let goodURL = "\(good.baseURL)/bytes/\(size)?rate=8000000"
+                let xml = Self.document([try Self.file("worse.bin", size: size, urls: [(corruptURL, 1), (goodURL, 2)])])
+                let daemon = try DaemonHarness(config: Self.config)
+                try daemon.start()
+                defer { daemon.stop() }
+                let id = try #require(try daemon.call("enqueue", ["metalink": .string(xml)])["job"]?["id"]?.int64Value)
+                let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 120)
+                #expect(done["state"] == "completed", "\(done.serializedString())")
+                try expectOriginBytes(at: daemon.downloadDir + "/worse.bin", count: size)
+                let reason = MirrorTests.dropped(done)[corruptURL]?.stringValue ?? ""
+                #expect(reason.hasPrefix("bad_piece: 3 pieces"), "\(done.serializedString())")
+                #expect(MirrorTests.dropped(done)[goodURL] == .null)
+                // Found as the pieces landed, not only once the file was whole.
+                #expect(daemon.log.contains("a piece does not match its hash"), "\(daemon.log.suffix(2000))")
+            }
+        }
+    }
+
     /// One URL that serves a bad piece: it is asked once more, serves it bad again, and the
     /// job fails with `bad_piece`, naming the piece; the file never appears.
     @Test func badPieceFromEveryMirrorFails() async throws {
