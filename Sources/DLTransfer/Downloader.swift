@@ -332,17 +332,16 @@ public final class Downloader: Sendable {
             var done = state.checkpoint
             done.sha256 = digests.sha256.finalize()
             done.digest = digests.requested?.finalize() ?? (request.checksum != nil ? done.sha256 : nil)
+            // The server's own Digest (RFC 3230) first: it names what the file should be.
             var mismatch: TransferFailure? = announcedMismatch(request, state: state, sha256: done.sha256)
             // For an encrypted file, the checksum and the size are the plaintext's, the bytes
             // the server sent; what is kept in the partial file is ciphertext either way.
-            if mismatch != nil {
-                // Said by announcedMismatch.
-            } else if let expected = request.checksum, let actual = done.digest, actual != expected.hex {
+            if mismatch == nil, let expected = request.checksum, let actual = done.digest, actual != expected.hex {
                 mismatch = TransferFailure(
                     .permanent, .checksumMismatch,
                     "the file from \(hostName(state)) does not match the checksum: its \(expected.algorithm.rawValue) is \(actual), expected \(expected.hex); it is kept at \(request.partialPath) (resume downloads it again)"
                 )
-            } else if let size = request.expectedSize, size != state.received {
+            } else if mismatch == nil, let size = request.expectedSize, size != state.received {
                 mismatch = TransferFailure(
                     .permanent, .sizeMismatch,
                     "the file from \(hostName(state)) is \(state.received) bytes, expected \(size) (size); it is kept at \(request.partialPath) (resume downloads it again)"
