@@ -25,6 +25,9 @@ let package = Package(
             name: "fuzz-http-response", dependencies: ["FuzzSupport", .product(name: "DLCore", package: "dld")],
             path: "Sources/fuzz-http-response"),
         .executableTarget(name: "fuzz-hls", dependencies: ["FuzzSupport", .product(name: "DLCore", package: "dld")], path: "Sources/fuzz-hls"),
+        .executableTarget(
+            name: "fuzz-metalink", dependencies: ["FuzzSupport", .product(name: "DLRPC", package: "dld"), .product(name: "DLCore", package: "dld")],
+            path: "Sources/fuzz-metalink"),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -11,7 +11,8 @@
 # SOCKS5 proxy (microsocks) for the proxy tests; systemd-socket-activate and systemd-analyze
 # (Debian's `systemd`) for socket activation and the units; man (man-db) and bash-completion
 # for the installed manual pages and completions; ip (iproute2) for the network namespace of
-# the network-awareness test; age and age-keygen (Debian's `age`), the reference
+# the network-awareness test; aria2c (Debian's `aria2`), which reads the Metalinks of the
+# Metalink tests to show it gets the same bytes; age and age-keygen (Debian's `age`), the reference
 # implementation that decrypts the files dld encrypts at rest; fuse3 and libfuse3-dev (with cc
 # and pkg-config) for powercutfs (scripts/powercutfs.c), the FUSE filesystem the power-cut tests
 # build and mount to cut the power under dld (they fail, saying why, without it or /dev/fuse).
@@ -57,6 +58,7 @@ command -v fusermount3 >/dev/null 2>&1 || tools_missing+=(fuse3)
 command -v pkg-config >/dev/null 2>&1 || tools_missing+=(pkg-config)
 command -v cc >/dev/null 2>&1 || tools_missing+=(gcc)
 command -v sqlite3 >/dev/null 2>&1 || tools_missing+=(sqlite3)
+[ -x /usr/bin/aria2c ] || tools_missing+=(aria2)
 browser_missing=()
 command -v chromium >/dev/null 2>&1 || browser_missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || browser_missing+=(chromium-driver)

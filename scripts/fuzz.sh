@@ -9,7 +9,7 @@ SWIFT=${SWIFT:-swift}
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 cd "$(dirname "$0")/../Fuzz" || exit 1
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(json toml content-disposition input-list netrc http-response hls)
+[ ${#targets[@]} -gt 0 ] || targets=(json toml content-disposition input-list netrc http-response hls metalink)
 
 # Release: libFuzzer runs ten times more inputs a second than in debug; bounds and overflow
 # checks stay on (-O keeps them), so a trap is still a crash.

@@ -42,6 +42,8 @@ public struct EnqueueSpec: Sendable, Equatable {
     /// What an HLS download asks for (`max_height`, `max_bandwidth`, `variant`, `hls_layout`,
     /// `live`); used when `isHLS`.
     public var hls = HLSRequest()
+    /// The file's piece hashes (from a Metalink): each piece is verified as it lands.
+    public var pieces: PieceHashes?
 
     public init(url: String) { self.url = url }
 
@@ -84,5 +86,7 @@ public struct GroupMemberSpec: Sendable, Equatable {
     public var meta: String?
     /// More URLs of the same file (`mirrors`), checked.
     public var mirrors: [JobMirror] = []
+    /// The file's piece hashes (from a Metalink).
+    public var pieces: PieceHashes?
     public init(url: String) { self.url = url }
 }

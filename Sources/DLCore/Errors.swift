@@ -40,6 +40,9 @@ public struct DLError: Error, Sendable, Equatable, CustomStringConvertible {
         case hlsUnsupported = "hls_unsupported"
         /// `enqueue` of HLS: the playlist could not be fetched.
         case hlsFetchFailed = "hls_fetch_failed"
+        /// `enqueue` of a Metalink (`metalink`, or a `.meta4`/`.metalink` URL): the document
+        /// cannot be fetched, is not a Metalink, breaks a limit, or names an unsafe file.
+        case invalidMetalink = "invalid_metalink"
     }
 
     public static func invalidParams(_ message: String) -> DLError { DLError(.invalidParams, message) }

@@ -209,6 +209,9 @@ public struct Job: Sendable, Equatable {
     public var mirrors: [JobMirror] = []
     /// Why the job's own URL is no longer used (only with mirrors: the others serve the file).
     public var urlDropped: String?
+    /// The file's piece hashes (from a Metalink) in their stored form (`PieceHashes.encoded`);
+    /// nil for most jobs. Kept as text: only a transfer that starts reads the hashes.
+    public var pieces: String?
     /// Progress written but not yet synced, recorded while the job runs (see
     /// `UnsyncedProgress`); trusted only in the boot that wrote it. Nil once the transfer's
     /// outcome is recorded: its bytes are synced then.

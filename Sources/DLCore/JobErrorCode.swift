@@ -80,6 +80,8 @@ public struct JobErrorCode: RawRepresentable, Hashable, Sendable, CustomStringCo
     /// An HLS group's segments could not be joined into its file: a key is not 16 bytes, a
     /// segment does not decrypt (wrong key or IV), or a byte range is beyond its file.
     public static let hlsAssembly = JobErrorCode(rawValue: "hls_assembly")
+    /// A piece of a file with piece hashes (a Metalink's) matches its hash from no source.
+    public static let badPiece = JobErrorCode(rawValue: "bad_piece")
     /// Not a failure: bytes on disk could not be continued, and the transfer started over.
     public static let startedOver = JobErrorCode(rawValue: "started_over")
     /// A transfer's checkpoint found the job no longer this worker's (a shared table): the
@@ -124,12 +126,13 @@ public struct JobErrorCode: RawRepresentable, Hashable, Sendable, CustomStringCo
         .fileMissing,
         .noMirrorLeft,
         .hlsAssembly,
+        .badPiece,
         .startedOver,
     ]
 
     /// Failures after which the partial file cannot be trusted: a `resume` starts over from
     /// byte 0 (`StateMachine`, and the bulk statements of both job tables).
-    public static let startOver: Set<JobErrorCode> = [.checksumMismatch, .sizeMismatch]
+    public static let startOver: Set<JobErrorCode> = [.checksumMismatch, .sizeMismatch, .badPiece]
 
     /// Codes of failures that end inside dld and are never recorded on a job.
     public static let neverRecorded: [JobErrorCode] = [.leaseLost, .mirrorDisagrees]

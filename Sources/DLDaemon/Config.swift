@@ -35,6 +35,8 @@ public struct DaemonConfig: Sendable, Equatable {
     public var maxLight: Int = Lanes.defaultMaxLight
     /// HTTP/2 where a server offers it over TLS.
     public var http2 = true
+    /// `metalink_location`: a country code whose Metalink mirrors go first; "" for none.
+    public var metalinkLocation = ""
     /// Seconds completed and canceled records are kept; 0 keeps them forever.
     public var keepFinished: Double = RetentionPolicy.defaultKeepFinished
     /// Seconds failed records are kept; 0 keeps them forever.
@@ -217,6 +219,9 @@ public struct DaemonConfig: Sendable, Equatable {
         .int("max_streams_per_host", \.maxStreamsPerHost, 1...256, .live, "Transfers to one host at once over HTTP/2."),
         .int("max_light", \.maxLight, 0...256, .live, "Small transfers at once beside the bulk ones; 0: no light lane."),
         .bool("http2", \.http2, .restart, "HTTP/2 where a server offers it over TLS."),
+        ConfigKey(
+            "metalink_location", \.metalinkLocation, .live, "Country code (ISO 3166, e.g. \"de\") whose Metalink mirrors go first.",
+            parse: { try $0.metalinkLocation() }, render: { $0.metalinkLocation.isEmpty ? nil : TOMLText.quote($0.metalinkLocation) }),
         .duration("keep_finished", \.keepFinished, .live, "How long records of completed and canceled jobs stay; 0: forever."),
         .duration("keep_failed", \.keepFailed, .live, "How long records of failed jobs stay; 0: forever."),
         .int("segments", \.segments, 1...16, .live, "Byte ranges one job fetches at once; 1: not segmented."),
@@ -410,6 +415,16 @@ extension ConfigValue {
             throw DaemonError("\(key) must be 1 to 64 characters of letters, digits, '-', '_' and '.'")
         }
         return name
+    }
+
+    /// Two ASCII letters (ISO 3166-1 alpha-2, as Metalink's `location`), or "" for none.
+    func metalinkLocation() throws -> String {
+        let code = try string()
+        guard code.isEmpty || (code.utf8.count == 2 && code.unicodeScalars.allSatisfy({ $0.isASCII && CharacterSet.letters.contains($0) }))
+        else {
+            throw DaemonError("\(key) must be a two-letter country code such as \"de\", or \"\" for none")
+        }
+        return code.lowercased()
     }
 
     func speedSchedule() throws -> SpeedSchedule {

@@ -209,6 +209,7 @@ public enum Daemon {
         configuration.segments = config.segments
         configuration.segmentMinSize = config.segmentMinSize
         configuration.meteredByDefault = config.metered
+        configuration.metalinkLocation = config.metalinkLocation.isEmpty ? nil : config.metalinkLocation.lowercased()
     }
 
     /// The allowed roots, resolved (symlinks followed) as destinations are; roots that do not

@@ -59,6 +59,8 @@ extension Dispatcher {
                 "group": JobJSON.encodeGroup(created, summary), "count": .int(Int64(jobs.count)),
                 "results": .array(jobs.map { ["id": .int($0.id), "created": true, "path": .string($0.path)] }),
             ]
+        case .metalink(let request):
+            return try await enqueueMetalink(request)
         }
     }
 

@@ -62,6 +62,7 @@ extension Engine {
                         checksum: spec.checksum, expectedSize: spec.size)
                     new.host = host
                     new.mirrors = spec.mirrors
+                    new.pieces = spec.pieces?.encoded
                     new.options = JobOptions(
                         automaticName: resolved.automatic, renameIfTaken: spec.onExists == .rename, insecure: spec.insecure, tls: spec.tls,
                         maxSpeed: spec.maxSpeed, segments: spec.segments, metered: spec.metered, encryptTo: spec.encryptTo)

@@ -223,6 +223,7 @@ extension Engine {
                     // The group's TLS settings and `insecure` are every member's.
                     new.options = options
                     new.mirrors = member.mirrors
+                    new.pieces = member.pieces?.encoded
                     news.append(new)
                 } catch {
                     throw DLError(error.code, "jobs[\(index)]: \(error.message)")

@@ -177,6 +177,7 @@ extension Engine {
         request.segmentLayout = started.segments
         request.mirrors = started.mirrors
         request.urlDropped = started.urlDropped
+        request.pieces = started.pieces.flatMap(PieceHashes.init(encoded:))
         request.hostSlots = progress.hostConnections ?? [:]
         request.unsynced = started.unsynced
         request.bootID = configuration.bootID
@@ -496,10 +497,13 @@ extension Engine {
         if let finalURL = checkpoint.finalURL { job.finalURL = finalURL }
         if let sha256 = checkpoint.sha256 { job.sha256 = sha256 }
         if let digest = checkpoint.digest { job.digest = digest }
-        if let mirrors = checkpoint.mirrors, !job.mirrors.isEmpty {
+        // A job without mirrors gets some when its server named other copies (RFC 6249).
+        if let mirrors = checkpoint.mirrors, !job.mirrors.isEmpty || !mirrors.mirrors.isEmpty {
             job.mirrors = mirrors.mirrors
             job.urlDropped = mirrors.urlDropped
         }
+        // And the SHA-256 its server announced (RFC 3230 `Digest`), when it has no checksum.
+        if job.checksum == nil, let announced = checkpoint.announcedChecksum { job.checksum = announced }
     }
 
     // MARK: Waiting jobs

@@ -52,6 +52,9 @@ public struct EngineConfiguration: Sendable {
     public var segmentMinSize: Int64 = 4 << 20
     /// Whether jobs that do not say may download on a metered connection (config `metered`).
     public var meteredByDefault = true
+    /// The country (ISO 3166 code, lowercase) whose Metalink mirrors go first among those of
+    /// the same priority (config `metalink_location`); nil: none.
+    public var metalinkLocation: String?
     /// This boot's id (`/proc/sys/kernel/random/boot_id`), recorded with unsynced progress;
     /// nil when it cannot be read: then unsynced progress is neither recorded nor trusted.
     public var bootID: String?

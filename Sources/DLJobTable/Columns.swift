@@ -73,7 +73,7 @@ public enum JobColumn: Int, TableColumns {
     case id, url, path, state, waitReason, priority, size, received, errorCode, errorMessage, attempts
     case createdAt, updatedAt, finishedAt, nextAttemptAt, key, meta, headers, overwrite, finalURL, etag
     case lastModified, acceptsRanges, checksum, expectedSize, sha256, digest, progressAt, groupID
-    case stagingPath, options, worker, leaseUntil, segments, unsynced, mirrors
+    case stagingPath, options, worker, leaseUntil, segments, unsynced, mirrors, pieces
 
     public var name: String {
         switch self {
@@ -113,6 +113,7 @@ public enum JobColumn: Int, TableColumns {
         case .segments: return "segments"
         case .unsynced: return "unsynced"
         case .mirrors: return "mirrors"
+        case .pieces: return "pieces"
         }
     }
 
@@ -141,6 +142,7 @@ public enum JobColumn: Int, TableColumns {
             leaseUntil: try row.date(.leaseUntil), segments: try row.text(.segments),
             unsynced: try row.text(.unsynced).flatMap(UnsyncedProgress.init(encoded:)))
         ColumnCoding.mirrors(from: try row.text(.mirrors), into: &job)
+        job.pieces = try row.text(.pieces)
         return job
     }
 }

@@ -19,6 +19,8 @@ public struct NewJob: Sendable, Equatable {
     public var host: String?
     /// More URLs of the same file.
     public var mirrors: [JobMirror] = []
+    /// Piece hashes (`PieceHashes.encoded`), from a Metalink.
+    public var pieces: String?
 
     public init(
         url: String, path: String, priority: Int = 0, key: String? = nil, meta: String? = nil,
@@ -48,6 +50,7 @@ extension NewJob {
             expectedSize: expectedSize, progressAt: now, groupID: groupID, stagingPath: stagingPath)
         job.options = options
         job.mirrors = mirrors
+        job.pieces = pieces
         job.size = expectedSize
         job.id = id
         return job

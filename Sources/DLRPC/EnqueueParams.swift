@@ -10,9 +10,11 @@ public enum EnqueueParams: MethodParams {
     case job(EnqueueSpec)
     case jobs([EnqueueSpec])
     case group(GroupEnqueue)
+    // Metalink: the document inline or a `.meta4`/`.metalink` URL (EnqueueParams+Metalink.swift).
+    case metalink(MetalinkEnqueue)
 
     /// All names `enqueue` takes in one of its forms; each form refuses the others' names.
-    public static let keys = jobKeys.union(GroupEnqueue.keys)
+    public static let keys = jobKeys.union(GroupEnqueue.keys).union(MetalinkEnqueue.keys)
 
     /// The params of one job, alone or in `jobs`.
     public static let jobKeys: Set<String> = [
@@ -28,11 +30,14 @@ public enum EnqueueParams: MethodParams {
 
     /// The form's names: `group` makes a group, `jobs` a batch, anything else one job.
     public static func keys(of raw: [String: JSONValue]) -> Set<String> {
-        raw["group"] != nil ? GroupEnqueue.keys : raw["jobs"] != nil ? ["jobs"] : jobKeys
+        if MetalinkEnqueue.applies(raw) { return MetalinkEnqueue.keys }
+        return raw["group"] != nil ? GroupEnqueue.keys : raw["jobs"] != nil ? ["jobs"] : jobKeys
     }
 
     public init(decoding params: Params, limits: RPCLimits) throws(DLError) {
-        if params.values["group"] != nil {
+        if MetalinkEnqueue.applies(params.values) {
+            self = .metalink(try MetalinkEnqueue(params, limits: limits))
+        } else if params.values["group"] != nil {
             self = .group(try GroupEnqueue(params, limits: limits))
         } else if params.values["jobs"] != nil {
             self = .jobs(try Self.jobs(try JobParamRules.list(params, limits: limits), limits: limits))
@@ -46,6 +51,7 @@ public enum EnqueueParams: MethodParams {
         case .job(let spec): spec.params
         case .jobs(let specs): ["jobs": .array(specs.map { .object($0.params) })]
         case .group(let group): group.params
+        case .metalink(let metalink): metalink.params
         }
     }
 
@@ -390,7 +396,7 @@ public enum JobParamRules {
             encryptTo: try encryptTo(params))
     }
 
-    static func add(_ options: JobOptions, to params: inout [String: JSONValue]) {
+    public static func add(_ options: JobOptions, to params: inout [String: JSONValue]) {
         if options.insecure { params["insecure"] = true }
         if let tls = options.tls {
             for (key, value) in [
@@ -445,8 +451,13 @@ extension EnqueueParams {
                 + "group form: the members {url, name or path, checksum, size, meta, mirrors}. All or nothing.")
         let batch = Schema.object(
             ["jobs": Schema.array(jobSchema(limits), minItems: 1, maxItems: limits.maxJobsPerEnqueue)], required: ["jobs"])
+        let metalink = MetalinkEnqueue.schema(limits)
+        let metalinkProperties: [String: JSONValue] = metalink.objectValue?["properties"]?.objectValue ?? [:]
+        for (name, value) in metalinkProperties where properties[name] == nil {
+            properties[name] = value
+        }
         guard case .object(var schema) = Schema.object(properties) else { return Schema.any }
-        schema["oneOf"] = [jobSchema(limits), batch, group]
+        schema["oneOf"] = [jobSchema(limits), batch, group, metalink]
         return .object(schema)
     }
 

@@ -32,8 +32,8 @@ public enum JobJSON {
     /// in this order.
     static let keys = [
         "attempts", "checksum", "created_at", "digest", "encrypt_to", "error", "final_url", "finished_at", "group", "headers", "id",
-        "insecure", "key", "max_speed", "meta", "metered", "mirrors", "name", "next_attempt_at", "overwrite", "path", "priority",
-        "progress", "ranges",
+        "insecure", "key", "max_speed", "meta", "metered", "mirrors", "name", "next_attempt_at", "overwrite", "path", "pieces",
+        "priority", "progress", "ranges",
         "received",
         "sha256", "size", "speed", "state", "tls", "updated_at", "url", "wait_reason", "worker",
     ]
@@ -75,6 +75,7 @@ public enum JobJSON {
             job.nextAttemptAt.map(timestamp) ?? .null,
             .bool(job.overwrite),
             .string(job.path),
+            pieces(job),
             .int(Int64(job.priority)),
             progress,
             ranges(job),
@@ -103,6 +104,12 @@ public enum JobJSON {
         guard !job.mirrors.isEmpty else { return .null }
         let all = [JobMirror(url: job.url, dropped: job.urlDropped)] + job.mirrors
         return .array(all.map { ["url": .string(URLRules.redacted($0.url)), "dropped": $0.dropped.map { .string($0) } ?? .null] })
+    }
+
+    /// A Metalink's piece hashes: `{type, length, count}` (not the hashes); null without them.
+    private static func pieces(_ job: Job) -> JSONValue {
+        guard let stored = job.pieces, let summary = PieceHashes.summary(encoded: stored) else { return .null }
+        return ["type": .string(summary.algorithm.rawValue), "length": .int(summary.length), "count": .int(Int64(summary.count))]
     }
 
     /// A job's own TLS files; the ones it did not give are null.

@@ -75,6 +75,7 @@ extension DLError.Code {
         case .hlsLive: return -32023
         case .hlsUnsupported: return -32024
         case .hlsFetchFailed: return -32025
+        case .invalidMetalink: return -32011
         }
     }
 }

@@ -117,6 +117,12 @@ public enum OpenRPC {
             "mirrors": Schema.nullable(
                 Schema.array(Schema.record(["url": Schema.string(), "dropped": nullableString]), minItems: 2)
             ).described("Every URL of the file, the job's own first, each {url, dropped}; null without mirrors."),
+            "pieces": Schema.nullable(
+                Schema.record([
+                    "type": Schema.names(DigestAlgorithm.allCases.map(\.rawValue)), "length": Schema.integer(min: 1),
+                    "count": Schema.integer(min: 0),
+                ])
+            ).described("A Metalink's piece hashes: their type, piece length and count; each piece is checked as it lands."),
             "ranges": Schema.nullable(Schema.array(Schema.tuple(Array(repeating: Schema.integer(min: 0), count: 3)))).described(
                 "A segmented download's committed ranges, [start, done, end] each."),
             "progress": Schema.nullable(Schema.number(min: 0)).described(
@@ -295,6 +301,7 @@ extension RPCMethod {
             [
                 .invalidParams, .invalidURL, .destinationInvalid, .destinationExists, .destinationNotAllowed, .queueFull, .shuttingDown,
                 .hlsInvalid, .hlsUnsupportedEncryption, .hlsLive, .hlsUnsupported, .hlsFetchFailed,
+                .invalidMetalink,
             ]
         case .pause, .resume, .cancel: [.invalidParams, .jobNotFound, .invalidState, .groupNotFound, .shuttingDown]
         case .remove: [.invalidParams, .jobNotFound, .groupNotFound, .shuttingDown]

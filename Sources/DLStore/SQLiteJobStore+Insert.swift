@@ -50,9 +50,9 @@ private struct InsertBatch {
     static let sizes = [256, 64, 16, 4, 1]
     private static let columns = """
         INSERT INTO jobs (url, path, state, priority, created_at, updated_at, key, meta, headers, overwrite,
-            checksum, expected_size, size, progress_at, group_id, staging_path, options, host, mirrors) VALUES
+            checksum, expected_size, size, progress_at, group_id, staging_path, options, host, mirrors, pieces) VALUES
         """
-    private static let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    private static let row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
     private let db: Database
     /// The jobs of the insert; the waiting ones are named by their index (a `NewJob` is a few
@@ -132,6 +132,7 @@ private struct InsertBatch {
             insert.bind(ColumnCoding.encodeOptions(new.options))
             insert.bind(new.host ?? URLRules.hostKey(new.url))
             insert.bind(ColumnCoding.mirrors(new.mirrors, urlDropped: nil))
+            insert.bind(new.pieces)
         }
         try insert.execute()
         // One statement's rows get consecutive ids in order: with AUTOINCREMENT each row's id

@@ -214,6 +214,11 @@ public final class SQLiteJobStore: JobTable {
             // any other group.
             try db.execute(sql: "ALTER TABLE groups ADD COLUMN hls TEXT")
         }
+        migrator.registerMigration("v13-pieces") { db in
+            // A file's piece hashes from a Metalink (PieceHashes.encoded), written once at
+            // enqueue; NULL for a job without them.
+            try db.execute(sql: "ALTER TABLE jobs ADD COLUMN pieces TEXT")
+        }
         return migrator
     }
 

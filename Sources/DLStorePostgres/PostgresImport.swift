@@ -75,9 +75,11 @@ private struct ImportedJob: Encodable {
     var updatedAt: Double
     var groupID: GroupID?
     var host: String
+    /// Written once at enqueue, so `save` (the rest of the row) never writes it.
+    var pieces: String?
 
     enum CodingKeys: String, CodingKey {
-        case id, url, path, state, host
+        case id, url, path, state, host, pieces
         case createdAt = "created_at"
         case updatedAt = "updated_at"
         case groupID = "group_id"
@@ -92,11 +94,12 @@ private struct ImportedJob: Encodable {
         updatedAt = job.updatedAt.timeIntervalSince1970
         groupID = job.groupID
         host = storedText(URLRules.hostKey(job.url))
+        pieces = job.pieces.map(storedText)
     }
 
     static let set = RecordSet<ImportedJob>(columns: [
         ("id", "bigint"), ("url", "text"), ("path", "text"), ("state", "text"), ("created_at", "double precision"),
-        ("updated_at", "double precision"), ("group_id", "bigint"), ("host", "text"),
+        ("updated_at", "double precision"), ("group_id", "bigint"), ("host", "text"), ("pieces", "text"),
     ])
 }
 

@@ -143,6 +143,14 @@ enum PostgresSchema {
                 "ALTER TABLE groups ADD COLUMN hls text"
             ]
         ),
+        (
+            "v7-pieces",
+            [
+                // A file's piece hashes from a Metalink (PieceHashes.encoded), written once at
+                // enqueue; NULL for a job without them.
+                "ALTER TABLE jobs ADD COLUMN pieces text"
+            ]
+        ),
     ]
 
     /// Applies the migrations this database lacks, in one transaction, under an advisory lock:

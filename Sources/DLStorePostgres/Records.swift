@@ -27,9 +27,10 @@ struct InsertRecord: Encodable {
     var options: String
     var host: String
     var mirrors: String?
+    var pieces: String?
 
     enum CodingKeys: String, CodingKey {
-        case id, url, path, state, priority, key, meta, headers, overwrite, checksum, size, options, host, mirrors
+        case id, url, path, state, priority, key, meta, headers, overwrite, checksum, size, options, host, mirrors, pieces
         case createdAt = "created_at"
         case updatedAt = "updated_at"
         case expectedSize = "expected_size"
@@ -59,6 +60,7 @@ struct InsertRecord: Encodable {
         options = ColumnCoding.options(new.options)
         host = storedText(new.host ?? URLRules.hostKey(new.url))
         mirrors = ColumnCoding.mirrors(new.mirrors, urlDropped: nil).map(storedText)
+        pieces = new.pieces.map(storedText)
     }
 
     static let set = RecordSet<InsertRecord>(columns: [
@@ -66,7 +68,7 @@ struct InsertRecord: Encodable {
         ("created_at", "double precision"), ("updated_at", "double precision"), ("key", "text"), ("meta", "text"),
         ("headers", "text"), ("overwrite", "boolean"), ("checksum", "text"), ("expected_size", "bigint"), ("size", "bigint"),
         ("progress_at", "double precision"), ("group_id", "bigint"), ("staging_path", "text"), ("options", "text"), ("host", "text"),
-        ("mirrors", "text"),
+        ("mirrors", "text"), ("pieces", "text"),
     ])
 }
 

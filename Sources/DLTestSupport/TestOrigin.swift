@@ -14,6 +14,11 @@
 //                                 novalidators (no ETag, no Last-Modified: nothing for If-Range),
 //                                 variant=K (the body is the stream from byte K on: the same
 //                                 size, other bytes; `setVariant` overrides it for every path).
+//                                 corrupt=K (the byte at file offset K is served flipped, in
+//                                 every response that covers it: a mirror with a bad piece);
+//                                 with corrupt_every=P also K+P, K+2P, … (a bad piece each).
+//                                 duplicate=URL sends `Link: <URL>; rel=duplicate` (RFC 6249);
+//                                 sha256=BASE64 sends `Digest: SHA-256=BASE64` (RFC 3230).
 //                                 `rate` (bytes/s) throttles each response, so each connection.
 //                                 gate=N holds the body's first byte until N bodies stream at
 //                                 once (at most 20 s): a peak of concurrency as an event.
@@ -26,6 +31,7 @@
 //   /fail_first/<M>/bytes/<N>     503 + Retry-After: 1 for the first M requests to that path
 //                                 (fail_status=429: that status instead).
 //   /_stats                       {"bytes_served": N}: body bytes served so far (not counting itself).
+//   /doc/<NAME>                   the text given to `setDocument(NAME, …)` (a Metalink), else 404.
 //
 // `bytesServed(uri:)` counts the body bytes of one path+query, so a test can tell what a
 // resume fetched from each URL.
@@ -239,6 +245,12 @@ public final class TestOrigin: Sendable {
         state.box.withLockedValue { $0.variantOverride = variant }
     }
 
+    /// Serves `text` at `/doc/<name>` from now on (a Metalink, say), as text/plain: dld goes by
+    /// the URL's suffix, not the type.
+    public func setDocument(_ name: String, _ text: String) {
+        state.box.withLockedValue { $0.documents[name] = text }
+    }
+
     /// The most response bodies that were ever being streamed at once, to every client: how
     /// many transfers really ran together.
     public var mostConcurrentBodies: Int {
@@ -375,6 +387,8 @@ final class OriginState: Sendable {
         var etagOverride: String?
         /// Replaces every `/bytes` body's `variant`: the content changed under the same size.
         var variantOverride: Int64?
+        /// `/doc/<name>`: texts to serve, with their content type.
+        var documents: [String: String] = [:]
         /// Streamed bodies begun and not yet ended (or cut), and the most there ever were; the
         /// same for each path+query.
         var streaming = 0
@@ -486,11 +500,36 @@ private struct BodyStream {
     var stalled = false
     /// The request's path+query, for `bytesServed(uri:)`.
     var uri = ""
+    /// `corrupt=K`: this offset of the pattern is served with its bits flipped; with
+    /// `corrupt_every=P`, also every P bytes after it.
+    var corrupt: Int64?
+    var corruptEvery: Int64?
 
     func chunk(length: Int) -> ByteBuffer? {
         switch source {
         case .pattern(let start):
-            return Pattern.chunk(at: start + sent, length: length)
+            let at = start + sent
+            guard let corrupt, var chunk = Pattern.chunk(at: at, length: length) else { return Pattern.chunk(at: at, length: length) }
+            let end = at + Int64(chunk.readableBytes)
+            var offsets: [Int64] = []
+            if let every = corruptEvery, every > 0 {
+                var next = corrupt >= at ? corrupt : corrupt + (at - corrupt + every - 1) / every * every
+                while next < end {
+                    offsets.append(next)
+                    next += every
+                }
+            } else if corrupt >= at && corrupt < end {
+                offsets = [corrupt]
+            }
+            guard !offsets.isEmpty else { return chunk }
+            // A copy: the pattern's table is shared by every response.
+            var copy = ByteBufferAllocator().buffer(capacity: chunk.readableBytes)
+            copy.writeBuffer(&chunk)
+            for offset in offsets {
+                let index = copy.readerIndex + Int(offset - at)
+                copy.setInteger(~(copy.getInteger(at: index, as: UInt8.self) ?? 0), at: index)
+            }
+            return copy
         case .fixed(let buffer):
             return buffer.getSlice(at: buffer.readerIndex + Int(sent), length: length)
         }
@@ -676,6 +715,12 @@ final class OriginHandler: ChannelInboundHandler {
             let location = k == 0 ? target : "/redirect/\(k - 1)?to=\(percentEncode(target))"
             redirect(context: context, request: request, to: location)
 
+        case "doc" where parts.count == 2:
+            guard let document = state.box.withLockedValue({ $0.documents[String(parts[1])] }) else {
+                return notFound(context: context, request: request)
+            }
+            sendText(context: context, request: request, status: .ok, text: document)
+
         case "loop" where parts.count == 1:
             redirect(context: context, request: request, to: "/loop")
 
@@ -758,7 +803,10 @@ final class OriginHandler: ChannelInboundHandler {
 
     private func serveBytes(context: ChannelHandlerContext, request: HTTPRequestHead, size: Int64, query: Query) {
         var numbers: [String: Int64] = [:]
-        for key in ["rate", "drop_after", "stall_after", "length", "overlong", "linger", "ranges_for", "variant", "gate"] {
+        for key in [
+            "rate", "drop_after", "stall_after", "length", "overlong", "linger", "ranges_for", "variant", "gate", "corrupt",
+            "corrupt_every",
+        ] {
             switch query.int(key) {
             case .absent:
                 continue
@@ -793,6 +841,12 @@ final class OriginHandler: ChannelInboundHandler {
         }
         if let cacheControl = query["cache_control"] {
             headers.add(name: "Cache-Control", value: cacheControl)
+        }
+        if let duplicate = query["duplicate"] {
+            headers.add(name: "Link", value: "<\(duplicate)>; rel=duplicate; pri=1")
+        }
+        if let digest = query["sha256"] {
+            headers.add(name: "Digest", value: "SHA-256=\(digest)")
         }
         // A conditional GET whose validator still matches: 304, no body (RFC 9110 §13.1).
         let tags = request.headers.first(name: "if-none-match")
@@ -871,6 +925,8 @@ final class OriginHandler: ChannelInboundHandler {
         )
         stream.rate = rate
         stream.gate = numbers["gate"]
+        stream.corrupt = numbers["corrupt"].map { $0 + variant }
+        stream.corruptEvery = numbers["corrupt_every"]
         switch (dropAfter, stallAfter) {
         case (let d?, let s?):
             stream.limit = min(d, s)

@@ -42,6 +42,9 @@ public struct TransferRequest: Sendable {
     public var urlDropped: String?
     /// With mirrors: connections the ranges may open to each host (`MirrorAllowance`).
     public var hostSlots: [String: Int] = [:]
+    /// The file's piece hashes (from a Metalink): each piece is checked once it has landed,
+    /// and a bad one fetched again from another source (`PieceCheck`).
+    public var pieces: PieceHashes?
     /// The age recipients the file is encrypted to (`options.encryptTo`, parsed by `run`);
     /// empty: the file is stored as served.
     var recipients: [AgeRecipient] = []
@@ -91,7 +94,12 @@ public struct TransferCheckpoint: Sendable, Equatable {
     /// Set when the attempt had bytes and had to start over from 0: why (`started_over`).
     public var startedOver: JobError?
     /// With mirrors: which sources are dropped, and why (recorded with the attempt's outcome).
+    /// Also set for a job without mirrors when the server named some (RFC 6249 `Link:
+    /// rel=duplicate`): they are the job's from then on.
     public var mirrors: MirrorColumn?
+    /// The SHA-256 the server announced (RFC 3230 `Digest`) for a job that had no checksum:
+    /// it becomes the job's.
+    public var announcedChecksum: Checksum?
 
     public init(
         received: Int64, size: Int64?, validators: Validators, finalURL: String?,
@@ -283,6 +291,7 @@ public final class Downloader: Sendable {
         if !request.mirrors.isEmpty {
             state.sources = SourceBook(MirrorSet(url: request.url, urlDropped: request.urlDropped, mirrors: request.mirrors))
         }
+        if let pieces = request.pieces, request.options.encryptTo?.isEmpty != false { state.pieceTracker = PieceTracker(pieces) }
         var request = request
         if let texts = request.options.encryptTo, !texts.isEmpty {
             switch AgeRecipient.parseList(texts) {
@@ -317,18 +326,22 @@ public final class Downloader: Sendable {
         }
         do {
             try await attempt(request, file: file, state: &state, digests: digests, progress: progress, checkpoint: checkpoint)
+            if let pieces = request.pieces, request.recipients.isEmpty {
+                try await checkPieces(pieces, request: request, file: file, state: &state, digests: digests)
+            }
             var done = state.checkpoint
             done.sha256 = digests.sha256.finalize()
             done.digest = digests.requested?.finalize() ?? (request.checksum != nil ? done.sha256 : nil)
-            var mismatch: TransferFailure? = nil
+            // The server's own Digest (RFC 3230) first: it names what the file should be.
+            var mismatch: TransferFailure? = announcedMismatch(request, state: state, sha256: done.sha256)
             // For an encrypted file, the checksum and the size are the plaintext's, the bytes
             // the server sent; what is kept in the partial file is ciphertext either way.
-            if let expected = request.checksum, let actual = done.digest, actual != expected.hex {
+            if mismatch == nil, let expected = request.checksum, let actual = done.digest, actual != expected.hex {
                 mismatch = TransferFailure(
                     .permanent, .checksumMismatch,
                     "the file from \(hostName(state)) does not match the checksum: its \(expected.algorithm.rawValue) is \(actual), expected \(expected.hex); it is kept at \(request.partialPath) (resume downloads it again)"
                 )
-            } else if let size = request.expectedSize, size != state.received {
+            } else if mismatch == nil, let size = request.expectedSize, size != state.received {
                 mismatch = TransferFailure(
                     .permanent, .sizeMismatch,
                     "the file from \(hostName(state)) is \(state.received) bytes, expected \(size) (size); it is kept at \(request.partialPath) (resume downloads it again)"
@@ -469,6 +482,13 @@ public final class Downloader: Sendable {
         /// The source the first request went to (the job's URL unless it failed or was
         /// dropped); later requests of one stream go there too.
         var sourceURL: String?
+        /// With piece hashes (and not encrypted at rest): which source served which bytes,
+        /// which pieces were found good as they landed, the blame (`PieceCheck`).
+        var pieceTracker: PieceTracker?
+        /// RFC 6249: the other copies the first answer named (`Link: rel=duplicate`, the
+        /// job's own URL left out), and the SHA-256 it announced (RFC 3230 `Digest`).
+        var duplicates: [String] = []
+        var announced: Checksum?
         var checkpoint: TransferCheckpoint {
             var checkpoint = TransferCheckpoint(
                 received: received, size: size, validators: validators, finalURL: finalURL.map(URLRules.redacted),
@@ -476,6 +496,12 @@ public final class Downloader: Sendable {
             checkpoint.startedOver = startedOver
             checkpoint.segments = segments
             checkpoint.mirrors = sources?.column
+            if !duplicates.isEmpty {
+                let known = checkpoint.mirrors ?? MirrorColumn(mirrors: [], urlDropped: nil)
+                let merged = RFC6249.merged(known.mirrors, url: "", found: duplicates)
+                if merged != known.mirrors { checkpoint.mirrors = MirrorColumn(mirrors: merged, urlDropped: known.urlDropped) }
+            }
+            checkpoint.announcedChecksum = announced
             return checkpoint
         }
     }
@@ -483,6 +509,8 @@ public final class Downloader: Sendable {
     /// The bytes on disk cannot be continued: says why (the job's `error`, `started_over`, live
     /// in `status` and kept if the attempt ends early), before the caller cuts the file to 0.
     func startingOver(_ reason: String, state: inout AttemptState, progress: TransferProgress, job: JobID) {
+        // The bytes are fetched again: what was checked of them, and who served them, is old.
+        state.pieceTracker?.startOver()
         guard state.received > 0 else { return }
         let error = JobError(
             code: .startedOver,
@@ -854,7 +882,10 @@ public final class Downloader: Sendable {
             let status = Int(response.status.code)
             guard [301, 302, 303, 307, 308].contains(status), let location = response.headers.first(name: "location") else {
                 state.finalURL = current
-                if status == 200 || status == 206 { responseHeads.report(path: request.path, response.headers) }
+                if status == 200 || status == 206 {
+                    responseHeads.report(path: request.path, response.headers)
+                    noteAnnouncements(response.headers, request: request, state: &state)
+                }
                 return response
             }
             // Redirect bodies are short; reading a little lets the connection be reused.

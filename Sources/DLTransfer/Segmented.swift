@@ -303,9 +303,23 @@ extension Downloader {
             }
             let slot = open.slot
             let bodyFrom = (at: ContinuousClock.now, done: run.state.withLock { $0.planner.segment(slot).done })
+            // With piece hashes: which source these bytes came from (what a bad piece blames),
+            // then the pieces they completed are checked.
+            let noteServed = { () -> Range<Int64> in
+                guard let tracker = template.pieceTracker else { return 0..<0 }
+                let done = run.state.withLock { $0.planner.segment(slot).done }
+                let written = bodyFrom.done..<max(bodyFrom.done, done)
+                tracker.served(written, source: source ?? Self.onlySource)
+                return written
+            }
             do {
                 try await receive(open, run: run, request: request, host: host, base: base, progress: progress, checkpoint: checkpoint)
+                let written = noteServed()
+                if let tracker = template.pieceTracker, run.size != nil {
+                    try checkLanded(tracker, written: written, run: run, book: book, request: request)
+                }
             } catch let failure as SourceFailure {
+                _ = noteServed()
                 run.state.withLock { $0.planner.release(slot) }
                 guard let book, let source else { throw failure.underlying }
                 book.state.withLock { $0.closed(source) }

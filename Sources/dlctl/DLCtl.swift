@@ -212,13 +212,25 @@ struct Enqueue: ParsableCommand {
     @Option(help: "HLS: this variant of the master playlist (0-based).") var variant: Int?
     @Option(name: .customLong("hls-layout"), help: "HLS: file (default) or folder (segments and a local index.m3u8 that plays offline).")
     var hlsLayout: String?
+    @Option(
+        help: "A local Metalink file (.meta4 or v3 .metalink): one file becomes a job, several a group in -d DIR (--name names it).")
+    var metalink: String?
     @OptionGroup var common: Common
 
     func validate() throws {
         if hls && noHLS { throw ValidationError("give --hls or --no-hls, not both") }
         if let hlsLayout, HLSLayout(rawValue: hlsLayout) == nil { throw ValidationError("--hls-layout must be file or folder") }
+        if metalink != nil {
+            guard urls.isEmpty, input == nil, group == nil, output == nil, key == nil, meta == nil, checksum == nil, size == nil,
+                mirrors.isEmpty, maxSpeed == nil
+            else {
+                throw ValidationError(
+                    "--metalink takes no URL, -i, --group, -o, --key, --meta, --checksum, --size, --mirror or --max-speed")
+            }
+            return
+        }
         if let maxSpeed, ByteRate.parse(maxSpeed) == nil { throw ValidationError("--max-speed must be a rate such as 2M, 512K or 100000") }
-        if urls.isEmpty && input == nil { throw ValidationError("give URLs, or -i FILE") }
+        if urls.isEmpty && input == nil { throw ValidationError("give URLs, -i FILE or --metalink FILE") }
         if (urls.count > 1 || input != nil)
             && (output != nil || name != nil || key != nil || checksum != nil || size != nil || !mirrors.isEmpty)
         {
@@ -257,6 +269,10 @@ struct Enqueue: ParsableCommand {
     }
 
     func run() throws {
+        if let metalink {
+            try runMetalink(metalink)
+            return
+        }
         let entries = try entries()
         if let group {
             try runGroup(group, entries)
@@ -300,12 +316,10 @@ struct Enqueue: ParsableCommand {
             var spec = base
             spec.url = entries[0].url
             let result = try common.call(.enqueue, EnqueueParams.job(spec))
-            if let group = result["group"]?["id"]?.int64Value {
-                // An HLS playlist: a group of its segments, published as one file.
-                common.emit(result) {
-                    "HLS group \(group) (\(result["count"]?.int64Value ?? 0) files) → \(result["group"]?["dir"]?.stringValue ?? "")"
-                }
-                if wait { try waitFor(common: common, ids: [], group: String(group), timeout: nil, showProgress: true) }
+            // An HLS playlist (its segments, published as one file) or a `.meta4` URL of
+            // several files is a group.
+            if let groupID = result["group"]?["id"]?.int64Value {
+                try reportGroup(result, groupID)
                 return
             }
             ids = result["job"]?["id"]?.int64Value.map { [$0] } ?? []
@@ -333,6 +347,42 @@ struct Enqueue: ParsableCommand {
             common.emit(result) { outcomes.map(describe).joined(separator: "\n") }
         }
         if wait { try waitFor(common: common, ids: ids, group: nil, timeout: nil, showProgress: true) }
+    }
+
+    /// `--metalink FILE`: the document is sent as it is (`metalink`); the daemon reads it.
+    private func runMetalink(_ file: String) throws {
+        guard let data = FileManager.default.contents(atPath: file) else {
+            printError("cannot read \(file)")
+            throw ExitCode(66)
+        }
+        var params: [String: JSONValue] = ["metalink": .string(String(decoding: data, as: UTF8.self))]
+        if let dir { params["dir"] = .string(absolute(dir)) }
+        if let name { params["name"] = .string(name) }
+        if let priority { params["priority"] = .int(Int64(priority)) }
+        let fields = try headerFields(headers)
+        if !fields.isEmpty {
+            params["headers"] = .object(Dictionary(fields.map { ($0.name, JSONValue.string($0.value)) }) { _, last in last })
+        }
+        if overwrite { params["overwrite"] = true }
+        if paused { params["paused"] = true }
+        JobParamRules.add(options, to: &params)
+        let result = try common.call(RPCMethod.enqueue.rawValue, params)
+        if let groupID = result["group"]?["id"]?.int64Value {
+            try reportGroup(result, groupID)
+        } else {
+            common.emit(result) { describe(result) }
+            let ids = result["job"]?["id"]?.int64Value.map { [$0] } ?? []
+            if wait { try waitFor(common: common, ids: ids, group: nil, timeout: nil, showProgress: true) }
+        }
+    }
+
+    /// A group a Metalink became: its line, then the wait for it with `--wait`.
+    private func reportGroup(_ result: JSONValue, _ groupID: Int64) throws {
+        common.emit(result) {
+            let kind = result["group"]?["hls"].map { $0 == .null ? "" : "HLS " } ?? ""
+            return "\(kind)group \(groupID) (\(result["count"]?.int64Value ?? 0) files) → \(result["group"]?["dir"]?.stringValue ?? "")"
+        }
+        if wait { try waitFor(common: common, ids: [], group: String(groupID), timeout: nil, showProgress: true) }
     }
 
     /// `--group NAME -d DIR`: one group whose members land in DIR together.

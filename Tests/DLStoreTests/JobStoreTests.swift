@@ -309,6 +309,28 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
         }
     }
 
+    /// A job's piece hashes (from a Metalink) are written by insert, kept by a whole-row save
+    /// (which never writes them), and read back by every read; other jobs have none.
+    @Test(arguments: Backend.allCases)
+    func piecesAreKept(_ backend: Backend) async throws {
+        try await withStore(backend) { store, fixture in
+            let pieces = PieceHashes(
+                algorithm: .sha1, length: 4, hashes: [String(repeating: "a", count: 40), String(repeating: "b", count: 40)])
+            var new = NewJob(url: "https://a.example/f", path: "/tmp/f")
+            new.pieces = pieces.encoded
+            let inserted = try await store.insert([new, NewJob(url: "https://a.example/g", path: "/tmp/g")], now: t0).map(\.job)
+            #expect(inserted[0].pieces == pieces.encoded)
+            var job = try #require(try await store.fetch(inserted[0].id))
+            #expect(job.pieces.flatMap(PieceHashes.init(encoded:)) == pieces)
+            #expect(try await store.fetch(inserted[1].id)?.pieces == nil)
+            job.state = .paused
+            try await store.save(job)
+            let reopened = try await fixture.open()
+            #expect(try await reopened.fetch(job.id)?.pieces == pieces.encoded)
+            #expect(try await reopened.list(afterID: 0, limit: 10).first?.pieces == pieces.encoded)
+        }
+    }
+
     /// Unsynced progress is recorded for many running rows in one call, only while they run
     /// (and are the owner's); it reads back as written, a whole-row save writes the row's own
     /// value (nil clears it), a checkpoint leaves it, and a resume that starts over clears it.

@@ -216,6 +216,7 @@ func closedPort() throws -> Int {
             "metered": ("EndToEndTests/MeteredTests", "jobsThatMayNotUseAMeteredConnectionWaitForOneThatIsNot"),
             "no_mirror_left": ("EndToEndTests/MirrorTests", "jobFailsOnlyWhenNoMirrorIsLeft"),
             "hls_assembly": ("EndToEndTests/HLSTests", "undecryptableSegmentFailsTheGroup"),
+            "bad_piece": ("EndToEndTests/MetalinkTests", "badPieceFromEveryMirrorFails"),
             // No real part here causes these: built by the functions that make them.
             "digest_error": ("DLTransferTests/TransferMessageTests", "codesNoRealPartCauses"),
             "network_error": ("DLTransferTests/TransferMessageTests", "codesNoRealPartCauses"),
