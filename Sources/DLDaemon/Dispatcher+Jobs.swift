@@ -51,13 +51,22 @@ extension Dispatcher {
             ]
         case .group(let request):
             try Self.checkOnDisk(request.options)
-            let (created, jobs) = try await engine.enqueueGroup(
-                name: request.name, dir: request.dir, priority: request.priority, headers: request.headers,
-                overwrite: request.overwrite, paused: request.paused, options: request.options, members: request.members)
+            var isNew = true
+            var made: (JobGroup, [Job])
+            if let key = request.key, let existing = try await engine.existingGroup(key: key) {
+                made = existing
+                isNew = false
+            } else {
+                made = try await engine.enqueueGroup(
+                    name: request.name, dir: request.dir, priority: request.priority, headers: request.headers,
+                    overwrite: request.overwrite, paused: request.paused, options: request.options, members: request.members,
+                    key: request.key)
+            }
+            let (created, jobs) = made
             let summary = GroupSummary.summarize(created, members: jobs, active: false)
             return [
                 "group": JobJSON.encodeGroup(created, summary), "count": .int(Int64(jobs.count)),
-                "results": .array(jobs.map { ["id": .int($0.id), "created": true, "path": .string($0.path)] }),
+                "results": .array(jobs.map { ["id": .int($0.id), "created": .bool(isNew), "path": .string($0.path)] }),
             ]
         case .metalink(let request):
             return try await enqueueMetalink(request)

@@ -42,7 +42,7 @@ final class DropFolderWatch: Sendable {
     /// The Metalink handler comes with the Metalink parser; until then such files are left.
     static let handlers: [DropFolderRules.Kind: Handler] = [
         .inputList: { watch, file in await watch.enqueueInputList(file) },
-        .metalink: { _, _ in .left("Metalink files (.meta4) are not read from the drop folder yet; it is left where it is") },
+        .metalink: { watch, file in await watch.enqueueMetalink(file) },
     ]
 
     let folder: String
@@ -294,14 +294,50 @@ final class DropFolderWatch: Sendable {
             if let (index, rest) = DropFolderRules.jobIndex(inMessage: error.message), entries.indices.contains(index) {
                 return .refused("line \(entries[index].line): \(rest)")
             }
-            switch error.code {
-            case .queueFull, .shuttingDown, .storageError, .internalError:
-                // Not the file's fault: it stays, and is taken at the next start (or when it
-                // is dropped again).
-                return .left("not enqueued now (\(error.code.rawValue): \(error.message)); it is taken again at the next start")
-            default:
-                return .refused(error.message)
-            }
+            return Self.outcome(of: error)
+        }
+    }
+
+    /// A dropped Metalink: enqueued as `enqueue`'s Metalink form (one file a job, several a
+    /// group named after the dropped file), under the key of the file with line 0, so that a
+    /// second look after a crash returns what the first made.
+    func enqueueMetalink(_ file: Dropped) async -> Outcome {
+        guard let text = String(validating: file.bytes, as: UTF8.self) else { return .refused("it is not UTF-8 text") }
+        let metalink: Metalink
+        do throws(DLError) {
+            metalink = try MetalinkReader.parse(text)
+        } catch {
+            return .refused(error.message)
+        }
+        var params: [String: JSONValue] = [
+            "metalink": .string(text),
+            "key": .string(
+                DropFolderRules.key(
+                    device: file.device, inode: file.inode, mtimeNanoseconds: file.mtimeNanoseconds, sha256: file.sha256, line: 0)),
+        ]
+        if metalink.files.count > 1 {
+            let base = (file.name as NSString).deletingPathExtension
+            params["name"] = .string(base.isEmpty ? file.name : base)
+        }
+        do throws(DLError) {
+            let result = try await dispatcher.call(RPCMethod.enqueue.rawValue, params)
+            let results = result["results"]?.arrayValue
+            let count = results?.count ?? 1
+            let created = results.map { $0.filter { $0["created"] == .bool(true) }.count } ?? (result["created"] == .bool(true) ? 1 : 0)
+            return .enqueued(count: count, created: created)
+        } catch {
+            return Self.outcome(of: error)
+        }
+    }
+
+    /// A refused enqueue: the file's fault (it goes to `failed/`), or not (it stays, and is
+    /// taken at the next start, or when it is dropped again).
+    static func outcome(of error: DLError) -> Outcome {
+        switch error.code {
+        case .queueFull, .shuttingDown, .storageError, .internalError:
+            return .left("not enqueued now (\(error.code.rawValue): \(error.message)); it is taken again at the next start")
+        default:
+            return .refused(error.message)
         }
     }
 

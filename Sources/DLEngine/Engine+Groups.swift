@@ -169,7 +169,7 @@ extension Engine {
     /// group's row.
     public func enqueueGroup(
         name: String, dir: String, priority: Int, headers: [HeaderField], overwrite: Bool, paused: Bool,
-        options: JobOptions = JobOptions(), members: [MemberSpec], hls: HLSRecipe? = nil
+        options: JobOptions = JobOptions(), members: [MemberSpec], hls: HLSRecipe? = nil, key: String? = nil
     ) async throws(DLError) -> (JobGroup, [Job]) {
         try await serial { () async throws(DLError) in
             try requireAccepting()
@@ -224,6 +224,8 @@ extension Engine {
                     new.options = options
                     new.mirrors = member.mirrors
                     new.pieces = member.pieces?.encoded
+                    // A group's key is its first member's (`existingGroup(key:)` finds it).
+                    if index == 0 { new.key = key }
                     news.append(new)
                 } catch {
                     throw DLError(error.code, "jobs[\(index)]: \(error.message)")
@@ -248,6 +250,18 @@ extension Engine {
             try await flush()
             return (group, jobs)
         }
+    }
+
+    /// The group whose first member has `key` (a Metalink's group enqueued with a key), with
+    /// its members; nil when no job has the key.
+    public func existingGroup(key: String) async throws(DLError) -> (JobGroup, [Job])? {
+        guard let job = try await settledJob(key: key) else { return nil }
+        guard let groupID = job.groupID else {
+            throw DLError(.invalidParams, "key \(key.prefix(200)) is job \(job.id)'s, which is not in a group")
+        }
+        let group = try await recipeRead(try await resolve(.id(groupID)))
+        let members = try await storage { try await store.members(of: group.id) }
+        return (group, members)
     }
 
     /// The group, its summary and its members (those in `states`, when given).

@@ -16,8 +16,8 @@ public struct MetalinkEnqueue: Sendable, Equatable {
     }
 
     static let keys: Set<String> = [
-        "metalink", "url", "dir", "name", "priority", "headers", "overwrite", "paused", "insecure", "ca_file", "ca_dir", "client_cert",
-        "client_key", "segments", "metered", "encrypt_to",
+        "metalink", "url", "dir", "name", "priority", "key", "headers", "overwrite", "paused", "insecure", "ca_file", "ca_dir",
+        "client_cert", "client_key", "segments", "metered", "encrypt_to",
     ]
 
     public var source: Source
@@ -28,6 +28,9 @@ public struct MetalinkEnqueue: Sendable, Equatable {
     /// first file's first path segment).
     public var name: String?
     public var priority = 0
+    /// 1…1024 bytes: one file, its job's key; several, the group's (kept as its first member's
+    /// key). A second enqueue with the key returns what the first made, with `created: false`.
+    public var key: String?
     public var headers: [HeaderField] = []
     public var overwrite = false
     public var paused = false
@@ -63,6 +66,10 @@ public struct MetalinkEnqueue: Sendable, Equatable {
             throw .invalidParams("\"name\" must be a plain file name, not \(name.prefix(200))")
         }
         priority = try JobParamRules.priority(params)
+        if let key = try params.string("key") {
+            guard !key.isEmpty, key.utf8.count <= 1024 else { throw .invalidParams("\"key\" must be 1 to 1024 bytes") }
+            self.key = key
+        }
         headers = try JobParamRules.headers(params, limits: limits)
         overwrite = try params.bool("overwrite") ?? false
         paused = try params.bool("paused") ?? false
@@ -78,6 +85,7 @@ public struct MetalinkEnqueue: Sendable, Equatable {
         if let dir { params["dir"] = .string(dir) }
         if let name { params["name"] = .string(name) }
         if priority != 0 { params["priority"] = .int(Int64(priority)) }
+        if let key { params["key"] = .string(key) }
         if !headers.isEmpty { params["headers"] = JobParamRules.json(headers) }
         if overwrite { params["overwrite"] = true }
         if paused { params["paused"] = true }
@@ -103,6 +111,7 @@ public struct MetalinkEnqueue: Sendable, Equatable {
             spec.dir = dir
             spec.name = name ?? file.name.split(separator: "/").last.map(String.init)
             spec.priority = priority
+            spec.key = key
             spec.headers = headers
             spec.overwrite = overwrite
             spec.paused = paused
@@ -129,6 +138,7 @@ public struct MetalinkEnqueue: Sendable, Equatable {
         }
         var group = GroupEnqueue(name: name ?? Self.defaultName(metalink, sourceURL: sourceURL), dir: dir ?? downloadDir, members: members)
         group.priority = priority
+        group.key = key
         group.headers = headers
         group.overwrite = overwrite
         group.paused = paused
@@ -156,6 +166,9 @@ public struct MetalinkEnqueue: Sendable, Equatable {
             "dir": Schema.string().described("Absolute folder the files land in (default: download_dir)."),
             "name": Schema.string(minLength: 1).described("One file: its name in dir; several: the group's name."),
             "priority": JobParamRules.prioritySchema,
+            "key": Schema.string(minLength: 1).described(
+                "1…1024 bytes: the job's key (one file) or the group's (several); an enqueue with a key that exists returns what it made, created: false."
+            ),
             "headers": JobParamRules.headersSchema,
             "overwrite": JobParamRules.overwriteSchema,
             "paused": JobParamRules.pausedSchema,

@@ -214,6 +214,9 @@ public struct GroupEnqueue: Sendable, Equatable {
     /// Options every member has.
     public var options = JobOptions()
     public var members: [GroupMemberSpec]
+    /// Set only by the Metalink form (the group form takes no `key`): the group's key, kept as
+    /// its first member's; an enqueue with a key that exists returns that group.
+    public var key: String?
 
     public init(name: String, dir: String, members: [GroupMemberSpec]) {
         self.name = name

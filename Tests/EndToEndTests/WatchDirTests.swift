@@ -129,7 +129,8 @@ import Testing
 
     /// A list with a bad line, and one whose folder is outside `allowed_roots` (a check of the
     /// enqueue itself), land in `failed/` with `NAME.error` naming the line; nothing of them is
-    /// enqueued. A `.meta4` file and a symbolic link stay where they are.
+    /// enqueued; so does a `.meta4` file that is not a Metalink. A symbolic link stays where it
+    /// is.
     @Test func badFilesLandInFailedWithTheirReason() async throws {
         let (daemon, folder) = try Self.daemon()
         let origin = try await TestOrigin.start()
@@ -161,9 +162,10 @@ import Testing
             // A link made elsewhere and moved in (inotify reports no link made in place).
             try FileManager.default.createSymbolicLink(atPath: daemon.root + "/link.txt", withDestinationPath: daemon.root + "/config.toml")
             #expect(rename(daemon.root + "/link.txt", folder + "/link.txt") == 0)
-            #expect(daemon.waitForLog("later.meta4 is left alone"))
+            #expect(Self.waitForFile(folder + "/failed/later.meta4.error"), "\(daemon.log.suffix(3000))")
+            let notMetalink = try String(contentsOfFile: folder + "/failed/later.meta4.error", encoding: .utf8)
+            #expect(notMetalink.contains("invalid metalink"), "\(notMetalink)")
             #expect(daemon.waitForLog("link.txt is left alone: a symbolic link is not followed"))
-            #expect(FileManager.default.fileExists(atPath: folder + "/later.meta4"))
             #expect((try? FileManager.default.destinationOfSymbolicLink(atPath: folder + "/link.txt")) != nil)
             #expect(try Self.jobs(daemon).isEmpty, "nothing of a refused list is enqueued")
         } catch {
@@ -210,6 +212,51 @@ import Testing
                 #expect(try daemon.waitForState(id, ["completed", "failed"])["state"] == "completed")
             }
             for n in 1...3 { try expectOriginBytes(at: daemon.downloadDir + "/crash\(n).bin", count: 1000 * n) }
+        } catch {
+            try? await origin.shutdown()
+            throw error
+        }
+        try await origin.shutdown()
+    }
+
+    /// A Metalink of two files dropped, dld killed after its group is committed and before the
+    /// file is moved: at the restart the same group is found by its key (none made twice), the
+    /// file moves into `added/`, and both files land in the group's folder.
+    @Test func aDroppedMetalinkIsOneGroupEvenAcrossACrash() async throws {
+        let (daemon, folder) = try Self.daemon()
+        let origin = try await TestOrigin.start()
+        do {
+            daemon.extraEnvironment["DLD_TEST_WATCH_HOLD"] = "1"
+            try daemon.start()
+            let xml = MetalinkTests.document([
+                try MetalinkTests.file("a.bin", size: 3000, urls: [("\(origin.baseURL)/bytes/3000", 1)]),
+                try MetalinkTests.file("sub/b.bin", size: 5000, urls: [("\(origin.baseURL)/bytes/5000", 1)]),
+            ])
+            try xml.write(toFile: folder + "/release.meta4", atomically: false, encoding: .utf8)
+            #expect(daemon.waitForLog("test hook: holding release.meta4 between enqueue and move"), "\(daemon.log.suffix(3000))")
+            daemon.crash()
+            #expect(FileManager.default.fileExists(atPath: folder + "/release.meta4"), "the crash came before the move")
+
+            daemon.extraEnvironment["DLD_TEST_WATCH_HOLD"] = nil
+            try daemon.start()
+            defer { daemon.stop() }
+            #expect(Self.waitForFile(folder + "/added/release.meta4"), "\(daemon.log.suffix(3000))")
+            let jobs = try Self.jobs(daemon)
+            #expect(jobs.count == 2, "each file once: \(jobs.map { $0.serializedString() })")
+            let group = try daemon.call("status", ["group": "release"])
+            let members = group["jobs"]?.arrayValue ?? []
+            #expect(members.count == 2, "\(group.serializedString())")
+            for member in members {
+                let id = try #require(member["id"]?.int64Value)
+                #expect(try daemon.waitForState(id, ["completed", "failed"])["state"] == "completed")
+            }
+            let dir = try #require(group["group"]?["dir"]?.stringValue)
+            let deadline = Date().addingTimeInterval(60)
+            while try daemon.call("status", ["group": "release"])["group"]?["state"] != "completed" && Date() < deadline {
+                usleep(50_000)
+            }
+            try expectOriginBytes(at: dir + "/a.bin", count: 3000)
+            try expectOriginBytes(at: dir + "/sub/b.bin", count: 5000)
         } catch {
             try? await origin.shutdown()
             throw error
