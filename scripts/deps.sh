@@ -67,16 +67,7 @@ media_missing=()
 command -v ffmpeg >/dev/null 2>&1 && command -v ffprobe >/dev/null 2>&1 || media_missing+=(ffmpeg)
 [ -x /usr/sbin/nginx ] || media_missing+=(nginx)
 [ ${#missing[@]} -eq 0 ] && [ -z "$postgres_missing" ] && [ ${#tools_missing[@]} -eq 0 ] && [ ${#browser_missing[@]} -eq 0 ] \
-  && [ ${#media_missing[@]} -eq 0 ] && if [ ${#media_missing[@]} -gt 0 ]; then
-  if can_install && { echo "installing ${media_missing[*]} (the HLS tests)" >&2; \
-      apt_install --no-install-recommends "${media_missing[@]}"; }; then
-    :
-  else
-    echo "note: ${media_missing[*]} could not be installed here; the HLS tests will fail" >&2
-    echo "      until they are: sudo apt-get install --no-install-recommends ${media_missing[*]}" >&2
-  fi
-fi
-exit 0
+  && [ ${#media_missing[@]} -eq 0 ] && exit 0
 
 can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
 updated=
@@ -118,6 +109,15 @@ if [ ${#browser_missing[@]} -gt 0 ]; then
   else
     echo "note: ${browser_missing[*]} could not be installed here; the dashboard's browser tests will fail" >&2
     echo "      until they are: sudo apt-get install --no-install-recommends ${browser_missing[*]}" >&2
+  fi
+fi
+if [ ${#media_missing[@]} -gt 0 ]; then
+  if can_install && { echo "installing ${media_missing[*]} (the HLS tests)" >&2; \
+      apt_install --no-install-recommends "${media_missing[@]}"; }; then
+    :
+  else
+    echo "note: ${media_missing[*]} could not be installed here; the HLS tests will fail" >&2
+    echo "      until they are: sudo apt-get install --no-install-recommends ${media_missing[*]}" >&2
   fi
 fi
 exit 0
