@@ -141,6 +141,13 @@ extension Engine {
     private func extend(_ group: JobGroup, recipe: HLSRecipe, added: ArraySlice<HLSRecipe.Member>, source: LiveSource)
         async throws(DLError)
     {
+        if !added.isEmpty {
+            let unfinished = try await storage { try await store.unfinishedCount() }
+            guard unfinished + added.count <= configuration.maxQueued else {
+                throw DLError(
+                    .queueFull, "\(unfinished) jobs are unfinished and the limit is \(configuration.maxQueued) (max_queued)")
+            }
+        }
         var news: [NewJob] = []
         news.reserveCapacity(added.count)
         for member in added {
