@@ -65,16 +65,54 @@ public struct HLSRecipe: Sendable, Equatable, Codable {
     /// The name of the local playlist in the folder layout.
     public static let playlistName = "index.m3u8"
 
-    /// Plans the members and the order of a media playlist. `output` is filled in later.
+    /// While a live playlist is recorded (`live: true`): what the reloads need. Nil once the
+    /// recipe is closed (the playlist's `EXT-X-ENDLIST`, a `cancel`, or the reload policy gave
+    /// up): only a closed recipe is published. Absent in recipes stored before live recording.
+    public var live: Live?
+
+    public struct Live: Sendable, Equatable, Codable {
+        /// The media playlist reloaded (the chosen variant's, for a master).
+        public var url: String
+        /// The media sequence number of the first segment not in the recipe yet.
+        public var nextSequence: Int64
+
+        public init(url: String, nextSequence: Int64) {
+            self.url = url
+            self.nextSequence = nextSequence
+        }
+    }
+
+    /// Plans the members and the order of a media playlist. `output` is filled in later. With
+    /// `liveURL`, a playlist without `EXT-X-ENDLIST` is recorded: the recipe stays open (`live`).
     public static func plan(
-        _ media: HLSMedia, layout: HLSLayout, variant: HLSVariant? = nil, variantIndex: Int? = nil
+        _ media: HLSMedia, layout: HLSLayout, variant: HLSVariant? = nil, variantIndex: Int? = nil, liveURL: String? = nil
     ) -> Result<HLSRecipe, DLError> {
         guard !media.segments.isEmpty else { return .failure(DLError(.hlsInvalid, "the media playlist has no segment")) }
         var recipe = HLSRecipe(
             layout: layout, output: "", variant: variant, variantIndex: variantIndex, targetDuration: media.targetDuration,
             mediaSequence: media.mediaSequence, members: [], maps: [], segments: [])
+        recipe.add(media.segments)
+        if let liveURL, !media.endList {
+            recipe.live = Live(url: liveURL, nextSequence: (media.segments.last?.sequence ?? media.mediaSequence) &+ 1)
+        }
+        return .success(recipe)
+    }
+
+    /// Adds segments after the recipe's last: new members for URLs it does not have yet
+    /// (named on from the ones it has), a new init section where `EXT-X-MAP` changes.
+    mutating func add(_ segments: [HLSSegment]) {
         var byURL: [String: Int] = [:]
         var counts = (segments: 0, keys: 0, maps: 0)
+        for (index, member) in members.enumerated() {
+            byURL[member.url] = index
+            if member.name.hasPrefix("key-") {
+                counts.keys += 1
+            } else if member.name.hasPrefix("init-") {
+                counts.maps += 1
+            } else {
+                counts.segments += 1
+            }
+        }
         func member(_ url: String, role: String) -> Int {
             if let known = byURL[url] { return known }
             let name: String
@@ -83,38 +121,85 @@ public struct HLSRecipe: Sendable, Equatable, Codable {
                 name = String(format: "key-%04d.key", counts.keys)
                 counts.keys += 1
             case "map":
-                name = String(format: "init-%04d.%@", counts.maps, extensionOf(url, fallback: "mp4"))
+                name = String(format: "init-%04d.%@", counts.maps, Self.extensionOf(url, fallback: "mp4"))
                 counts.maps += 1
             default:
-                name = String(format: "seg-%06d.%@", counts.segments, extensionOf(url, fallback: "ts"))
+                name = String(format: "seg-%06d.%@", counts.segments, Self.extensionOf(url, fallback: "ts"))
                 counts.segments += 1
             }
-            recipe.members.append(Member(url: url, name: name))
-            byURL[url] = recipe.members.count - 1
-            return recipe.members.count - 1
+            members.append(Member(url: url, name: name))
+            byURL[url] = members.count - 1
+            return members.count - 1
         }
-        var lastMap: HLSMap?
-        for segment in media.segments {
+        var lastMap = self.segments.last?.map
+        for segment in segments {
             var mapIndex: Int?
             if let map = segment.map {
-                if map != lastMap || recipe.maps.isEmpty {
-                    let mapMember = member(map.url, role: "map")
-                    let key = map.key.map { member($0.url, role: "key") }
-                    recipe.maps.append(
-                        Map(member: mapMember, range: map.range, key: key, iv: map.key?.iv.map(hex)))
-                    lastMap = map
+                let mapMember = member(map.url, role: "map")
+                let key = map.key.map { member($0.url, role: "key") }
+                let planned = Map(member: mapMember, range: map.range, key: key, iv: map.key?.iv.map(Self.hex))
+                if let lastMap, maps.indices.contains(lastMap), maps[lastMap] == planned {
+                    mapIndex = lastMap
+                } else {
+                    maps.append(planned)
+                    mapIndex = maps.count - 1
                 }
-                mapIndex = recipe.maps.count - 1
+                lastMap = mapIndex
             }
             let segmentMember = member(segment.url, role: "segment")
             let key = segment.key.map { member($0.url, role: "key") }
-            let iv = segment.key.map { hex($0.iv ?? HLSParser.sequenceIV(segment.sequence)) }
-            recipe.segments.append(
+            let iv = segment.key.map { Self.hex($0.iv ?? HLSParser.sequenceIV(segment.sequence)) }
+            self.segments.append(
                 Segment(
                     member: segmentMember, range: segment.range, duration: segment.duration, key: key, iv: iv, map: mapIndex,
                     discontinuity: segment.discontinuity))
         }
-        return .success(recipe)
+    }
+
+    /// A reload of the live playlist: its segments from `live.nextSequence` on are added (the
+    /// first of them after a discontinuity when the window slid past segments never seen).
+    /// Returns the indices of the new members; with `EXT-X-ENDLIST` the recipe is closed. A
+    /// closed recipe takes nothing.
+    public mutating func reloaded(_ media: HLSMedia) -> Range<Int> {
+        let before = members.count
+        guard let live else { return before..<before }
+        var fresh = media.segments.filter { $0.sequence >= live.nextSequence }
+        if let first = fresh.first, first.sequence > live.nextSequence || media.mediaSequence > live.nextSequence {
+            fresh[0].discontinuity = true
+        }
+        add(fresh)
+        if media.targetDuration > 0 { targetDuration = media.targetDuration }
+        let next = max(live.nextSequence, (fresh.last?.sequence ?? live.nextSequence - 1) &+ 1)
+        self.live = media.endList ? nil : Live(url: live.url, nextSequence: next)
+        return before..<members.count
+    }
+
+    /// The recording stopped before its end (`cancel`, or the reload policy gave up): closed,
+    /// with only the segments whose members (the segment's, its key's, its init section's and
+    /// that one's key) are all in `complete`; the one after a dropped one starts a
+    /// discontinuity. Members stay (indices do not change); the ones no segment uses are not
+    /// read when publishing.
+    public func stopped(complete: Set<Int>) -> HLSRecipe {
+        var result = self
+        result.live = nil
+        result.segments = []
+        var dropped = false
+        for segment in segments {
+            var needed = [segment.member] + [segment.key].compactMap { $0 }
+            if let map = segment.map {
+                guard let init_ = maps[safe: map] else { continue }
+                needed += [init_.member] + [init_.key].compactMap { $0 }
+            }
+            guard needed.allSatisfy(complete.contains) else {
+                dropped = true
+                continue
+            }
+            var kept = segment
+            if dropped, !result.segments.isEmpty { kept.discontinuity = true }
+            dropped = false
+            result.segments.append(kept)
+        }
+        return result
     }
 
     /// A short, safe extension from the URL's path (`ts`, `m4s`, `mp4`, `aac`…), else the fallback:

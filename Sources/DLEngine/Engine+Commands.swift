@@ -121,7 +121,21 @@ extension Engine {
 
     public func cancel(_ selection: JobSelection) async throws(DLError) -> BulkOutcome {
         try await serial { () async throws(DLError) in
+            // A live HLS recording stops, and publishes what it fetched (`Engine+HLSLive`).
+            var recording: (JobGroup, HLSRecipe)?
+            if case .group(let reference) = selection {
+                let group = try await resolve(reference)
+                if group.closed == nil, let recipe = try await recipeRead(group).hls.flatMap(HLSRecipe.decode), recipe.live != nil {
+                    liveRecordings.removeValue(forKey: group.id)?.cancel()
+                    recording = (group, recipe)
+                }
+            }
             let outcome = try await bulkInQueue(.cancel, selection, noOp: [.canceled], stopping: .cancel)
+            if let (group, recipe) = recording, try await publishStoppedRecording(group, recipe) {
+                try await schedule()
+                try await flush()
+                return outcome
+            }
             if case .group(let reference) = selection {
                 var group = try await resolve(reference)
                 if group.closed == nil {

@@ -40,6 +40,8 @@ extension Engine {
         activeGroups.remove(groupID)
         let total = counts.values.reduce(0, +)
         if group.error == nil, total > 0, counts[.completed, default: 0] == total {
+            // A live HLS recording is not published while it records: more segments come.
+            if liveRecordings[groupID] != nil { return }
             let members = try await storage { try await store.members(of: groupID) }
             try await publish(group, members: members)
         } else if counts[.failed, default: 0] > 0 {

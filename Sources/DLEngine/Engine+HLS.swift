@@ -17,35 +17,15 @@ extension Engine {
     /// so that a slow server holds up no other command.
     public func enqueueHLS(_ spec: EnqueueSpec) async throws(DLError) -> (JobGroup, [Job]) {
         try requireAccepting()
-        if spec.hls.live {
-            throw DLError(
-                .hlsLive,
-                "live: true (recording a live playlist until its end tag) is not supported by this dld; only playlists with EXT-X-ENDLIST")
-        }
         var request = TransferRequest(
             jobID: 0, url: spec.url, headers: spec.headers, path: "", overwrite: false, offset: 0, size: nil, validators: Validators())
         request.options = JobOptions(insecure: spec.insecure, tls: spec.tls)
         request.netrc = currentNetrc()
-        let downloader = self.downloader
-        let fetch = { (request: TransferRequest) async throws(DLError) -> HLSPlaylist in
-            let fetched = await Self.withTimeout(Self.playlistTimeout) {
-                await downloader.fetchText(request, maxBytes: HLSLimits.maxPlaylistBytes)
-            }
-            switch fetched {
-            case nil:
-                throw DLError(.hlsFetchFailed, "the playlist \(URLRules.redacted(request.url).prefix(200)) took more than 60 s to fetch")
-            case .failure(let failure)?:
-                throw DLError(.hlsFetchFailed, "the playlist could not be fetched: \(failure.error.message)")
-            case .success(let answer)?:
-                switch HLSParser.parse(answer.bytes, base: answer.url) {
-                case .success(let playlist): return playlist
-                case .failure(let error): throw error
-                }
-            }
-        }
+        let fetch = { (request: TransferRequest) async throws(DLError) -> HLSPlaylist in try await self.fetchPlaylist(request) }
         var variant: HLSVariant?
         var variantIndex: Int?
         var media: HLSMedia
+        var mediaURL = spec.url
         switch try await fetch(request) {
         case .media(let found):
             media = found
@@ -64,13 +44,19 @@ extension Engine {
                 throw DLError(.hlsInvalid, "variant \(index) of the master playlist is a master playlist itself")
             }
             media = found
+            mediaURL = chosen.url
             variant = chosen
             variantIndex = index
         }
-        guard media.endList else {
-            throw DLError(.hlsLive, "the playlist has no EXT-X-ENDLIST: it is live (still growing); dld downloads only finished playlists")
+        guard media.endList || spec.hls.live else {
+            throw DLError(
+                .hlsLive,
+                "the playlist has no EXT-X-ENDLIST: it is live (still growing); pass live: true (dlctl enqueue --live) to record it until its end tag"
+            )
         }
-        let recipe = try HLSRecipe.plan(media, layout: spec.hls.layout, variant: variant, variantIndex: variantIndex).get()
+        let recipe = try HLSRecipe.plan(
+            media, layout: spec.hls.layout, variant: variant, variantIndex: variantIndex, liveURL: spec.hls.live ? mediaURL : nil
+        ).get()
         let output: String
         if let path = spec.path {
             output = path
@@ -100,9 +86,32 @@ extension Engine {
                 "url": "\(URLRules.redacted(spec.url))", "segments": "\(recipe.segments.count)", "members": "\(recipe.members.count)",
                 "variant": "\(variantIndex.map(String.init) ?? "-")",
             ])
-        return try await enqueueGroup(
+        let created = try await enqueueGroup(
             name: name, dir: output, priority: spec.priority, headers: spec.headers, overwrite: spec.overwrite, paused: spec.paused,
             options: options, members: members, hls: recipe)
+        if recipe.live != nil {
+            startRecording(
+                created.0.id, targetDuration: recipe.targetDuration,
+                source: LiveSource(headers: spec.headers, overwrite: spec.overwrite, options: options))
+        }
+        return created
+    }
+
+    /// Fetches and reads one playlist (at most `HLSLimits.maxPlaylistBytes`, within
+    /// `playlistTimeout`), with the request's headers and TLS settings.
+    func fetchPlaylist(_ request: TransferRequest) async throws(DLError) -> HLSPlaylist {
+        let downloader = self.downloader
+        let fetched = await Self.withTimeout(Self.playlistTimeout) {
+            await downloader.fetchText(request, maxBytes: HLSLimits.maxPlaylistBytes)
+        }
+        switch fetched {
+        case nil:
+            throw DLError(.hlsFetchFailed, "the playlist \(URLRules.redacted(request.url).prefix(200)) took more than 60 s to fetch")
+        case .failure(let failure)?:
+            throw DLError(.hlsFetchFailed, "the playlist could not be fetched: \(failure.error.message)")
+        case .success(let answer)?:
+            return try HLSParser.parse(answer.bytes, base: answer.url).get()
+        }
     }
 
     /// `body`'s value, or nil when it took longer than `limit` (then it is cancelled).
@@ -143,6 +152,12 @@ extension Engine {
         var group = group
         guard let recipe = group.hls.flatMap(HLSRecipe.decode) else {
             try await failPublish(&group, JobError(code: .hlsAssembly, message: "the group's HLS recipe cannot be read"))
+            return
+        }
+        if recipe.live != nil {
+            // Still recording: more segments are to come (`Engine+HLSLive` settles it again
+            // once the recipe is closed).
+            logger.debug("HLS group still recording", metadata: ["group": "\(group.id)"])
             return
         }
         let overwrite = members.first?.overwrite ?? false

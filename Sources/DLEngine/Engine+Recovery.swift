@@ -47,6 +47,9 @@ extension Engine {
             // A group whose last member completed just before the daemon died is published now.
             for id in try await storage({ try await store.openGroups() }) {
                 guard let group = try await storage({ try await store.fetchGroup(id) }), group.error == nil else { continue }
+                // A live HLS recording that was open resumes its reloads (and is not published).
+                try await resumeRecording(group)
+                if liveRecordings[id] != nil { continue }
                 let counts = try await storage { try await store.memberCounts(of: id) }
                 let total = counts.values.reduce(0, +)
                 if total > 0, counts[.completed, default: 0] == total {
@@ -245,6 +248,8 @@ extension Engine {
                 // ends them after this, before the table closes.
                 accepting = false
                 claimFlushTask?.cancel()
+                // Their recipes stay open: the next start resumes the reloads.
+                stopRecordings()
                 let ready = publisher.queue
                 publisher.queue = []
                 if !ready.isEmpty {

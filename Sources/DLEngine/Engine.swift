@@ -141,6 +141,9 @@ public actor Engine {
     }
     /// A turn to fill slots freed outside of a turn is on its way (`scheduleTurn`).
     var refillScheduled = false
+    /// Live HLS recordings by group: each reloads its playlist until the recipe closes
+    /// (`Engine+HLSLive`).
+    var liveRecordings: [GroupID: Task<Void, Never>] = [:]
     /// Transfers that ended and wait for the queue's next turn, which records them together.
     var ended: [(id: JobID, attempt: UInt64, result: TransferResult)] = []
     var drainScheduled = false

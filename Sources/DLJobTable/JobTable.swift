@@ -200,6 +200,10 @@ public protocol JobTable: Sendable {
     func fetchGroup(_ id: GroupID) async throws -> JobGroup?
     /// An HLS group's recipe (nil for other groups), which `fetchGroup` does not read.
     func hlsRecipe(of id: GroupID) async throws -> String?
+    /// A live HLS recording's reload: `members` added to the open `group` (staged as its
+    /// others) and its recipe replaced by `hls`, in one transaction. Nil, with nothing
+    /// written, when the group is closed or gone.
+    func extendGroup(_ group: JobGroup, members: [NewJob], hls: String, now: Date) async throws -> [Job]?
     /// Groups with this name, newest first.
     func fetchGroups(named name: String) async throws -> [JobGroup]
     func members(of id: GroupID) async throws -> [Job]

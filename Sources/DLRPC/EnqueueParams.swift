@@ -494,7 +494,9 @@ extension EnqueueParams {
                 "HLS: this variant of the master playlist (0-based, in the playlist's order)."),
             "hls_layout": Schema.names(HLSLayout.allCases.map(\.rawValue)).described(
                 "HLS: file (one NAME.ts or NAME.mp4, default) or folder (the segments and a local index.m3u8)."),
-            "live": Schema.boolean.described("HLS: record a live playlist (not supported yet: refused with hls_live)."),
+            "live": Schema.boolean.described(
+                "HLS: record a live playlist (no EXT-X-ENDLIST): reloaded every target duration until its end tag; cancel publishes what was fetched."
+            ),
         ]
         properties.merge(more) { _, new in new }
         return Schema.object(properties, required: ["url"])

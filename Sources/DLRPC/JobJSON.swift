@@ -138,8 +138,9 @@ public enum JobJSON {
         ]
     }
 
-    /// What an HLS group downloads: the layout, the container, its segments, and the variant
-    /// chosen from a master playlist (null when the URL was a media playlist).
+    /// What an HLS group downloads: the layout, the container, its segments, the variant
+    /// chosen from a master playlist (null when the URL was a media playlist), and whether a
+    /// live playlist is still being recorded.
     static func encodeHLS(_ recipe: HLSRecipe) -> JSONValue {
         let variant: JSONValue =
             recipe.variant.map { variant in
@@ -151,7 +152,7 @@ public enum JobJSON {
             } ?? .null
         return [
             "layout": .string(recipe.layout.rawValue), "container": .string(recipe.container),
-            "segments": .int(Int64(recipe.segments.count)), "variant": variant,
+            "segments": .int(Int64(recipe.segments.count)), "variant": variant, "live": .bool(recipe.live != nil),
         ]
     }
 

@@ -167,7 +167,7 @@ public enum OpenRPC {
             "hls": Schema.nullable(
                 Schema.record([
                     "layout": Schema.names(HLSLayout.allCases.map(\.rawValue)), "container": Schema.names(["ts", "mp4"]),
-                    "segments": Schema.integer(min: 1),
+                    "segments": Schema.integer(min: 1), "live": Schema.boolean,
                     "variant": Schema.nullable(
                         Schema.record([
                             "index": Schema.nullable(Schema.integer(min: 0)), "bandwidth": Schema.integer(min: 0),

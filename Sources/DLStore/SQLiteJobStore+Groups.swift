@@ -37,6 +37,21 @@ extension SQLiteJobStore {
         try await pool.read { db in try String.fetchOne(db, sql: "SELECT hls FROM groups WHERE id = ?", arguments: [id]) }
     }
 
+    public func extendGroup(_ group: JobGroup, members: [NewJob], hls: String, now: Date) async throws -> [Job]? {
+        let (jobs, events) = try await pool.write { db -> ([Job]?, [StoredEvent]) in
+            try db.execute(
+                sql: "UPDATE groups SET hls = ?, updated_at = ? WHERE id = ? AND closed IS NULL",
+                arguments: [hls, now.timeIntervalSince1970, group.id])
+            guard db.changesCount > 0 else { return (nil, []) }
+            var events: [StoredEvent] = []
+            let staged = NewJob.staged(members, dir: group.dir, staging: group.staging)
+            let outcomes = try Self.insert(staged, groupID: group.id, now: now, events: &events, in: db)
+            return (outcomes.map(\.job), events)
+        }
+        sink.publish(events)
+        return jobs
+    }
+
     /// Groups with this name, newest first.
     public func fetchGroups(named name: String) async throws -> [JobGroup] {
         try await pool.read { db in

@@ -320,6 +320,23 @@ extension PostgresJobStore {
         try await rows("SELECT hls FROM groups WHERE id = \(id)").first?.decode(String?.self) ?? nil
     }
 
+    public func extendGroup(_ group: JobGroup, members: [NewJob], hls: String, now: Date) async throws -> [Job]? {
+        let (jobs, events) = try await transaction { connection -> ([Job]?, [StoredEvent]) in
+            let updated = try await connection.rows(
+                """
+                UPDATE groups SET hls = \(text: hls), updated_at = \(now.timeIntervalSince1970)
+                WHERE id = \(group.id) AND closed IS NULL RETURNING id
+                """,
+                logger: logger)
+            guard !updated.isEmpty else { return (nil, []) }
+            let staged = NewJob.staged(members, dir: group.dir, staging: group.staging)
+            let (outcomes, events) = try await Self.insert(staged, groupID: group.id, now: now, on: connection, logger: logger)
+            return (outcomes.map(\.job), events)
+        }
+        await published(events)
+        return jobs
+    }
+
     public func fetchGroups(named name: String) async throws -> [JobGroup] {
         try await rows("SELECT \(unescaped: GroupColumn.list) FROM groups WHERE name = \(text: name) ORDER BY id DESC").map(
             GroupColumn.decode)

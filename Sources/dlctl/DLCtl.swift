@@ -212,6 +212,8 @@ struct Enqueue: ParsableCommand {
     @Option(help: "HLS: this variant of the master playlist (0-based).") var variant: Int?
     @Option(name: .customLong("hls-layout"), help: "HLS: file (default) or folder (segments and a local index.m3u8 that plays offline).")
     var hlsLayout: String?
+    @Flag(help: "HLS: record a live playlist (no EXT-X-ENDLIST) until its end tag or a cancel, which publishes what was fetched.")
+    var live = false
     @Option(
         help: "A local Metalink file (.meta4 or v3 .metalink): one file becomes a job, several a group in -d DIR (--name names it).")
     var metalink: String?
@@ -311,6 +313,7 @@ struct Enqueue: ParsableCommand {
         base.kind = hls ? .hls : noHLS ? .file : nil
         base.hls.variant = HLSVariantRequest(index: variant, maxHeight: maxHeight, maxBandwidth: maxBandwidth)
         base.hls.layout = hlsLayout.flatMap(HLSLayout.init(rawValue:)) ?? .file
+        base.hls.live = live
         var ids: [Int64] = []
         if entries.count == 1 && input == nil {
             var spec = base

@@ -353,6 +353,18 @@ import Testing
                 } else {
                     Issue.record("seed \(seed) round \(round): the local playlist does not parse: \(again)")
                 }
+                // Recorded live: a reload of the same playlist adds nothing; the end tag closes it;
+                // a cancel keeps a recipe that still joins.
+                guard case .success(var live) = HLSRecipe.plan(media, layout: .file, liveURL: "https://h.example/p/x.m3u8") else {
+                    continue
+                }
+                var ended = media
+                ended.endList = false
+                #expect(live.reloaded(ended).isEmpty && live.segments.count == recipe.segments.count, "seed \(seed) round \(round)")
+                ended.endList = true
+                _ = live.reloaded(ended)
+                #expect(live.live == nil && live.segments.count == recipe.segments.count, "seed \(seed) round \(round)")
+                #expect(recipe.stopped(complete: Set(recipe.members.indices.filter { $0 % 2 == 0 })).pieces() != nil)
             }
         }
         #expect(parsed > 100, "seed \(seed): mutations left too few playlists to look at")

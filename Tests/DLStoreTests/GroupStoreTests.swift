@@ -58,6 +58,45 @@ import Testing
         }
     }
 
+    /// A live recording's reload: new members staged as the group's others and the recipe
+    /// replaced, in one transaction; a closed group takes nothing (nil), and a member whose
+    /// path an unfinished one has rolls the recipe back with it.
+    @Test(arguments: Backend.allCases)
+    func extendGroupAddsMembersWithTheRecipe(_ backend: Backend) async throws {
+        try await withStore(backend) { store, fixture in
+            let news = [NewJob(url: "https://e.com/s0.ts", path: "/tmp/g/l.ts/seg-000000.ts")]
+            let (group, first) = try await store.insertGroup(
+                name: "l.ts", dir: "/tmp/g/l.ts", priority: 3, members: news, hls: "r1", now: t0)
+            let more = [
+                NewJob(url: "https://e.com/s1.ts", path: "/tmp/g/l.ts/seg-000001.ts", priority: 3),
+                NewJob(url: "https://e.com/s2.ts", path: "/tmp/g/l.ts/seg-000002.ts", priority: 3),
+            ]
+            let added = try #require(try await store.extendGroup(group, members: more, hls: "r2", now: t0))
+            #expect(added.map(\.url) == ["https://e.com/s1.ts", "https://e.com/s2.ts"])
+            #expect(added.allSatisfy { $0.groupID == group.id && $0.state == .queued })
+            #expect(added.map(\.stagingPath) == more.map { JobGroup.stagedPath(of: $0.path, dir: group.dir, staging: group.staging) })
+            #expect(try await store.members(of: group.id).map(\.id) == [first[0].id] + added.map(\.id))
+            #expect(try await store.hlsRecipe(of: group.id) == "r2")
+            // The same path again (an unfinished member has it): nothing is written.
+            await #expect(throws: (any Error).self) {
+                _ = try await store.extendGroup(group, members: [more[0]], hls: "r3", now: t0)
+            }
+            #expect(try await store.hlsRecipe(of: group.id) == "r2")
+            #expect(try await store.members(of: group.id).count == 3)
+            // Only the recipe (a cancel's).
+            #expect(try await store.extendGroup(group, members: [], hls: "r4", now: t0) == [])
+            var closed = group
+            closed.closed = .completed
+            try await store.saveGroup(closed)
+            #expect(
+                try await store.extendGroup(group, members: [NewJob(url: "https://e.com/s9.ts", path: "/tmp/g/l.ts/x")], hls: "r5", now: t0)
+                    == nil)
+            let reopened = try await fixture.open()
+            #expect(try await reopened.hlsRecipe(of: group.id) == "r4")
+            #expect(try await reopened.members(of: group.id).count == 3)
+        }
+    }
+
     /// A group's whole life as the engine drives it, read back through every group query.
     @Test(arguments: Backend.allCases)
     func groupLifecycle(_ backend: Backend) async throws {
