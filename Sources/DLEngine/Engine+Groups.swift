@@ -86,9 +86,23 @@ extension Engine {
             pending.notices.append(FinishedNotice(jobID: nil, group: group, path: group.dir, url: "", state: "failed", error: group.error))
             return
         }
+        try await recordCompleted(&group, members: members) { recorded in
+            if !alreadyMoved { moveIntoPlace(recorded, members: members) }
+        }
+        logger.info("group completed", metadata: ["group": "\(group.id)", "files": "\(members.count)", "dir": "\(group.dir)"])
+        pending.notices.append(FinishedNotice(jobID: nil, group: group, path: group.dir, url: "", state: "completed", error: nil))
+    }
+
+    /// Records a group completed, its members out of staging (each at `path` when given: an
+    /// HLS file is every member's), in one transaction; then runs `place` (the move into the
+    /// folder) before the events go out, so that a client told "completed" finds the files.
+    func recordCompleted(_ group: inout JobGroup, members: [Job], path: String? = nil, then place: (JobGroup) -> Void)
+        async throws(DLError)
+    {
         let published = members.map { member -> Job in
             var member = member
             member.stagingPath = nil
+            if let path { member.path = path }
             member.updatedAt = now()
             return member
         }
@@ -99,16 +113,14 @@ extension Engine {
         store.holdEvents()
         let events: [StoredEvent]
         do throws(DLError) {
-            events = try await storage { try await store.saveGroup(group, members: published, publish: false) }
+            let saved = group
+            events = try await storage { try await store.saveGroup(saved, members: published, publish: false) }
         } catch {
             store.publishEvents([])
             throw error
         }
-        if !alreadyMoved { moveIntoPlace(group, members: members) }
-        // Only now: a client told "completed" finds the files in the folder.
+        place(group)
         store.publishEvents(events)
-        logger.info("group completed", metadata: ["group": "\(group.id)", "files": "\(members.count)", "dir": "\(group.dir)"])
-        pending.notices.append(FinishedNotice(jobID: nil, group: group, path: group.dir, url: "", state: "completed", error: nil))
     }
 
     /// The move of a recorded group: the staging folder renamed to the group's folder, or, when

@@ -174,29 +174,11 @@ extension Engine {
             return
         }
         let output = group.dir
-        let published = members.map { member -> Job in
-            var member = member
-            member.stagingPath = nil
-            // The file layout's members are the joined file: `remove` with delete_file deletes
-            // it, and start-up finds it where the member says.
-            if recipe.layout == .file { member.path = output }
-            member.updatedAt = now()
-            return member
+        // The file layout's members are the joined file: `remove` with delete_file deletes it,
+        // and start-up finds it where the member says.
+        try await recordCompleted(&group, members: members, path: recipe.layout == .file ? output : nil) { recorded in
+            finishHLS(recorded, recipe: recipe, overwrite: overwrite)
         }
-        group.closed = .completed
-        group.error = nil
-        group.updatedAt = now()
-        group.finishedAt = now()
-        store.holdEvents()
-        let events: [StoredEvent]
-        do throws(DLError) {
-            events = try await storage { try await store.saveGroup(group, members: published, publish: false) }
-        } catch {
-            store.publishEvents([])
-            throw error
-        }
-        finishHLS(group, recipe: recipe, overwrite: overwrite)
-        store.publishEvents(events)
         logger.info(
             "HLS download completed",
             metadata: ["group": "\(group.id)", "segments": "\(recipe.segments.count)", "path": "\(output)"])
