@@ -22,3 +22,30 @@ public struct SplitMix64: RandomNumberGenerator, Sendable {
         return UInt64.random(in: 0...UInt64.max)
     }
 }
+
+/// Mutations of a valid input for the seeded fuzz tests: 1 to 4 of a byte changed, a byte
+/// inserted, up to 8 removed, an `interesting` piece inserted, a run of up to `maxRepeat`
+/// doubled, or the rest cut off.
+public enum Mutator {
+    public static func mutate(
+        _ input: [UInt8], interesting: [[UInt8]], maxRepeat: Int, using rng: inout SplitMix64
+    ) -> [UInt8] {
+        var bytes = input
+        for _ in 0..<Int.random(in: 1...4, using: &rng) {
+            let position = bytes.isEmpty ? 0 : Int.random(in: 0..<bytes.count, using: &rng)
+            switch Int.random(in: 0..<6, using: &rng) {
+            case 0 where !bytes.isEmpty: bytes[position] = UInt8.random(in: 0...255, using: &rng)
+            case 1: bytes.insert(UInt8.random(in: 0...255, using: &rng), at: position)
+            case 2 where !bytes.isEmpty:
+                bytes.removeSubrange(position..<min(bytes.count, position + Int.random(in: 1...8, using: &rng)))
+            case 3 where !interesting.isEmpty:
+                bytes.insert(contentsOf: interesting[Int.random(in: 0..<interesting.count, using: &rng)], at: position)
+            case 4 where !bytes.isEmpty:
+                let end = min(bytes.count, position + Int.random(in: 1...maxRepeat, using: &rng))
+                bytes.insert(contentsOf: bytes[position..<end], at: position)
+            default: bytes = Array(bytes.prefix(position))
+            }
+        }
+        return bytes
+    }
+}

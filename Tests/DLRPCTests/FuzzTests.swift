@@ -31,28 +31,13 @@ import Testing
     ]
 
     static func mutate(_ input: [UInt8], _ rng: inout SplitMix64) -> [UInt8] {
-        var bytes = input
         let interesting: [[UInt8]] = [
             Array("null".utf8), Array("1e400".utf8), Array("-0".utf8), Array("99999999999999999999999".utf8), Array("\"\\u0000\"".utf8),
             Array("[".utf8), Array("{".utf8), Array("\"\\ud800\"".utf8), [0xFF], [0xC0, 0x80],
             Array(String(repeating: "[", count: 600).utf8),
             Array("true".utf8), Array("\"\"".utf8), Array("{}".utf8), Array("[]".utf8),
         ]
-        for _ in 0..<Int.random(in: 1...4, using: &rng) {
-            let position = bytes.isEmpty ? 0 : Int.random(in: 0..<bytes.count, using: &rng)
-            switch Int.random(in: 0..<6, using: &rng) {
-            case 0 where !bytes.isEmpty: bytes[position] = UInt8.random(in: 0...255, using: &rng)
-            case 1: bytes.insert(UInt8.random(in: 0...255, using: &rng), at: position)
-            case 2 where !bytes.isEmpty:
-                bytes.removeSubrange(position..<min(bytes.count, position + Int.random(in: 1...8, using: &rng)))
-            case 3: bytes.insert(contentsOf: interesting[Int.random(in: 0..<interesting.count, using: &rng)], at: position)
-            case 4 where !bytes.isEmpty:
-                let end = min(bytes.count, position + Int.random(in: 1...20, using: &rng))
-                bytes.insert(contentsOf: bytes[position..<end], at: position)
-            default: bytes = Array(bytes.prefix(position))
-            }
-        }
-        return bytes.map { $0 == 0x0A ? 0x20 : $0 }
+        return Mutator.mutate(input, interesting: interesting, maxRepeat: 20, using: &rng).map { $0 == 0x0A ? 0x20 : $0 }
     }
 
     /// 100,000 random and mutated requests: every answer is a JSON-RPC response (or nothing, for

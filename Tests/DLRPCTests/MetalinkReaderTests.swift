@@ -206,28 +206,13 @@ import Testing
     }
 
     static func mutate(_ input: [UInt8], _ rng: inout SplitMix64) -> [UInt8] {
-        var bytes = input
         let interesting: [[UInt8]] = [
             Array("<".utf8), Array(">".utf8), Array("</file>".utf8), Array("<file name=\"../a\">".utf8), Array("&amp;".utf8),
             Array("&#0;".utf8), Array("<![CDATA[x]]>".utf8), Array("<size>".utf8), Array("99999999999999999999".utf8),
             Array("<pieces length=\"1\" type=\"sha-1\">".utf8), Array("xmlns=\"http://www.metalinker.org/\"".utf8), [0xFF],
             [0xC0, 0x80], Array(String(repeating: "<a>", count: 30).utf8), Array("\"".utf8),
         ]
-        for _ in 0..<Int.random(in: 1...4, using: &rng) {
-            let position = bytes.isEmpty ? 0 : Int.random(in: 0..<bytes.count, using: &rng)
-            switch Int.random(in: 0..<6, using: &rng) {
-            case 0 where !bytes.isEmpty: bytes[position] = UInt8.random(in: 0...255, using: &rng)
-            case 1: bytes.insert(UInt8.random(in: 0...255, using: &rng), at: position)
-            case 2 where !bytes.isEmpty:
-                bytes.removeSubrange(position..<min(bytes.count, position + Int.random(in: 1...8, using: &rng)))
-            case 3: bytes.insert(contentsOf: interesting[Int.random(in: 0..<interesting.count, using: &rng)], at: position)
-            case 4 where !bytes.isEmpty:
-                let end = min(bytes.count, position + Int.random(in: 1...40, using: &rng))
-                bytes.insert(contentsOf: bytes[position..<end], at: position)
-            default: bytes = Array(bytes.prefix(position))
-            }
-        }
-        return bytes
+        return Mutator.mutate(input, interesting: interesting, maxRepeat: 40, using: &rng)
     }
 
     /// 20 000 mutated documents (replay with DLD_TEST_SEED): each is a Metalink that keeps the
