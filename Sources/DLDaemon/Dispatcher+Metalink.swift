@@ -26,7 +26,7 @@ extension Dispatcher {
                 url: url, headers: request.headers, options: request.options, maxBytes: limits.maxBytes, timeout: Self.metalinkFetchTimeout)
             switch fetched {
             case .success(let document):
-                metalink = try MetalinkReader.parse(document.body, limits: limits)
+                metalink = try MetalinkReader.parse(Data(document.body), limits: limits)
             case .failure(let failure):
                 throw Metalink.invalid(
                     "\(URLRules.redacted(url).prefix(200)) could not be fetched: \(failure.error.message) (\(failure.error.code))")

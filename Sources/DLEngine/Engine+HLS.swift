@@ -100,31 +100,11 @@ extension Engine {
     /// Fetches and reads one playlist (at most `HLSLimits.maxPlaylistBytes`, within
     /// `playlistTimeout`), with the request's headers and TLS settings.
     func fetchPlaylist(_ request: TransferRequest) async throws(DLError) -> HLSPlaylist {
-        let downloader = self.downloader
-        let fetched = await Self.withTimeout(Self.playlistTimeout) {
-            await downloader.fetchText(request, maxBytes: HLSLimits.maxPlaylistBytes)
-        }
-        switch fetched {
-        case nil:
-            throw DLError(.hlsFetchFailed, "the playlist \(URLRules.redacted(request.url).prefix(200)) took more than 60 s to fetch")
-        case .failure(let failure)?:
+        switch await downloader.fetchSmall(request, maxBytes: HLSLimits.maxPlaylistBytes, timeout: Self.playlistTimeout) {
+        case .failure(let failure):
             throw DLError(.hlsFetchFailed, "the playlist could not be fetched: \(failure.error.message)")
-        case .success(let answer)?:
-            return try HLSParser.parse(answer.bytes, base: answer.url).get()
-        }
-    }
-
-    /// `body`'s value, or nil when it took longer than `limit` (then it is cancelled).
-    static func withTimeout<T: Sendable>(_ limit: Duration, _ body: @escaping @Sendable () async -> T) async -> T? {
-        await withTaskGroup(of: T?.self) { group in
-            group.addTask { await body() }
-            group.addTask {
-                try? await Task.sleep(for: limit)
-                return nil
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first
+        case .success(let document):
+            return try HLSParser.parse(document.body, base: document.finalURL).get()
         }
     }
 

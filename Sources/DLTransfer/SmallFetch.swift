@@ -3,11 +3,11 @@ import DLCore
 import Foundation
 import NIOCore
 
-/// A small document fetched whole into memory (a Metalink named by `enqueue`).
+/// A small document fetched whole into memory (an HLS playlist, a Metalink named by `enqueue`).
 public struct SmallDocument: Sendable {
-    public var body: Data
+    public var body: [UInt8]
     public var contentType: String?
-    /// The URL after redirects.
+    /// The URL after redirects (relative URIs in the document resolve against it).
     public var finalURL: String
 }
 
@@ -21,52 +21,53 @@ extension Downloader {
         var request = TransferRequest(
             jobID: 0, url: url, headers: headers, path: "", overwrite: false, offset: 0, size: nil, validators: Validators())
         request.options = options
-        let request0 = request
-        let fetched = try? await withThrowingTaskGroup(of: Result<SmallDocument, TransferFailure>?.self) { group in
-            group.addTask { await self.fetchSmallOnce(request0, maxBytes: maxBytes) }
+        return await fetchSmall(request, maxBytes: maxBytes, timeout: timeout)
+    }
+
+    /// The same for a request built by the caller (its URL, headers and options).
+    public func fetchSmall(_ request: TransferRequest, maxBytes: Int, timeout: Duration) async -> Result<SmallDocument, TransferFailure> {
+        let fetched = await withTaskGroup(of: Result<SmallDocument, TransferFailure>?.self) { group in
+            group.addTask { await self.fetchSmallOnce(request, maxBytes: maxBytes) }
             group.addTask {
-                try await Task.sleep(for: timeout)
+                try? await Task.sleep(for: timeout)
                 return nil
             }
-            let first = try await group.next() ?? nil
+            let first = await group.next() ?? nil
             group.cancelAll()
             return first
         }
-        if let fetched = fetched ?? nil { return fetched }
-        return .failure(TransferFailure(.transient(.network), .timeout, "\(URLRules.redacted(url)) did not answer whole within \(timeout)"))
+        if let fetched { return fetched }
+        return .failure(
+            TransferFailure(.transient(.network), .timeout, "\(URLRules.redacted(request.url)) did not answer whole within \(timeout)"))
     }
 
     private func fetchSmallOnce(_ request: TransferRequest, maxBytes: Int) async -> Result<SmallDocument, TransferFailure> {
         var state = AttemptState(received: 0, size: nil, validators: Validators(), finalURL: nil, target: Target(url: request.url))
+        let url = URLRules.redacted(request.url).prefix(200)
         do {
             let response = try await fetch(request, state: &state, rangeFrom: 0)
             let status = Int(response.status.code)
             guard status == 200 else {
                 _ = try? await response.body.collect(upTo: 64 << 10)
-                return .failure(
-                    TransferFailure(
-                        status >= 500 || status == 408 || status == 429 ? .transient(.retry) : .permanent, .httpStatus,
-                        "\(URLRules.redacted(request.url)) answered HTTP \(status)"))
+                return .failure(TransferFailure(HTTPFailurePolicy.kind(forStatus: status), .httpStatus, "\(url) answered HTTP \(status)"))
             }
             if let length = response.headers.first(name: "content-length").flatMap(Int.init), length > maxBytes {
-                return .failure(
-                    TransferFailure(
-                        .permanent, .lengthMismatch, "\(URLRules.redacted(request.url)) is \(length) bytes; at most \(maxBytes)"))
+                return .failure(TransferFailure(.permanent, .lengthMismatch, "\(url) is \(length) bytes; at most \(maxBytes) are read"))
             }
-            var body = Data()
-            for try await chunk in response.body {
-                guard body.count + chunk.readableBytes <= maxBytes else {
-                    return .failure(
-                        TransferFailure(.permanent, .lengthMismatch, "\(URLRules.redacted(request.url)) is more than \(maxBytes) bytes"))
-                }
-                body.append(contentsOf: chunk.readableBytesView)
+            let body: ByteBuffer
+            do {
+                body = try await response.body.collect(upTo: maxBytes)
+            } catch is NIOTooManyBytesError {
+                return .failure(TransferFailure(.permanent, .lengthMismatch, "\(url) is more than \(maxBytes) bytes"))
             }
             return .success(
                 SmallDocument(
-                    body: body, contentType: response.headers.first(name: "content-type"), finalURL: state.finalURL ?? request.url))
+                    body: Array(body.readableBytesView), contentType: response.headers.first(name: "content-type"),
+                    finalURL: state.finalURL ?? request.url))
         } catch let failure as TransferFailure {
             return .failure(failure)
         } catch {
+            logger.debug("small document fetch error", metadata: ["error": "\(String(reflecting: error))"])
             return .failure(
                 Self.classify(error, target: state.target ?? Target(host: "the server", port: 0, isHTTPS: false), timeouts: configuration))
         }
