@@ -218,15 +218,8 @@ public enum HLSParser {
         else {
             throw DLError(.hlsInvalid, "line \(line): IV must be 0x and up to 32 hex digits, not \(text.prefix(40))")
         }
-        let padded = String(repeating: "0", count: 32 - digits.count) + digits
-        var bytes: [UInt8] = []
-        var index = padded.startIndex
-        while index < padded.endIndex {
-            let next = padded.index(index, offsetBy: 2)
-            bytes.append(UInt8(padded[index..<next], radix: 16) ?? 0)
-            index = next
-        }
-        return bytes
+        // Checked above: hex digits only, so it decodes.
+        return Hex.decode(String(repeating: "0", count: 32 - digits.count) + digits) ?? []
     }
 
     /// The IV of a segment without an explicit one: its media sequence number, 16 bytes

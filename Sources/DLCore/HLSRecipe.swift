@@ -137,7 +137,7 @@ public struct HLSRecipe: Sendable, Equatable, Codable {
             if let map = segment.map {
                 let mapMember = member(map.url, role: "map")
                 let key = map.key.map { member($0.url, role: "key") }
-                let planned = Map(member: mapMember, range: map.range, key: key, iv: map.key?.iv.map(Self.hex))
+                let planned = Map(member: mapMember, range: map.range, key: key, iv: map.key?.iv.map { Hex.encode($0) })
                 if let lastMap, maps.indices.contains(lastMap), maps[lastMap] == planned {
                     mapIndex = lastMap
                 } else {
@@ -148,7 +148,7 @@ public struct HLSRecipe: Sendable, Equatable, Codable {
             }
             let segmentMember = member(segment.url, role: "segment")
             let key = segment.key.map { member($0.url, role: "key") }
-            let iv = segment.key.map { Self.hex($0.iv ?? HLSParser.sequenceIV(segment.sequence)) }
+            let iv = segment.key.map { Hex.encode($0.iv ?? HLSParser.sequenceIV(segment.sequence)) }
             self.segments.append(
                 Segment(
                     member: segmentMember, range: segment.range, duration: segment.duration, key: key, iv: iv, map: mapIndex,
@@ -211,21 +211,9 @@ public struct HLSRecipe: Sendable, Equatable, Codable {
         return known.contains(ext) ? ext : fallback
     }
 
-    public static func hex(_ bytes: [UInt8]) -> String {
-        bytes.map { String(format: "%02x", $0) }.joined()
-    }
-
+    /// A 16-byte IV as stored in the recipe (32 hex digits), or nil.
     public static func bytes(hex text: String) -> [UInt8]? {
-        guard text.utf8.count == 32 else { return nil }
-        var bytes: [UInt8] = []
-        var index = text.startIndex
-        while index < text.endIndex {
-            let next = text.index(index, offsetBy: 2)
-            guard let byte = UInt8(text[index..<next], radix: 16) else { return nil }
-            bytes.append(byte)
-            index = next
-        }
-        return bytes
+        Hex.decode(text).flatMap { $0.count == 16 ? $0 : nil }
     }
 
     // MARK: Assembly

@@ -55,7 +55,7 @@ public enum RFC6249 {
             let pair = part.split(separator: "=", maxSplits: 1)
             guard pair.count == 2, pair[0].trimmingCharacters(in: .whitespaces).lowercased() == "sha-256" else { continue }
             guard let bytes = Data(base64Encoded: pair[1].trimmingCharacters(in: .whitespaces)), bytes.count == 32 else { return nil }
-            return Checksum(algorithm: .sha256, hex: bytes.map { String(format: "%02x", $0) }.joined())
+            return Checksum(algorithm: .sha256, hex: Hex.encode(bytes))
         }
         return nil
     }

@@ -1,3 +1,4 @@
+import DLCore
 import Foundation
 import NIOCore
 import Synchronization
@@ -101,12 +102,7 @@ public enum HTTPToken {
         let path = path(stateDir: stateDir)
         if let existing = try read(path) { return existing }
         var generator = SystemRandomNumberGenerator()
-        let digits = Array("0123456789abcdef")
-        let token = String(
-            (0..<32).flatMap { _ -> [Character] in
-                let byte = Int(UInt8.random(in: .min ... .max, using: &generator))
-                return [digits[byte >> 4], digits[byte & 15]]
-            })
+        let token = Hex.encode((0..<32).map { _ in UInt8.random(in: .min ... .max, using: &generator) })
         let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else {
             // Made by another process in the meantime: that one is the token.

@@ -47,13 +47,6 @@ public final class StreamingDigest {
         var length: UInt32 = 0
         EVP_DigestFinal_ex(context, &out, &length)
         reset()
-        let hex: [Character] = Array("0123456789abcdef")
-        var text = ""
-        text.reserveCapacity(Int(length) * 2)
-        for byte in out.prefix(Int(length)) {
-            text.append(hex[Int(byte >> 4)])
-            text.append(hex[Int(byte & 0x0f)])
-        }
-        return text
+        return Hex.encode(out.prefix(Int(length)))
     }
 }

@@ -4,16 +4,7 @@ import DLTestSupport
 import Foundation
 import Testing
 
-private func hex(_ text: String) -> [UInt8] {
-    var out: [UInt8] = []
-    var index = text.startIndex
-    while index < text.endIndex {
-        let next = text.index(index, offsetBy: 2)
-        out.append(UInt8(text[index..<next], radix: 16) ?? 0)
-        index = next
-    }
-    return out
-}
+private func hex(_ text: String) -> [UInt8] { Hex.decode(text) ?? [] }
 
 /// A folder of one test, removed at the end.
 private final class Scratch {

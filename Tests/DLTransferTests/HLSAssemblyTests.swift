@@ -21,7 +21,7 @@ import Testing
         [UInt8](try Data(contentsOf: URL(fileURLWithPath: folder + "/" + name)))
     }
 
-    static func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }
+    static func hex(_ bytes: [UInt8]) -> String { Hex.encode(bytes) }
 
     /// Encrypts `name` into `name.enc` with the openssl command line.
     func encrypt(_ name: String, key: [UInt8], iv: [UInt8]) throws {

@@ -227,13 +227,7 @@ import Testing
             try daemon.start()
             defer { daemon.stop() }
             let hex = try Self.hex(.sha256, TestOrigin.bytes(count: size)[...])
-            var digest: [UInt8] = []
-            var index = hex.startIndex
-            while index < hex.endIndex {
-                let next = hex.index(index, offsetBy: 2)
-                digest.append(UInt8(hex[index..<next], radix: 16) ?? 0)
-                index = next
-            }
+            let digest = try #require(Hex.decode(hex))
             func encoded(_ text: String) -> String { text.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? text }
             let mirror = "\(origin.baseURL)/bytes/\(size)?copy=2"
             let base64 = Data(digest).base64EncodedString()
