@@ -62,6 +62,7 @@ public final class HTTPListener: Sendable {
         }
         let tls = try tlsContext(config)
         try requireTLS(beyondLoopback: address, tls: tls, config: config)
+        let common = try Common(config, logger: logger)
         // The default address tries its neighbours; one that was asked for is that one or none.
         let ports = explicit || address.port != HTTPAddress.defaultPort ? address.port...address.port : HTTPAddress.defaultPorts
         var bound: (any Channel)?
@@ -69,8 +70,8 @@ public final class HTTPListener: Sendable {
         var boundAddress = address
         for port in ports {
             boundAddress.port = port
-            let candidate = try HTTPListener(
-                serving: boundAddress, tls: tls != nil, config: config, dispatcher: dispatcher, hub: hub, metrics: metrics,
+            let candidate = HTTPListener(
+                serving: boundAddress, tls: tls != nil, common: common, config: config, dispatcher: dispatcher, hub: hub, metrics: metrics,
                 logger: logger, onShutdown: onShutdown)
             do {
                 bound = try await candidate.bind(host: boundAddress.host, port: port, tls: tls)
@@ -116,8 +117,9 @@ public final class HTTPListener: Sendable {
             Glibc.close(fd)
             throw error
         }
-        let listener = try HTTPListener(
-            serving: address, tls: tls != nil, config: config, dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger,
+        let listener = HTTPListener(
+            serving: address, tls: tls != nil, common: try Common(config, logger: logger), config: config, dispatcher: dispatcher, hub: hub,
+            metrics: metrics, logger: logger,
             onShutdown: onShutdown)
         let bound: any Channel
         do {
@@ -149,16 +151,28 @@ public final class HTTPListener: Sendable {
         logger.info("HTTP listening", metadata: ["url": "\(url)", "tls": "\(url.hasPrefix("https"))", "socket_from": "\(source)"])
     }
 
-    /// A listener for `address` with the config's token and limits, not bound yet.
+    /// What every candidate address is served with: the token (read or made once) and the
+    /// read timeout.
+    private struct Common {
+        let token: String
+        let readTimeout: TimeAmount
+
+        init(_ config: DaemonConfig, logger: Logger) throws {
+            token = try HTTPToken.loadOrCreate(stateDir: config.stateDir)
+            readTimeout = HTTPListener.testReadTimeout(logger: logger) ?? .seconds(30)
+        }
+    }
+
+    /// A listener for `address` with the config's limits, not bound yet.
     private convenience init(
-        serving address: HTTPAddress, tls: Bool, config: DaemonConfig, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?,
-        logger: Logger, onShutdown: @escaping @Sendable () -> Void
-    ) throws {
+        serving address: HTTPAddress, tls: Bool, common: Common, config: DaemonConfig, dispatcher: Dispatcher, hub: EventHub,
+        metrics: Metrics?, logger: Logger, onShutdown: @escaping @Sendable () -> Void
+    ) {
         self.init(
             settings: Settings(
                 policy: HostPolicy(address: address, tls: tls, extraHosts: Set(config.httpHosts ?? [])),
-                token: try HTTPToken.loadOrCreate(stateDir: config.stateDir), maxBodyBytes: config.maxLineBytes,
-                maxConnections: config.maxConnections, readTimeout: Self.testReadTimeout(logger: logger) ?? .seconds(30)),
+                token: common.token, maxBodyBytes: config.maxLineBytes, maxConnections: config.maxConnections,
+                readTimeout: common.readTimeout),
             dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger, onShutdown: onShutdown,
             url: "\(tls ? "https" : "http")://\(address.localHostInURL):\(address.port)/", urlFile: config.stateDir + "/http-url")
     }
