@@ -6,7 +6,7 @@ public enum DropFolderRules {
     public enum Kind: String, Sendable, Equatable {
         /// An input list (`*.txt`), the format of `dlctl enqueue -i`.
         case inputList
-        /// A Metalink file (`*.meta4`), read by a handler that is not written yet.
+        /// A Metalink file (`*.meta4`), enqueued in `enqueue`'s Metalink form.
         case metalink
     }
 

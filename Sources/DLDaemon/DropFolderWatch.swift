@@ -309,18 +309,17 @@ final class DropFolderWatch: Sendable {
         } catch {
             return .refused(error.message)
         }
-        var params: [String: JSONValue] = [
-            "metalink": .string(text),
-            "key": .string(
-                DropFolderRules.key(
-                    device: file.device, inode: file.inode, mtimeNanoseconds: file.mtimeNanoseconds, sha256: file.sha256, line: 0)),
-        ]
+        // Read once, here: handed to the dispatcher as read (the socket's params would be
+        // read again from their text).
+        var request = MetalinkEnqueue(source: .document(metalink, text: text))
+        request.key = DropFolderRules.key(
+            device: file.device, inode: file.inode, mtimeNanoseconds: file.mtimeNanoseconds, sha256: file.sha256, line: 0)
         if metalink.files.count > 1 {
             let base = (file.name as NSString).deletingPathExtension
-            params["name"] = .string(base.isEmpty ? file.name : base)
+            request.name = base.isEmpty ? file.name : base
         }
         do throws(DLError) {
-            let result = try await dispatcher.call(RPCMethod.enqueue.rawValue, params)
+            let result = try await dispatcher.enqueueMetalink(request)
             let results = result["results"]?.arrayValue
             let count = results?.count ?? 1
             let created = results.map { $0.filter { $0["created"] == .bool(true) }.count } ?? (result["created"] == .bool(true) ? 1 : 0)
