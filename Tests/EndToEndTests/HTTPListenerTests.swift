@@ -113,8 +113,9 @@ struct WebDaemon {
     let daemon: DaemonHarness
     let port: Int
 
-    init(config: String? = nil) throws {
+    init(config: String? = nil, environment: [String: String] = [:]) throws {
         daemon = try DaemonHarness(config: config)
+        daemon.extraEnvironment.merge(environment) { _, new in new }
         port = try freePort()
         daemon.httpListen = "127.0.0.1:\(port)"
         try daemon.start()
@@ -653,14 +654,9 @@ extension HTTPListenerTests {
     /// connection is closed, a body that drips in slower than the deadline is cut off, and a
     /// silent WebSocket is pinged, kept while it answers, and closed when it does not.
     @Test func slowClientsAreCutOff() throws {
-        let daemon = try DaemonHarness()
-        daemon.extraEnvironment["DLD_TEST_HTTP_TIMEOUT"] = "1"
-        let port = try freePort()
-        daemon.httpListen = "127.0.0.1:\(port)"
-        try daemon.start()
+        let web = try WebDaemon(environment: ["DLD_TEST_HTTP_TIMEOUT": "1"])
+        let (daemon, port, token) = (web.daemon, web.port, try web.token)
         defer { daemon.stop() }
-        let token = try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8).trimmingCharacters(
-            in: .whitespacesAndNewlines)
         var started = Date()
         let silent = try RawConnection(port: port)
         #expect(silent.receiveAll().isEmpty)
@@ -700,14 +696,9 @@ extension HTTPListenerTests {
     /// its reply: a connection waiting for an answer is not idle.
     @Test func aSlowAnswerIsNotIdle() async throws {
         try await withOrigin { origin in
-            let daemon = try DaemonHarness()
-            daemon.extraEnvironment["DLD_TEST_HTTP_TIMEOUT"] = "1"
-            let port = try freePort()
-            daemon.httpListen = "127.0.0.1:\(port)"
-            try daemon.start()
+            let web = try WebDaemon(environment: ["DLD_TEST_HTTP_TIMEOUT": "1"])
+            let (daemon, port, token) = (web.daemon, web.port, try web.token)
             defer { daemon.stop() }
-            let token = try String(contentsOfFile: daemon.stateDir + "/http-token", encoding: .utf8)
-                .trimmingCharacters(in: .whitespacesAndNewlines)
             let started = Date()
             let body = #"{"jsonrpc":"2.0","id":1,"method":"get","params":{"url":"\#(origin.baseURL)/bytes/8000?rate=3000"}}"#
             let connection = try RawConnection(port: port, timeout: 30)
