@@ -2,6 +2,24 @@ import Foundation
 
 public typealias JobID = Int64
 
+/// A command that waits for the worker that runs the job: pause, cancel and remove of a job
+/// `running` under another worker are recorded on its row; the owner stops its transfer,
+/// syncs it, and commits the new state with its epoch. A lease that runs out applies it.
+public enum StopRequest: String, Sendable, Codable, Comparable {
+    case pause, cancel, remove
+
+    /// The stronger of two requests wins: a cancel is not made a pause by a later pause.
+    private var rank: Int {
+        switch self {
+        case .pause: return 0
+        case .cancel: return 1
+        case .remove: return 2
+        }
+    }
+
+    public static func < (lhs: StopRequest, rhs: StopRequest) -> Bool { lhs.rank < rhs.rank }
+}
+
 /// Where a job is in its life. See docs/architecture.md for the diagram.
 public enum JobState: String, Sendable, CaseIterable, Codable {
     /// Waiting for a free slot of the scheduler.
@@ -205,6 +223,14 @@ public struct Job: Sendable, Equatable {
     /// Until when the worker's claim holds: past it, the job is queued again for another
     /// worker unless the lease was renewed.
     public var leaseUntil: Date?
+    /// The fencing token: every claim (and every hand-over of a running job: an expired lease,
+    /// a release) increments it, so each attempt at the job has its own. A worker's writes for
+    /// an attempt (checkpoints, its outcome) apply only while the row still carries the epoch
+    /// its claim returned: a stale attempt, on this machine or another, can never write.
+    public var epoch: Int64 = 0
+    /// A command for a job that another worker runs (a fleet sharing one table): that worker,
+    /// the owner, carries it out with its own epoch; nil for most rows (`StopRequest`).
+    public var stopRequest: StopRequest?
     /// More URLs of the same file, with their state (`mirrors` at enqueue); empty for most.
     public var mirrors: [JobMirror] = []
     /// Why the job's own URL is no longer used (only with mirrors: the others serve the file).

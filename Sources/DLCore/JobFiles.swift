@@ -41,6 +41,18 @@ public struct JobFiles: Sendable, Equatable {
         }
     }
 
+    /// The files to delete, in order, once the row is deleted: `fileDeleted`, and for a
+    /// completed file that another worker may have committed but not linked yet (a fleet), its
+    /// partial file and then the file again. Unlinked in this order, the file never appears
+    /// after the answer: a link that comes before the second unlink of the file is undone by
+    /// it, and one that comes after the partial file went finds nothing to link. `partialFree`
+    /// says whether no unfinished job writes to the same path (its partial file is then its own).
+    public func filesDeleted(onRemove deleteFile: Bool, partialFree: Bool) -> [String] {
+        guard let file = fileDeleted(onRemove: deleteFile) else { return [] }
+        guard state == .completed, partialFree, let partial else { return [file] }
+        return [file, partial, file]
+    }
+
     /// The file to delete once the job is canceled: its partial file, if it ever started.
     public var fileDeletedOnCancel: String? { partial }
 }

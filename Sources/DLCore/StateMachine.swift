@@ -104,6 +104,7 @@ public enum StateMachine {
         if next.state != .running {
             next.worker = nil
             next.leaseUntil = nil
+            next.stopRequest = nil
         }
         return next
     }

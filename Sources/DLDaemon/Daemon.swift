@@ -118,9 +118,16 @@ public enum Daemon {
             await engine.runLoops(progressEvery: .milliseconds(500)) { hub.publishProgress($0, $1) }
         }
         let sweeps = LoopService("CacheSweeps") { await cache.runSweeps() }
+        // The worker lock of a shared table: lost with its connection, the worker is fenced
+        // until it holds the lock again (a second daemon with its id may have taken it).
+        let lockWatch = databaseLock.map { lock in
+            LoopService("WorkerLock") {
+                await lock.watch(lost: { await engine.workerLockLost() }, regained: { await engine.workerLockRegained() })
+            }
+        }
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
-                services: [
+                services: (lockWatch.map { [ServiceGroupConfiguration.ServiceConfiguration(service: $0)] } ?? []) + [
                     .init(service: loops), .init(service: sweeps),
                     .init(service: service, successTerminationBehavior: .gracefullyShutdownGroup),
                 ],

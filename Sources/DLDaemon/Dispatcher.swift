@@ -131,6 +131,7 @@ public struct Dispatcher: Sendable {
         let ids = JSONValue.array(outcome.ids.map { .int($0) })
         var reply: [String: JSONValue] = [
             "count": .int(Int64(outcome.count)), "ids": ids, "more": .bool(outcome.count > outcome.ids.count),
+            "requested": .int(Int64(outcome.requested)),
         ]
         if let alias { reply[alias] = ids }
         return .object(reply)

@@ -177,11 +177,15 @@ extension Engine {
         }
         // Its events may be many: they are not held back behind a batch of files being linked.
         await linksSettled()
-        let outcome = try await storage { try await store.apply(command, to: rows, first: first, now: now()) }
+        // Jobs that other workers run get the command as a request their owners carry out.
+        let outcome = try await storage { try await store.apply(command, to: rows, first: first, owner: configuration.worker, now: now()) }
         for path in outcome.files { removePartial(at: path) }
         Self.trimAfterBulk(outcome.count)
         if outcome.count > 0 {
             logger.info("\(command.event.verb)", metadata: ["jobs": "\(outcome.count)"])
+        }
+        if outcome.requested > 0 {
+            logger.info("\(command.event.verb): sent to the workers that run them", metadata: ["jobs": "\(outcome.requested)"])
         }
         try await schedule()
         try await flush()
@@ -223,18 +227,24 @@ extension Engine {
             var group: JobGroup? = nil
             if case .group(let reference) = selection { group = try await resolve(reference) }
             if !stopped.isEmpty {
-                // Their offsets are recorded so that the delete below knows they have files.
-                try await storage { try await store.save(stopped) }
+                // Their offsets are recorded so that the delete below knows they have files
+                // (each only while it is still this attempt's).
+                _ = try await save(stopped, owned: Set(stopped.map(\.id)), publish: true)
             }
             // A file just recorded completed is linked before its row can go (else it would
             // appear after the delete, for no job).
             await linksSettled()
-            let outcome = try await storage { try await store.delete(rows, deleteFiles: deleteFile, now: now()) }
+            // Jobs that other workers run are left to them, with a request to remove them.
+            let outcome = try await storage {
+                try await store.delete(rows, deleteFiles: deleteFile, owner: configuration.worker, now: now())
+            }
             Self.trimAfterBulk(outcome.count)
             for path in outcome.files where unlink(path) != 0 && errno != ENOENT {
                 logger.warning("could not delete file", metadata: ["path": "\(path)", "errno": "\(errno)"])
             }
-            if let group {
+            // A group whose members still run on other workers goes with a later remove (its
+            // members' rows refer to it until their owners have removed them).
+            if let group, outcome.requested == 0 {
                 activeGroups.remove(group.id)
                 try await storage { try await store.deleteGroup(group.id, now: now()) }
                 if group.closed != .completed { removeStaging(group) }

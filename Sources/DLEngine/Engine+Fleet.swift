@@ -27,6 +27,12 @@ struct LeaseBook {
     /// The last `stats` read from the table, answered again (with the reason) when a shared
     /// table does not answer in time.
     var lastTableStats: Engine.TableStats?
+    /// The daemon's worker lock (one daemon per worker id) went with its connection: fenced
+    /// until it is held again, whatever the leases say.
+    var lockLost = false
+
+    /// Whether this worker may start nothing and must stop what runs.
+    var fenced: Bool { fencedSince != nil || lockLost }
 }
 
 extension Engine {
@@ -172,7 +178,7 @@ extension Engine {
                 await measureTableClock()
                 let sent = ContinuousClock.now
                 let at = leaseNow()
-                let owned: Set<JobID>
+                let owned: [JobID: Int64]
                 do {
                     owned = try await store.renewLeases(
                         worker: configuration.worker, until: at.addingTimeInterval(configuration.lease), now: at)
@@ -183,7 +189,7 @@ extension Engine {
                 }
                 leases.renewedAt = now()
                 leases.renewedInstant = sent
-                if let since = leases.fencedSince {
+                if let since = leases.fencedSince, !leases.lockLost {
                     leases.fencedSince = nil
                     logger.notice(
                         "the job table answers again and the leases are renewed: this worker takes jobs again",
@@ -191,11 +197,13 @@ extension Engine {
                             "fenced_for": "\(Int(now().timeIntervalSince(since).rounded())) s"
                         ])
                 }
-                await stopLost(running.keys.filter { !owned.contains($0) })
-                try await requeueOrphans(owned)
-                let expired = try await storage { try await store.requeueExpired(now: leaseNow()) }
-                if !expired.isEmpty {
-                    logger.notice("queued again the jobs of workers whose leases ran out", metadata: ["jobs": "\(expired.count)"])
+                // A transfer whose job this worker no longer holds under the same epoch stops.
+                await stopLost(running.filter { owned[$0.key] != $0.value.job.epoch }.map(\.key))
+                try await requeueOrphans(Set(owned.keys))
+                let expired = try await storage { try await store.expireLeases(now: leaseNow()) }
+                for path in expired.files { removePartial(at: path) }
+                if expired.count > 0 {
+                    logger.notice("handed over the jobs of workers whose leases ran out", metadata: ["jobs": "\(expired.count)"])
                     try await finishPublishes(since: at.addingTimeInterval(-3 * configuration.lease))
                 }
                 try await schedule()
@@ -214,6 +222,10 @@ extension Engine {
     /// renewal succeeds. Runs on its own timer, outside the serial queue.
     func fenceIfLeasesRunOut() async {
         guard accepting, let renewedInstant = leases.renewedInstant else { return }
+        if leases.lockLost {
+            if !running.isEmpty { await stopLost(Array(running.keys)) }
+            return
+        }
         let unrenewed = ContinuousClock.now - renewedInstant
         guard unrenewed > .milliseconds(Int64(configuration.lease * Self.fenceAt * 1000)) else { return }
         if leases.fencedSince == nil {
@@ -244,17 +256,34 @@ extension Engine {
     /// Recent completions looked at after a lease ran out, at most.
     static let finishPublishLimit = 5000
 
-    /// Looks at the rows of what runs here after other daemons changed the table.
+    /// Looks at the rows of what runs here after other daemons changed the table: a transfer
+    /// whose job is no longer this attempt's stops; a command that waits for this worker (a
+    /// pause, cancel or remove sent to another) is carried out; a new speed limit applies.
     func changesTurn() async {
         do {
             try await serial { () async throws(DLError) in
+                changesScheduled = false
                 guard accepting else { return }
                 let ids = running.keys.sorted()
                 if !ids.isEmpty {
                     let rows = try await storage { try await store.fetch(ids) }
-                    let mine = Set(
-                        rows.filter { $0.state == .running && ($0.worker == nil || $0.worker == configuration.worker) }.map(\.id))
+                    var mine: Set<JobID> = []
+                    var requests: [(Job, StopRequest)] = []
+                    for row in rows {
+                        guard let entry = running[row.id],
+                            JobOwnership.owns(
+                                state: row.state.rawValue, worker: row.worker, epoch: row.epoch, job: entry.job, owner: configuration.worker
+                            )
+                        else { continue }
+                        mine.insert(row.id)
+                        if let request = row.stopRequest { requests.append((row, request)) }
+                        if row.options.maxSpeed != entry.job.options.maxSpeed {
+                            running[row.id]?.job.options.maxSpeed = row.options.maxSpeed
+                            downloader.limiter.setJob(row.id, row.options.maxSpeed)
+                        }
+                    }
                     await stopLost(ids.filter { !mine.contains($0) })
+                    for (row, request) in requests { try await carryOut(request, running: row) }
                 }
                 try await schedule()
                 try await flush()
@@ -262,6 +291,61 @@ extension Engine {
         } catch {
             logger.warning("could not look at the table's changes", metadata: ["error": "\(error)"])
         }
+    }
+
+    /// A changes turn soon, once (a checkpoint's answer carried a command for this worker).
+    func changesSoon() {
+        guard !changesScheduled else { return }
+        changesScheduled = true
+        Task { [weak self] in await self?.changesTurn() }
+    }
+
+    /// Carries out a command that another worker recorded for a job that runs here: the
+    /// transfer stops and syncs, and its row takes the command's state with this attempt's
+    /// epoch (a remove: canceled, then deleted); its partial file goes for a cancel or a remove.
+    func carryOut(_ request: StopRequest, running row: Job) async throws(DLError) {
+        let intent: StopIntent = request == .pause ? .pause : (request == .cancel ? .cancel : .remove)
+        guard var job = await stopTransfer(row.id, intent: intent) else { return }
+        job.stopRequest = nil
+        try await settle(request, of: job)
+    }
+
+    /// Commits what `request` makes of `job`, a row of this worker's attempt (its transfer
+    /// stopped, or none running here): paused, canceled or removed, only with that epoch.
+    func settle(_ request: StopRequest, of job: Job) async throws(DLError) {
+        let event: JobEvent = request == .pause ? .pause : .cancel
+        guard let next = try? StateMachine.apply(event, to: job, now: now()) else { return }
+        let (_, lost) = try await save([next], owned: [job.id], publish: true)
+        guard !lost.contains(job.id) else { return }
+        logger.notice("carried out a command sent to another worker", metadata: ["job": "\(job.id)", "command": "\(request.rawValue)"])
+        guard request != .pause else { return }
+        if let partial = JobFiles(
+            state: .canceled, path: job.path, stagingPath: job.stagingPath, attempts: Int64(job.attempts), received: job.received
+        ).partial {
+            removePartial(at: partial)
+        }
+        if request == .remove {
+            try await storage { try await store.delete(.ids([job.id]), deleteFiles: false, owner: nil, now: now()) }
+        }
+    }
+
+    /// The worker lock was lost (the table's server restarted, or its connection was cut): a
+    /// second daemon with this worker id could now run beside this one, renewing and
+    /// releasing the same jobs. Every transfer stops (nothing recorded), nothing starts, until
+    /// `workerLockRegained`.
+    public func workerLockLost() async {
+        guard !leases.lockLost else { return }
+        leases.lockLost = true
+        leases.fences += 1
+        if leases.fencedSince == nil { leases.fencedSince = now() }
+        await stopLost(Array(running.keys))
+    }
+
+    /// The worker lock is held again: the worker takes jobs again once its leases are renewed
+    /// (its next lease turn, which also queues again the jobs it held and no longer runs).
+    public func workerLockRegained() async {
+        leases.lockLost = false
+        await leaseTurn()
     }
 
     /// Stops transfers of jobs this worker no longer holds; writes nothing.
@@ -281,6 +365,10 @@ extension Engine {
         guard !orphans.isEmpty else { return }
         let rows = try await storage { try await store.fetch(orphans.sorted()) }
         for var job in rows where job.state == .running {
+            if let request = job.stopRequest {
+                try await settle(request, of: job)
+                continue
+            }
             job.state = .queued
             job.updatedAt = now()
             pending.saves.append(job)

@@ -80,8 +80,44 @@ extension Engine {
                 }
             } catch {
                 logger.error("could not record finished files", metadata: ["error": "\(error)"])
+                // A commit cut off by a shared table's server (a restart, a partition) may have
+                // committed all the same: once the table answers, what it says is done.
+                if store.sharesQueue { resolveInDoubt(batch.map(\.job.id)) }
             }
             publisher.batch = []
+        }
+    }
+
+    /// Completions whose commit failed on a shared table (`ids`) are read again once the table
+    /// answers (every second, for at most two leases): a row that says completed had committed
+    /// (the COMMIT reached the server, its answer did not), and its file, still a complete
+    /// `.part` here, is linked; the others are queued again by the lease turn as usual.
+    func resolveInDoubt(_ ids: [JobID]) {
+        let tries = max(1, Int(configuration.lease * 2))
+        Task { [weak self] in
+            for _ in 0..<tries {
+                try? await Task.sleep(for: .seconds(1))
+                guard let self, await self.linkInDoubt(ids) else { continue }
+                return
+            }
+        }
+    }
+
+    /// One look at in-doubt completions; false while the table does not answer.
+    private func linkInDoubt(_ ids: [JobID]) async -> Bool {
+        do {
+            try await serial { () async throws(DLError) in
+                let rows = try await storage { try await store.fetch(ids) }
+                let linked = rows.filter { $0.state == .completed && access($0.downloadPath, F_OK) != 0 && finishPublish($0) }
+                if !linked.isEmpty {
+                    logger.notice(
+                        "completions whose commit was cut off had committed: their files are linked",
+                        metadata: ["jobs": "\(linked.map(\.id))"])
+                }
+            }
+            return true
+        } catch {
+            return false
         }
     }
 

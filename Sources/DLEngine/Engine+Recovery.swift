@@ -36,7 +36,9 @@ extension Engine {
                 }
                 requeued += page.filter { $0.state == .running }.count
                 let changed = page.compactMap(reconcile)
-                try await storage { try await store.save(changed) }
+                // On a shared table, each only while it is still this worker's attempt: another
+                // worker may have taken it once its lease ran out.
+                _ = try await save(changed, owned: store.sharesQueue ? Set(changed.map(\.id)) : [], publish: true)
             }
             if requeued > 0 {
                 logger.info("requeued jobs that were running when dld stopped", metadata: ["count": "\(requeued)"])

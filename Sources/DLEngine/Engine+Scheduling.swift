@@ -21,7 +21,7 @@ extension Engine {
         guard accepting else { return }
         for id in activeGroups.sorted() { try await settle(id) }
         // A fenced worker (its leases unrenewed, `Engine+Fleet`) starts nothing.
-        guard configuration.queuePausedReason == nil, leases.fencedSince == nil else { return }
+        guard configuration.queuePausedReason == nil, !leases.fenced else { return }
         var free = configuration.lanes.free(bulk: scheduling.bulkTaken(), light: scheduling.lightTaken())
         // The ready jobs first: no trip to the table before they start.
         while free > 0, startFromReady() { free -= 1 }
@@ -108,20 +108,39 @@ extension Engine {
         return held
     }
 
+    /// Starts the transfers of claimed jobs whose `running` rows are committed, once every
+    /// older attempt of the same jobs has ended here (`endStaleAttempts`).
+    func launch(_ claimed: [Job]) async {
+        await endStaleAttempts(of: claimed)
+        startTransfers(claimed)
+    }
+
+    /// On a shared table a claim may return a job whose older attempt still runs here: another
+    /// worker's command paused or requeued it and it was queued again before this worker saw
+    /// the change (its listener deaf, say). The claim gave the row a new epoch, so nothing the
+    /// old attempt writes can land any more; it is stopped and awaited here, so that the new
+    /// attempt never shares the partial file with it. A job whose older attempt's file is
+    /// being published here is not started now: its publish can no longer commit (the epoch
+    /// moved), and the orphan turn queues it again once that publish is over.
+    func endStaleAttempts(of claimed: [Job]) async {
+        for job in claimed {
+            guard let entry = running[job.id], entry.job.epoch != job.epoch else { continue }
+            logger.notice(
+                "claimed again while an older attempt runs here: that attempt stops first",
+                metadata: ["job": "\(job.id)", "epoch": "\(job.epoch)", "old_epoch": "\(entry.job.epoch)"])
+            _ = await stopTransfer(job.id, intent: .lost)
+        }
+    }
+
     /// Starts the transfers of claimed jobs whose `running` rows are committed. Each may take
     /// more of its host's slots for ranges (segmented downloads), but never those that the
     /// jobs after it in the batch need: every claimed job gets at least its one.
     func startTransfers(_ claimed: [Job]) {
         guard !claimed.isEmpty else { return }
-        // On a shared table a claim may return a job whose transfer still runs here, or whose
-        // file is being published here: another worker's command paused it and a `resume`
-        // queued it again before this worker saw the change. What runs here goes on (its
-        // outcome is written while the row is this worker's, which the claim made it again);
-        // a second transfer would write the same partial file, cut back to the committed offset.
         let jobs = claimed.filter { job in
             guard running[job.id] != nil || publisher.batch.contains(job.id) || publisher.queue.contains(where: { $0.job.id == job.id })
             else { return true }
-            logger.notice("claimed again while its transfer or its publishing runs here: not started twice", metadata: ["job": "\(job.id)"])
+            logger.notice("claimed again while an older attempt runs or is published here: not started now", metadata: ["job": "\(job.id)"])
             return false
         }
         // The load is read once and kept up to date here, not recounted (every running job's
@@ -200,31 +219,35 @@ extension Engine {
         // Set before the transfer starts, removed when it has ended (a restart awaits the end
         // of the transfer it replaces, so the two never overlap).
         downloader.limiter.setJob(started.id, started.options.maxSpeed)
-        let worker = configuration.worker
+        let owner = JobOwner(started, worker: configuration.worker)
         let shared = store.sharesQueue
         let logger = self.logger
         // The transfer hands its outcome to the serial queue itself when it ends. A transfer
         // stopped by a command is handled by that command, and the queue finds it gone.
+        // A command that waits for this worker, heard in a checkpoint's answer.
+        let heard: @Sendable () async -> Void = { [weak self] in await self?.changesSoon() }
         let task = Task { [weak self] in
             let result = await downloader.run(request, progress: progress) { checkpoint in
-                let written: Bool
+                let answer: CheckpointAnswer
                 do {
                     let write = { @Sendable in
                         try await store.checkpoint(
                             id, received: checkpoint.received, size: checkpoint.size, validators: checkpoint.validators,
-                            finalURL: checkpoint.finalURL, segments: checkpoint.segments, now: Date(), owner: worker)
+                            finalURL: checkpoint.finalURL, segments: checkpoint.segments, now: Date(), owner: owner)
                     }
                     // A shared table may be away (its pool waits up to a minute): a stop
                     // (the fence) must not wait for the checkpoint.
-                    written = shared ? try await Self.abandonedOnCancel(write) : try await write()
+                    answer = shared ? try await Self.abandonedOnCancel(write) : try await write()
                 } catch  where shared {
                     // A shared table that cannot be reached: the transfer goes on (its lease
                     // holds for a while, see `fence`) and the next checkpoint commits.
                     logger.warning("checkpoint not written; the transfer goes on", metadata: ["job": "\(id)", "error": "\(error)"])
                     return
                 }
-                // Written only while the job is still this worker's: else the transfer ends.
-                guard written else { throw TransferFailure(.transient(.retry), .leaseLost, "job \(id) is no longer this worker's") }
+                // Written only while the job is still this attempt's: else the transfer ends.
+                guard answer.written else { throw TransferFailure(.transient(.retry), .leaseLost, "job \(id) is no longer this worker's") }
+                // A command waits for this worker (one whose signal was missed is heard here).
+                if answer.stopRequest != nil { await heard() }
             }
             downloader.limiter.setJob(id, nil)
             await self?.transferEnded(id, attempt: attempt, result: result)

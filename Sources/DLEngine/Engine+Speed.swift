@@ -1,4 +1,5 @@
 import DLCore
+import DLJobTable
 import DLTransfer
 import Foundation
 
@@ -61,6 +62,35 @@ extension Engine {
         return speedView
     }
 
+    /// `change` of a job whose transfer runs here (stopped, as `stopped`): the attempt's
+    /// progress is committed with its epoch, the change under a new epoch, and the transfer
+    /// starts again from that row. A failed write leaves the job as it was, its transfer going
+    /// on; a job that another worker took meanwhile is left to it.
+    private func restart(_ stopped: Job, with revision: JobRevision) async throws(DLError) -> Job {
+        let owner = JobOwner(stopped, worker: configuration.worker)
+        let revised: Job?
+        do throws(DLError) {
+            let answer = try await storage {
+                try await store.checkpoint(
+                    stopped.id, received: stopped.received, size: stopped.size, validators: stopped.validators,
+                    finalURL: stopped.finalURL, segments: stopped.segments, now: now(), owner: owner)
+            }
+            revised =
+                answer.written
+                ? try await storage({ try await store.revise(stopped.id, revision, expecting: (.running, stopped.epoch), now: now()) })
+                : nil
+        } catch {
+            // Not changed: the transfer goes on as it was rather than stay stopped.
+            startTransfer(stopped)
+            throw error
+        }
+        guard let revised else {
+            throw DLError(.invalidState, "job \(stopped.id): another worker took it over meanwhile; it was not changed")
+        }
+        startTransfer(revised)
+        return revised
+    }
+
     /// A job that is `running` in the table but has no transfer here is finishing (its file
     /// being published) or runs under another worker: commands that change it wait.
     private func unfinishedHere(_ id: JobID, verb: String) async throws(DLError) -> Job {
@@ -78,22 +108,32 @@ extension Engine {
         return job
     }
 
-    /// `set_speed` with `id`: the job's own limit (nil or 0: none), kept in its row; a running
-    /// transfer keeps to it from its next chunk.
+    /// `set_speed` with `id`: the job's own limit (nil or 0: none), kept in its row (only its
+    /// options: what the job's worker owns, its state, offsets and lease, is not written); a
+    /// running transfer keeps to it from its next chunk, here or, for a job that another
+    /// worker runs, there once it sees the change.
     public func setJobSpeed(_ id: JobID, _ rate: Int64?) async throws(DLError) -> JobView {
         try await serial { () async throws(DLError) in
             try requireAccepting()
-            var job = try await unfinishedHere(id, verb: "set the speed of")
+            guard let stored = try await storage({ try await store.fetch(id) }) else {
+                throw DLError(.jobNotFound, "no job with id \(id)")
+            }
+            if stored.state == .completed || stored.state == .canceled {
+                throw DLError(.invalidState, "job \(id): cannot set the speed of a job that is \(stored.state.rawValue)")
+            }
             let value = rate.flatMap { $0 > 0 ? $0 : nil }
-            if let entry = running[id] {
+            var options = stored.options
+            options.maxSpeed = value
+            guard let job = try await storage({ try await store.revise(id, JobRevision(options: options), expecting: nil, now: now()) })
+            else {
+                throw DLError(.jobNotFound, "no job with id \(id)")
+            }
+            if running[id] != nil {
                 // The outcome of the transfer is recorded over the row it started with: it
                 // carries the new limit too.
-                job = entry.job
                 running[id]?.job.options.maxSpeed = value
+                downloader.limiter.setJob(id, value)
             }
-            job.options.maxSpeed = value
-            try await storage { try await store.save([job]) }
-            if running[id] != nil { downloader.limiter.setJob(id, value) }
             logger.notice("job speed limit", metadata: ["job": "\(id)", "limit": "\(value ?? 0)"])
             return view(job)
         }
@@ -107,29 +147,24 @@ extension Engine {
     public func change(_ id: JobID, url: String?, headers: [HeaderField]?) async throws(DLError) -> JobView {
         try await serial { () async throws(DLError) in
             try requireAccepting()
-            var job = try await unfinishedHere(id, verb: "change")
+            let found = try await unfinishedHere(id, verb: "change")
+            let revision = JobRevision(url: url, headers: headers)
             let wasRunning = running[id] != nil
+            let job: Job
             if wasRunning, let stopped = await stopTransfer(id, intent: .pause) {
-                job = stopped
+                job = try await restart(stopped, with: revision)
+            } else {
+                // Only while the row is as read: a compare-and-set on its state and epoch, so
+                // that a job another worker claimed meanwhile is never written back.
+                guard
+                    let revised = try await storage({
+                        try await store.revise(id, revision, expecting: (found.state, found.epoch), now: now())
+                    })
+                else {
+                    throw DLError(.invalidState, "job \(id) changed meanwhile (another worker started or stopped it); try again")
+                }
+                job = revised
             }
-            let before = job
-            if let url {
-                job.url = url
-                // A new URL is tried whatever the old one did.
-                job.urlDropped = nil
-            }
-            if let headers { job.headers = headers }
-            job.updatedAt = now()
-            // A running job stays `running` under this worker: its row is saved with the new
-            // values (and the stopped transfer's checkpoint) and the transfer starts again from it.
-            do throws(DLError) {
-                try await storage { try await store.save([job]) }
-            } catch {
-                // Not changed: the transfer goes on as it was rather than stay stopped.
-                if wasRunning { startTransfer(before) }
-                throw error
-            }
-            if wasRunning { startTransfer(job) }
             logger.notice(
                 "job changed",
                 metadata: [

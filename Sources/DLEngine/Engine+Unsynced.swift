@@ -37,18 +37,18 @@ extension Engine {
         do {
             try await serial { () async throws(DLError) in
                 guard accepting else { return }
-                var records: [(id: JobID, progress: UnsyncedProgress)] = []
+                var records: [UnsyncedRecord] = []
                 for (id, entry) in running where entry.stop == nil {
                     guard let written = entry.progress.written else { continue }
                     let record = UnsyncedProgress(
                         bootID: boot, received: written.received, segments: written.segments, size: written.size,
                         validators: written.validators, finalURL: written.finalURL)
                     guard record != entry.recorded else { continue }
-                    records.append((id, record))
+                    records.append(UnsyncedRecord(id: id, epoch: entry.job.epoch, progress: record))
                 }
                 guard !records.isEmpty else { return }
                 try await storage { try await store.recordUnsynced(records, owner: configuration.worker) }
-                for (id, record) in records { running[id]?.recorded = record }
+                for record in records { running[record.id]?.recorded = record.progress }
             }
         } catch {
             // The next tick tries again; a checkpoint is still due every 2 s.

@@ -141,6 +141,8 @@ public actor Engine {
     }
     /// A turn to fill slots freed outside of a turn is on its way (`scheduleTurn`).
     var refillScheduled = false
+    /// A look at the table's changes is on its way (`changesSoon`).
+    var changesScheduled = false
     /// Live HLS recordings by group: each reloads its playlist until the recipe closes
     /// (`Engine+HLSLive`).
     var liveRecordings: [GroupID: Task<Void, Never>] = [:]
@@ -249,7 +251,7 @@ public actor Engine {
         if start.droppedRows > 0 {
             logger.warning("dropped changes of a turn that failed", metadata: ["rows": "\(start.droppedRows)"])
         }
-        if accepting { startTransfers(start.launches) }
+        if accepting { await launch(start.launches) }
         await commitStarted(start.claims)
         return try await body()
     }
@@ -305,7 +307,7 @@ public actor Engine {
             if let onCommit, claim != nil || !batch.saves.isEmpty { onCommit(ContinuousClock.now - committing) }
         } catch {
             // The claims are committed whatever became of the other rows.
-            startTransfers(batch.launches)
+            await launch(batch.launches)
             await stopLost(claim?.started ?? [])
             throw error
         }
@@ -324,7 +326,7 @@ public actor Engine {
             do throws(DLError) {
                 try await startTurn(outcome, claim: claim)
             } catch {
-                startTransfers(pending.launches)
+                await launch(pending.launches)
                 pending = Pending()
                 throw error
             }
@@ -339,14 +341,14 @@ public actor Engine {
                 do throws(DLError) {
                     _ = try await save(rows.saves, owned: rows.owned, publish: true)
                 } catch {
-                    startTransfers(batch.launches)
+                    await launch(batch.launches)
                     throw error
                 }
             }
         }
         // Rows that became `waiting` are committed now: the wake-up can see them.
         try await armWakeUp()
-        startTransfers(batch.launches)
+        await launch(batch.launches)
         for notice in batch.notices where notice.jobID.map({ !outcome.lost.contains($0) }) ?? true { onFinished?(notice) }
     }
 

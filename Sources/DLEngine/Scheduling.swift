@@ -263,9 +263,10 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
         else { return nil }
         if let group { readyMembers[group]?.remove(at: index) } else { ready.remove(at: index) }
         guard var job = try? StateMachine.apply(.start, to: list[index], now: now) else { return nil }
-        // What the claim writes (`TurnClaim.started`).
+        // What the claim writes (`TurnClaim.started`), a new epoch with it.
         job.worker = worker
         job.leaseUntil = now.addingTimeInterval(lease)
+        job.epoch += 1
         startedEarly.append(job)
         return job
     }

@@ -42,13 +42,17 @@ public struct BulkOutcome: Sendable, Equatable {
     /// Files to delete after the commit (partial files of removed or canceled jobs, and
     /// finished files that `delete_file` asked for). Only jobs that ever started have any.
     public var files: [String] = []
+    /// Jobs running under other workers whose command waits for them, their owners
+    /// (`StopRequest`): counted here, not in `count`, until they carry it out.
+    public var requested = 0
 
     public static let idsShown = 1000
 
-    public init(count: Int, ids: [JobID], files: [String] = []) {
+    public init(count: Int, ids: [JobID], files: [String] = [], requested: Int = 0) {
         self.count = count
         self.ids = ids
         self.files = files
+        self.requested = requested
     }
 }
 
@@ -61,11 +65,14 @@ extension BulkCommand {
     public func assignments(now: String, startsOver over: String, falseValue: String) -> String {
         switch self {
         case .pause:
-            return "state = 'paused', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, updated_at = \(now)"
+            return """
+                state = 'paused', worker = NULL, lease_until = NULL, stop_request = NULL, wait_reason = NULL, \
+                next_attempt_at = NULL, updated_at = \(now)
+                """
         case .cancel:
             return """
-                state = 'canceled', worker = NULL, lease_until = NULL, wait_reason = NULL, next_attempt_at = NULL, \
-                finished_at = \(now), updated_at = \(now)
+                state = 'canceled', worker = NULL, lease_until = NULL, stop_request = NULL, wait_reason = NULL, \
+                next_attempt_at = NULL, finished_at = \(now), updated_at = \(now)
                 """
         case .resume:
             // A failure after which the partial file cannot be trusted: start over from zero.
@@ -84,5 +91,46 @@ extension BulkCommand {
                 digest = CASE WHEN \(over) THEN NULL ELSE digest END
                 """
         }
+    }
+}
+
+extension BulkCommand {
+    /// The request a command leaves for the worker that runs a job (nil: resume, which
+    /// withdraws a pending pause instead).
+    public var stopRequest: StopRequest? {
+        switch self {
+        case .pause: return .pause
+        case .cancel: return .cancel
+        case .resume: return nil
+        }
+    }
+}
+
+/// The SQL both backends use for commands that go to the owner (the same text in both
+/// dialects). `owner` is the placeholder of the commanding worker's id.
+public enum OwnerRequests {
+    /// A row that another worker runs: a command leaves it a request.
+    public static func elsewhere(owner: String) -> String {
+        "(state = 'running' AND worker IS NOT NULL AND worker <> \(owner))"
+    }
+
+    /// The assignment that records `request`, keeping a stronger one already pending.
+    public static func assignment(_ request: StopRequest) -> String {
+        let stronger = StopRequest.allStronger(than: request).map { "'\($0.rawValue)'" }
+        guard !stronger.isEmpty else { return "stop_request = '\(request.rawValue)'" }
+        return
+            "stop_request = CASE WHEN stop_request IN (\(stronger.joined(separator: ", "))) THEN stop_request ELSE '\(request.rawValue)' END"
+    }
+
+    /// The state a pending request gives a row whose lease ran out ('remove' rows are
+    /// deleted by a statement of their own first).
+    public static let expiredState =
+        "CASE stop_request WHEN 'pause' THEN 'paused' WHEN 'cancel' THEN 'canceled' ELSE 'queued' END"
+}
+
+extension StopRequest {
+    /// The requests that win over `request`.
+    static func allStronger(than request: StopRequest) -> [StopRequest] {
+        [StopRequest.pause, .cancel, .remove].filter { $0 > request }
     }
 }

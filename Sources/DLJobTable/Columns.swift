@@ -73,7 +73,7 @@ public enum JobColumn: Int, TableColumns {
     case id, url, path, state, waitReason, priority, size, received, errorCode, errorMessage, attempts
     case createdAt, updatedAt, finishedAt, nextAttemptAt, key, meta, headers, overwrite, finalURL, etag
     case lastModified, acceptsRanges, checksum, expectedSize, sha256, digest, progressAt, groupID
-    case stagingPath, options, worker, leaseUntil, segments, unsynced, mirrors, pieces
+    case stagingPath, options, worker, leaseUntil, segments, unsynced, mirrors, pieces, epoch, stopRequest
 
     public var name: String {
         switch self {
@@ -114,6 +114,8 @@ public enum JobColumn: Int, TableColumns {
         case .unsynced: return "unsynced"
         case .mirrors: return "mirrors"
         case .pieces: return "pieces"
+        case .epoch: return "epoch"
+        case .stopRequest: return "stop_request"
         }
     }
 
@@ -121,7 +123,7 @@ public enum JobColumn: Int, TableColumns {
 
     @inlinable public static func value(from cells: some RowCells) throws -> Job {
         let row = ColumnCells<Self, _>(cells)
-        let epoch = Date(timeIntervalSince1970: 0)
+        let origin = Date(timeIntervalSince1970: 0)
         var job = Job(
             id: try row.int64(.id) ?? 0, url: try row.text(.url) ?? "", path: try row.text(.path) ?? "",
             // An unknown state can only come from a newer dld; show it as failed, never crash.
@@ -129,7 +131,7 @@ public enum JobColumn: Int, TableColumns {
             waitReason: try row.text(.waitReason).flatMap(WaitReason.init(rawValue:)),
             priority: try row.int(.priority) ?? 0, size: try row.int64(.size), received: try row.int64(.received) ?? 0,
             error: try row.error(code: .errorCode, message: .errorMessage), attempts: try row.int(.attempts) ?? 0,
-            createdAt: try row.date(.createdAt) ?? epoch, updatedAt: try row.date(.updatedAt) ?? epoch,
+            createdAt: try row.date(.createdAt) ?? origin, updatedAt: try row.date(.updatedAt) ?? origin,
             finishedAt: try row.date(.finishedAt), nextAttemptAt: try row.date(.nextAttemptAt),
             key: try row.text(.key), meta: try row.text(.meta), headers: ColumnCoding.headers(from: try row.text(.headers) ?? "[]"),
             overwrite: try row.bool(.overwrite) ?? false, finalURL: try row.text(.finalURL),
@@ -143,6 +145,8 @@ public enum JobColumn: Int, TableColumns {
             unsynced: try row.text(.unsynced).flatMap(UnsyncedProgress.init(encoded:)))
         ColumnCoding.mirrors(from: try row.text(.mirrors), into: &job)
         job.pieces = try row.text(.pieces)
+        job.epoch = try row.int64(.epoch) ?? 0
+        job.stopRequest = try row.text(.stopRequest).flatMap(StopRequest.init(rawValue:))
         return job
     }
 }

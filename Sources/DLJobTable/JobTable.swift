@@ -16,8 +16,16 @@ import Synchronization
 ///   whatever the count, with the columns the state machine sets (`BulkCommand`);
 /// - `insert` returns the existing job for a key that exists, and refuses a path that an
 ///   unfinished job writes to (`StoreError.pathInUse`), and then creates nothing;
-/// - a row that leaves `running` loses its `worker` and `leaseUntil` (`save`, `saveOwned`,
-///   bulk commands).
+/// - a row that leaves `running` loses its `worker`, `leaseUntil` and `stopRequest` (`save`,
+///   `saveOwned`, bulk commands); a whole row written while `running` keeps the lease and the
+///   stop request the table holds (only claims and renewals write leases);
+/// - every claim (and every hand-over of a running job by another than its worker: an
+///   expired lease, a release) increments the row's `epoch`, the fencing token: a write by an owner
+///   (`checkpoint`, `recordUnsynced`, `saveOwned`, the `first` rows of `apply`) is a
+///   compare-and-set on (id, worker, epoch), so a stale attempt never writes;
+/// - a pause, cancel or remove of a job `running` under another worker becomes its
+///   `stopRequest`, carried out by that worker (the owner) or, when its lease runs out, by
+///   `expireLeases`.
 ///
 /// How events reach the sink differs:
 /// - SQLite (`SQLiteJobStore`): one daemon writes the table; each write hands its own events to the
@@ -59,28 +67,44 @@ public protocol JobTable: Sendable {
     func save(_ jobs: [Job], publish: Bool) async throws -> [StoredEvent]
     /// Records a running transfer's synced progress (counters, validators, and a segmented
     /// download's ranges) while the row is still `running` (and, when `owner` is given, still
-    /// `owner`'s: a worker whose lease was taken never writes over the new owner's offset).
-    /// Returns whether the row was written. Callers sync the bytes first (durability rule 2).
+    /// that attempt's: its worker and epoch, so that a stale attempt never writes over the new
+    /// owner's offset). Returns whether the row was written, and the command that waits for
+    /// the owner (`stopRequest`): a worker that missed the signal still hears it within one
+    /// checkpoint. Callers sync the bytes first (durability rule 2).
     @discardableResult
     func checkpoint(
         _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, segments: String?, now: Date,
-        owner: String?
-    ) async throws -> Bool
+        owner: JobOwner?
+    ) async throws -> CheckpointAnswer
     /// Records what running transfers have written to their partial files but not yet synced
     /// (`UnsyncedProgress`, with the boot id), for every job given, in one transaction: the
     /// engine calls it about four times a second for all its transfers together. Only rows
     /// still `running` (and, with `owner`, still `owner`'s) are written. The commit need not
     /// reach the disk (SQLite: `synchronous = NORMAL` for it; PostgreSQL: `synchronous_commit
     /// = off`): the record is only trusted in the boot that wrote it, which a power loss ends.
+    /// With `owner`, each record applies only with its attempt's `epoch`.
     /// Returns how many rows were written.
     @discardableResult
-    func recordUnsynced(_ records: [(id: JobID, progress: UnsyncedProgress)], owner: String?) async throws -> Int
+    func recordUnsynced(_ records: [UnsyncedRecord], owner: String?) async throws -> Int
     /// Applies `command` to every selected job in a state it changes, with one event each;
-    /// `first` rows are written in the same transaction, before the command.
-    func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], now: Date) async throws -> BulkOutcome
+    /// `first` rows (the stopped transfers of `owner`) are written in the same transaction,
+    /// before the command, each only while it is still that attempt's (worker and epoch).
+    /// With `owner`, a pause or cancel of a job `running` under another worker is recorded as
+    /// its `stopRequest` instead (counted in `requested`), and a resume withdraws a pending
+    /// pause; nil: a daemon that does not claim, every row changes here.
+    func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], owner: String?, now: Date) async throws -> BulkOutcome
     /// Deletes the selected rows with one `job.removed` event each; returns the files to
-    /// delete after the commit (partial files, and with `deleteFiles` the completed files).
-    func delete(_ selection: RowSelection, deleteFiles: Bool, now: Date) async throws -> BulkOutcome
+    /// delete after the commit (partial files, and with `deleteFiles` the completed files,
+    /// and their partial paths too: a worker that committed one but has not linked it yet
+    /// then finds nothing to link). With `owner`, a job `running` under another worker is
+    /// not deleted: its `stopRequest` becomes `remove` (counted in `requested`).
+    func delete(_ selection: RowSelection, deleteFiles: Bool, owner: String?, now: Date) async throws -> BulkOutcome
+    /// A user's change of one job (`JobRevision`: its URL, headers, options), written without
+    /// touching what its worker owns (state, offsets, lease). With `expecting`, only while the
+    /// row is still in that state with that epoch, and the epoch is then incremented (an
+    /// attempt that runs restarts under the new one). Returns the row as written; nil when
+    /// the job is gone or no longer as expected.
+    func revise(_ id: JobID, _ revision: JobRevision, expecting: (state: JobState, epoch: Int64)?, now: Date) async throws -> Job?
     /// Queues again the waiting jobs whose `next_attempt_at` has come; returns how many.
     func requeueDue(now: Date) async throws -> Int
     /// Every job waiting for `reason` is queued again at once, whatever its time (the network
@@ -150,12 +174,19 @@ public protocol JobTable: Sendable {
     /// worker are left to it at start-up, and changes by others are watched (`changes()`).
     var sharesQueue: Bool { get }
     /// Extends the lease of every `running` job of `worker` and records its heartbeat
-    /// (`workers.seen_at`). Returns the ids it still owns: a running transfer whose id is not
-    /// in the set was paused, canceled, requeued or taken by someone else, and must stop.
-    func renewLeases(worker: String, until: Date, now: Date) async throws -> Set<JobID>
-    /// Queues again every `running` job whose lease has passed (`worker` and `leaseUntil`
-    /// cleared, `received` kept), one event each, one statement. Returns their ids.
-    func requeueExpired(now: Date) async throws -> [JobID]
+    /// (`workers.seen_at`). Returns the epochs of the jobs it still owns: a running transfer
+    /// whose job is not there, or under another epoch, was paused, canceled, requeued or taken
+    /// by someone else, and must stop.
+    /// On a table with a clock of its own (`serverClock`), leases are reckoned on it: the
+    /// lease written is the table's now plus `until - now` (likewise for `claim`), and
+    /// `expireLeases` compares with the table's now.
+    func renewLeases(worker: String, until: Date, now: Date) async throws -> [JobID: Int64]
+    /// Every `running` job whose lease has passed is handed over, one event each: queued again
+    /// (`worker` and `leaseUntil` cleared, `received` kept), or, with a pending
+    /// `stopRequest`, paused, canceled or removed as it asked (no answered command is lost
+    /// when its owner dies). Returns their ids, and the partial files of the canceled and
+    /// removed ones.
+    func expireLeases(now: Date) async throws -> BulkOutcome
     /// A clean stop: the worker's running jobs go back to `queued` (worker cleared), one event
     /// each. Returns their ids.
     @discardableResult
@@ -277,14 +308,25 @@ extension JobTable {
         try await list(states: nil, afterID: afterID, limit: limit)
     }
 
+    /// A command of a daemon that does not claim: every selected row changes here.
     public func apply(_ command: BulkCommand, to selection: RowSelection, now: Date) async throws -> BulkOutcome {
-        try await apply(command, to: selection, first: [], now: now)
+        try await apply(command, to: selection, first: [], owner: nil, now: now)
     }
 
     /// Deletes rows by id, keeping their files.
     public func delete(_ ids: [JobID], now: Date = Date()) async throws {
         guard !ids.isEmpty else { return }
-        _ = try await delete(.ids(ids), deleteFiles: false, now: now)
+        _ = try await delete(.ids(ids), deleteFiles: false, owner: nil, now: now)
+    }
+
+    /// A delete by a daemon that does not claim: every selected row goes.
+    public func delete(_ selection: RowSelection, deleteFiles: Bool, now: Date) async throws -> BulkOutcome {
+        try await delete(selection, deleteFiles: deleteFiles, owner: nil, now: now)
+    }
+
+    /// The ids `expireLeases` handed over.
+    public func requeueExpired(now: Date) async throws -> [JobID] {
+        try await expireLeases(now: now).ids
     }
 
     public func checkpoint(_ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?) async throws {
@@ -298,11 +340,11 @@ extension JobTable {
             id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: now, owner: nil)
     }
 
-    /// A checkpoint of one stream (no ranges), for a worker that owns the job.
+    /// A checkpoint of one stream (no ranges), for the attempt that owns the job.
     @discardableResult
     public func checkpoint(
-        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date, owner: String?
-    ) async throws -> Bool {
+        _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, now: Date, owner: JobOwner?
+    ) async throws -> CheckpointAnswer {
         try await checkpoint(
             id, received: received, size: size, validators: validators, finalURL: finalURL, segments: nil, now: now, owner: owner)
     }
@@ -427,5 +469,93 @@ public final class EventSink: Sendable {
             deliver(page, to: sink)
             cursor = end
         }
+    }
+}
+
+/// One attempt at a job, as its worker holds it: the worker's id and the epoch its claim
+/// returned (`Job.epoch`, the fencing token). A write by an owner applies only while the row
+/// is still `running` under both.
+public struct JobOwner: Sendable, Hashable {
+    public var worker: String
+    public var epoch: Int64
+
+    public init(worker: String, epoch: Int64) {
+        self.worker = worker
+        self.epoch = epoch
+    }
+
+    /// The attempt that `job`'s row, as claimed, belongs to.
+    public init(_ job: Job, worker: String) {
+        self.init(worker: worker, epoch: job.epoch)
+    }
+}
+
+/// What a checkpoint did: whether the row was written (it was still the attempt's), and the
+/// command that waits for the owner.
+public struct CheckpointAnswer: Sendable, Equatable {
+    public var written: Bool
+    public var stopRequest: StopRequest?
+
+    public init(written: Bool, stopRequest: StopRequest? = nil) {
+        self.written = written
+        self.stopRequest = stopRequest
+    }
+}
+
+/// Progress a running transfer wrote but has not synced, for `recordUnsynced`, with the
+/// epoch of its attempt.
+public struct UnsyncedRecord: Sendable {
+    public var id: JobID
+    public var epoch: Int64
+    public var progress: UnsyncedProgress
+
+    public init(id: JobID, epoch: Int64, progress: UnsyncedProgress) {
+        self.id = id
+        self.epoch = epoch
+        self.progress = progress
+    }
+}
+
+/// A user's change of one job (`revise`): nil fields stay as they are. A new URL clears the
+/// reason the old one was dropped (it is tried whatever the old one did).
+public struct JobRevision: Sendable, Equatable {
+    public var url: String?
+    public var headers: [HeaderField]?
+    public var options: JobOptions?
+
+    public init(url: String? = nil, headers: [HeaderField]? = nil, options: JobOptions? = nil) {
+        self.url = url
+        self.headers = headers
+        self.options = options
+    }
+
+    /// `job` with the revision's fields, as both backends write it.
+    public func applied(to job: Job) -> Job {
+        var job = job
+        if let url {
+            job.url = url
+            job.urlDropped = nil
+        }
+        if let headers { job.headers = headers }
+        if let options { job.options = options }
+        return job
+    }
+
+    /// Whether a row read as `job` may be revised: it exists, and is as expected.
+    public static func matches(_ job: Job, _ expecting: (state: JobState, epoch: Int64)?) -> Bool {
+        guard let expecting else { return true }
+        return job.state == expecting.state && job.epoch == expecting.epoch
+    }
+}
+
+/// The owner check of both backends, on a row as stored.
+public enum JobOwnership {
+    /// Whether a row (its state, worker and epoch) is still the attempt of `owner` that `job`
+    /// comes from: `running` under `owner` with `job`'s epoch. A row running without a worker
+    /// was started by a daemon that does not claim: it is anyone's.
+    public static func owns(state: String, worker: String?, epoch: Int64, job: Job, owner: String) -> Bool {
+        guard state == JobState.running.rawValue else { return false }
+        guard let worker else { return true }
+        return worker == owner && epoch == job.epoch
     }
 }

@@ -35,7 +35,7 @@ public enum JobJSON {
         "insecure", "key", "max_speed", "meta", "metered", "mirrors", "name", "next_attempt_at", "overwrite", "path", "pieces",
         "priority", "progress", "ranges",
         "received",
-        "sha256", "size", "speed", "state", "tls", "updated_at", "url", "wait_reason", "worker",
+        "sha256", "size", "speed", "state", "stop_request", "tls", "updated_at", "url", "wait_reason", "worker",
     ]
 
     private static func values(_ job: Job, live: LiveProgress?) -> [JSONValue] {
@@ -84,6 +84,7 @@ public enum JobJSON {
             size.map { .int($0) } ?? .null,
             live.map { .int(Int64($0.speed.rounded())) } ?? .int(0),
             .string(job.state.rawValue),
+            job.state == .running ? job.stopRequest.map { .string($0.rawValue) } ?? .null : .null,
             job.options.tls.map(tls) ?? .null,
             timestamp(job.updatedAt),
             .string(URLRules.redacted(job.url)),

@@ -111,6 +111,8 @@ public enum OpenRPC {
             "state": Schema.names(JobState.allCases.map(\.rawValue)),
             "wait_reason": Schema.nullable(Schema.names(WaitReason.allCases.map(\.rawValue))).described("When waiting: why."),
             "worker": nullableString.described("When running: the worker id of the daemon that runs it."),
+            "stop_request": Schema.nullable(Schema.names(["pause", "cancel", "remove"])).described(
+                "When running under another worker: the command sent to it, which that worker carries out."),
             "priority": Schema.integer(min: -1000, max: 1000),
             "size": Schema.nullable(Schema.integer(min: 0)).described("Total bytes; null while unknown."),
             "received": Schema.integer(min: 0).described("Bytes downloaded."),
@@ -185,7 +187,11 @@ public enum OpenRPC {
     }
 
     static var bulkProperties: [String: JSONValue] {
-        ["count": Schema.integer(min: 0), "ids": Schema.array(Schema.jobID, maxItems: 1000), "more": Schema.boolean]
+        [
+            "count": Schema.integer(min: 0), "ids": Schema.array(Schema.jobID, maxItems: 1000), "more": Schema.boolean,
+            "requested": Schema.integer(min: 0).described(
+                "Jobs running under other workers (a shared table): the command is sent to each, which carries it out within moments."),
+        ]
     }
 
     /// The global speed limit (`stats.max_speed`, `set_speed` with `global`).

@@ -76,12 +76,38 @@ extension SQLiteJobStore {
 
     /// Applies `command` to every selected job in a state it changes, in one transaction, with
     /// one event per changed job. `first` rows (jobs whose transfers were just stopped, with
-    /// their last checkpoint) are written in the same transaction, before the command.
-    public func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], now: Date) async throws -> BulkOutcome {
+    /// their last checkpoint) are written in the same transaction, before the command, each
+    /// only while it is still that attempt's. With `owner`, jobs that another worker runs get
+    /// the command as a request (`OwnerRequests`), and a resume withdraws a pending pause.
+    public func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], owner: String?, now: Date) async throws
+        -> BulkOutcome
+    {
         let (outcome, range) = try await pool.write { db -> (BulkOutcome, (Int64, Int64)) in
-            for job in first { try Self.update(job, in: db) }
+            let read = try db.cachedStatement(sql: "SELECT state, worker, epoch FROM jobs WHERE id = ?")
+            for job in first {
+                guard let owner, let row = try Row.fetchOne(read, arguments: [job.id]), !Self.owns(row, job: job, owner: owner) else {
+                    try Self.update(job, in: db)
+                    continue
+                }
+            }
             let before = try Self.lastSeq(db)
-            let (condition, arguments) = selection.condition(now: now)
+            var (condition, arguments) = selection.condition(now: now)
+            var requested = 0
+            if let owner {
+                _ = arguments.append(contentsOf: ["owner": owner])
+                let elsewhere = OwnerRequests.elsewhere(owner: ":owner")
+                if let request = command.stopRequest {
+                    try db.execute(
+                        sql: "UPDATE jobs SET \(OwnerRequests.assignment(request)) WHERE \(elsewhere) AND \(condition)",
+                        arguments: arguments)
+                    requested = db.changesCount
+                } else {
+                    try db.execute(
+                        sql: "UPDATE jobs SET stop_request = NULL WHERE state = 'running' AND stop_request = 'pause' AND \(condition)",
+                        arguments: arguments)
+                }
+                condition += " AND NOT \(elsewhere)"
+            }
             let states = command.sources.map { "'\($0.rawValue)'" }.joined(separator: ",")
             let update = "UPDATE jobs SET \(command.assignments) WHERE state IN (\(states)) AND \(condition) RETURNING "
             var changed: [JobID] = []
@@ -98,7 +124,7 @@ extension SQLiteJobStore {
             }
             try Self.recordStates(of: changed, at: now, in: db)
             return (
-                BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files),
+                BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files, requested: requested),
                 (before, try Self.lastSeq(db))
             )
         }
@@ -108,20 +134,32 @@ extension SQLiteJobStore {
 
     /// Deletes the selected job records in one transaction, with one `job.removed` event each.
     /// Returns the files to delete after the commit: the partial files of unfinished jobs,
-    /// and with `deleteFiles` the files of completed ones.
-    public func delete(_ selection: RowSelection, deleteFiles: Bool, now: Date) async throws -> BulkOutcome {
+    /// and with `deleteFiles` the files of completed ones (`JobFiles.filesDeleted`). With
+    /// `owner`, a job that another worker runs is left to it, with a `remove` request.
+    public func delete(_ selection: RowSelection, deleteFiles: Bool, owner: String?, now: Date) async throws -> BulkOutcome {
         let (outcome, range) = try await pool.write { db -> (BulkOutcome, (Int64, Int64)) in
             let before = try Self.lastSeq(db)
-            let (condition, arguments) = selection.condition(now: now)
+            var (condition, arguments) = selection.condition(now: now)
+            var (deleteCondition, deleteArguments) = selection.condition()
+            var requested = 0
+            if let owner {
+                let elsewhere = OwnerRequests.elsewhere(owner: ":owner")
+                _ = arguments.append(contentsOf: ["owner": owner])
+                try db.execute(
+                    sql: "UPDATE jobs SET \(OwnerRequests.assignment(.remove)) WHERE \(elsewhere) AND \(condition)", arguments: arguments)
+                requested = db.changesCount
+                condition += " AND NOT \(elsewhere)"
+                deleteCondition += " AND NOT \(elsewhere)"
+                _ = deleteArguments.append(contentsOf: ["owner": owner])
+            }
             try db.execute(
                 sql: """
                     INSERT INTO events (at, kind, job_id, group_id, state)
                     SELECT :now, 'job.removed', id, group_id, 'removed' FROM jobs WHERE \(condition) ORDER BY id
                     """,
                 arguments: arguments)
-            let (deleteCondition, deleteArguments) = selection.condition()
             var ids: [JobID] = []
-            var files: [String] = []
+            var rows: [JobFiles] = []
             var count = 0
             try Self.each(
                 FilesColumn.self, db.makeStatement(sql: "DELETE FROM jobs WHERE \(deleteCondition) RETURNING \(FilesColumn.list)"),
@@ -129,12 +167,18 @@ extension SQLiteJobStore {
             ) { row in
                 count += 1
                 if ids.count < BulkOutcome.idsShown { ids.append(row.id) }
-                if let file = row.files.fileDeleted(onRemove: deleteFiles) { files.append(file) }
+                if row.files.fileDeleted(onRemove: deleteFiles) != nil { rows.append(row.files) }
             }
+            // A completed file's partial path is deleted too unless an unfinished job writes there.
+            let completed = rows.filter { $0.state == .completed }.map(\.path)
+            let inUse = Set(try completed.filter { try Self.pathUser($0, in: db) != nil })
+            let files = rows.flatMap { $0.filesDeleted(onRemove: deleteFiles, partialFree: !inUse.contains($0.path)) }
             let last = try Self.lastSeq(db)
-            try Self.pruneEvents(through: last, in: db)
+            try Self.pruneEvents(through: before, in: db)
             ids.sort()
-            return (BulkOutcome(count: count, ids: Array(ids.prefix(BulkOutcome.idsShown)), files: files), (before, last))
+            return (
+                BulkOutcome(count: count, ids: Array(ids.prefix(BulkOutcome.idsShown)), files: files, requested: requested), (before, last)
+            )
         }
         publishEvents(after: range.0, through: range.1)
         return outcome
@@ -171,6 +215,7 @@ extension SQLiteJobStore {
     /// One `job.state` event per job, as the rows are now, in id order.
     static func recordStates(of ids: [JobID], at now: Date, in db: Database) throws {
         guard !ids.isEmpty else { return }
+        let before = try lastSeq(db)
         try db.cachedStatement(
             sql: """
                 INSERT INTO events (at, kind, job_id, group_id, state, wait_reason, error_code, error_message)
@@ -178,7 +223,7 @@ extension SQLiteJobStore {
                 FROM jobs WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id
                 """
         ).execute(arguments: [now.timeIntervalSince1970, RowSelection.jsonArray(ids)])
-        try pruneEvents(through: try lastSeq(db), in: db)
+        try pruneEvents(through: before, in: db)
     }
 
     static func lastSeq(_ db: Database) throws -> Int64 {

@@ -103,7 +103,7 @@ private struct InsertBatch {
         pending.removeAll(keepingCapacity: true)
         paths.removeAll(keepingCapacity: true)
         keys.removeAll(keepingCapacity: true)
-        if let last = events.last?.seq { try SQLiteJobStore.pruneEvents(through: last, in: db) }
+        if let first = events.first?.seq { try SQLiteJobStore.pruneEvents(through: first - 1, in: db) }
     }
 
     private func write(_ rows: ArraySlice<(job: Int, outcome: Int)>, into outcomes: inout [InsertOutcome], events: inout [StoredEvent])

@@ -55,12 +55,12 @@ extension SQLiteJobStore {
                             outcome.events += try Self.events(after: range.0, through: range.1, limit: Int(range.1 - range.0), in: db)
                         }
                     }
-                    let read = try db.cachedStatement(sql: "SELECT state, worker FROM jobs WHERE id = ?")
+                    let read = try db.cachedStatement(sql: "SELECT state, worker, epoch FROM jobs WHERE id = ?")
                     for job in saves {
                         let row = try Row.fetchOne(read, arguments: [job.id])
                         let state: String? = row?["state"]
                         if owned.contains(job.id) {
-                            guard let row, Self.owns(state: row["state"], worker: row["worker"], owner: owner) else {
+                            guard let row, Self.owns(row, job: job, owner: owner) else {
                                 outcome.lost.insert(job.id)
                                 continue
                             }
@@ -170,10 +170,11 @@ extension SQLiteJobStore {
                 arguments: [window, hosts, lightOnly, lightOnly, limit])
         }
         guard !ids.isEmpty else { return ([], (before, before)) }
-        // What `StateMachine.apply(.start)` sets, plus the worker and its lease.
+        // What `StateMachine.apply(.start)` sets, plus the worker, its lease and a new epoch.
         try db.cachedStatement(
             sql: """
-                UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = ?, worker = ?, lease_until = ?
+                UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = ?, worker = ?, lease_until = ?,
+                    epoch = epoch + 1, stop_request = NULL
                 WHERE id IN (SELECT value FROM json_each(?))
                 """
         ).execute(
@@ -191,7 +192,8 @@ extension SQLiteJobStore {
         let ids = try JobID.fetchAll(
             db.cachedStatement(
                 sql: """
-                    UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = ?, worker = ?, lease_until = ?
+                    UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = ?, worker = ?, lease_until = ?,
+                        epoch = epoch + 1, stop_request = NULL
                     WHERE id IN (SELECT value FROM json_each(?)) AND state = 'queued'
                     RETURNING id
                     """),
@@ -226,37 +228,84 @@ extension SQLiteJobStore {
         return result
     }
 
-    public func renewLeases(worker: String, until: Date, now: Date) async throws -> Set<JobID> {
+    public func renewLeases(worker: String, until: Date, now: Date) async throws -> [JobID: Int64] {
         try await pool.write { db in
             try Self.heartbeat(worker, now: now, in: db)
-            let ids = try JobID.fetchAll(
-                db, sql: "UPDATE jobs SET lease_until = ? WHERE state = 'running' AND worker = ? RETURNING id",
+            var epochs: [JobID: Int64] = [:]
+            for row in try Row.fetchAll(
+                db, sql: "UPDATE jobs SET lease_until = ? WHERE state = 'running' AND worker = ? RETURNING id, epoch",
                 arguments: [until.timeIntervalSince1970, worker])
-            return Set(ids)
+            {
+                epochs[row["id"]] = row["epoch"]
+            }
+            return epochs
         }
     }
 
-    public func requeueExpired(now: Date) async throws -> [JobID] {
-        try await requeue(where: "state = 'running' AND lease_until < ?", [now.timeIntervalSince1970], now: now)
+    public func expireLeases(now: Date) async throws -> BulkOutcome {
+        let (outcome, range) = try await pool.write { db -> (BulkOutcome, (Int64, Int64)) in
+            let before = try Self.lastSeq(db)
+            let at = now.timeIntervalSince1970
+            // A remove that waited for the owner: the row goes, with its partial file.
+            try db.execute(
+                sql: """
+                    INSERT INTO events (at, kind, job_id, group_id, state)
+                    SELECT ?, 'job.removed', id, group_id, 'removed' FROM jobs
+                    WHERE state = 'running' AND lease_until < ? AND stop_request = 'remove' ORDER BY id
+                    """,
+                arguments: [at, at])
+            var removed: [JobID] = []
+            var files: [String] = []
+            try Self.each(
+                FilesColumn.self,
+                db.makeStatement(
+                    sql:
+                        "DELETE FROM jobs WHERE state = 'running' AND lease_until < ? AND stop_request = 'remove' RETURNING \(FilesColumn.list)"
+                ), arguments: [at]
+            ) { row in
+                removed.append(row.id)
+                if let file = row.files.partial { files.append(file) }
+            }
+            // The rest: a pending pause or cancel is carried out, every other job is queued again.
+            var canceled = FilesColumn.Canceled()
+            var handed: [JobID] = []
+            try Self.each(
+                FilesColumn.self,
+                db.makeStatement(
+                    sql: """
+                        UPDATE jobs SET state = \(OwnerRequests.expiredState),
+                            finished_at = CASE WHEN stop_request = 'cancel' THEN ? ELSE finished_at END,
+                            worker = NULL, lease_until = NULL, stop_request = NULL, epoch = epoch + 1, updated_at = ?
+                        WHERE state = 'running' AND lease_until < ? RETURNING \(FilesColumn.list)
+                        """), arguments: [at, at, at]
+            ) { row in
+                if row.files.state == .canceled { canceled.add(row) } else { handed.append(row.id) }
+            }
+            let (canceledIDs, canceledFiles) = canceled.result
+            let changed = (handed + canceledIDs).sorted()
+            try Self.recordStates(of: changed, at: now, in: db)
+            let ids = (changed + removed).sorted()
+            return (
+                BulkOutcome(count: ids.count, ids: Array(ids.prefix(BulkOutcome.idsShown)), files: files + canceledFiles),
+                (before, try Self.lastSeq(db))
+            )
+        }
+        publishEvents(after: range.0, through: range.1)
+        return outcome
     }
 
     @discardableResult
     public func releaseJobs(worker: String, now: Date) async throws -> [JobID] {
-        try await requeue(where: "state = 'running' AND worker = ?", [worker], now: now)
-    }
-
-    /// Running jobs that match `condition` go back to `queued` without their worker and lease;
-    /// one statement, one event each.
-    private func requeue(where condition: String, _ arguments: StatementArguments, now: Date) async throws -> [JobID] {
         let (ids, range) = try await pool.write { db -> ([JobID], (Int64, Int64)) in
             let before = try Self.lastSeq(db)
             let ids = try JobID.fetchAll(
                 db,
                 sql: """
-                    UPDATE jobs SET state = 'queued', worker = NULL, lease_until = NULL, updated_at = ?
-                    WHERE \(condition) RETURNING id
+                    UPDATE jobs SET state = 'queued', worker = NULL, lease_until = NULL, stop_request = NULL, epoch = epoch + 1,
+                        updated_at = ?
+                    WHERE state = 'running' AND worker = ? RETURNING id
                     """,
-                arguments: [now.timeIntervalSince1970] + arguments
+                arguments: [now.timeIntervalSince1970, worker]
             ).sorted()
             try Self.recordStates(of: ids, at: now, in: db)
             return (ids, (before, try Self.lastSeq(db)))
@@ -270,15 +319,14 @@ extension SQLiteJobStore {
         let (events, lost) = try await pool.write { db -> ([StoredEvent], Set<JobID>) in
             var events: [StoredEvent] = []
             var lost: Set<JobID> = []
-            let read = try db.cachedStatement(sql: "SELECT state, worker FROM jobs WHERE id = ?")
+            let read = try db.cachedStatement(sql: "SELECT state, worker, epoch FROM jobs WHERE id = ?")
             for job in jobs {
                 guard let row = try Row.fetchOne(read, arguments: [job.id]) else {
                     lost.insert(job.id)
                     continue
                 }
                 let state: String = row["state"]
-                let worker: String? = row["worker"]
-                guard Self.owns(state: state, worker: worker, owner: owner) else {
+                guard Self.owns(row, job: job, owner: owner) else {
                     lost.insert(job.id)
                     continue
                 }
@@ -294,10 +342,13 @@ extension SQLiteJobStore {
         return (events, lost)
     }
 
-    /// Whether a row as stored is still the running job of `owner` (a row running without a
-    /// worker was started by a daemon that does not claim: it is anyone's).
-    static func owns(state: String, worker: String?, owner: String) -> Bool {
-        state == JobState.running.rawValue && (worker == nil || worker == owner)
+    /// Whether a row as stored (its state, worker and epoch) is still the attempt of `owner`
+    /// that `job` comes from (a row running without a worker was started by a daemon that
+    /// does not claim: it is anyone's).
+    static func owns(_ row: Row, job: Job, owner: String) -> Bool {
+        let worker: String? = row["worker"]
+        let epoch: Int64 = row["epoch"]
+        return JobOwnership.owns(state: row["state"], worker: worker, epoch: epoch, job: job, owner: owner)
     }
 
     public func workers(seenSince: Date) async throws -> [(id: String, seenAt: Date)] {

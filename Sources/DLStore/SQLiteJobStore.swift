@@ -219,6 +219,16 @@ public final class SQLiteJobStore: JobTable {
             // enqueue; NULL for a job without them.
             try db.execute(sql: "ALTER TABLE jobs ADD COLUMN pieces TEXT")
         }
+        migrator.registerMigration("v14-epochs") { db in
+            // The fencing token of each attempt (`Job.epoch`) and a command waiting for the
+            // worker that runs the job (`Job.stopRequest`): SQLite has one daemon, but keeps
+            // the same columns and rules so that a table moves between the backends unchanged.
+            try db.execute(
+                sql: """
+                    ALTER TABLE jobs ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+                    ALTER TABLE jobs ADD COLUMN stop_request TEXT;
+                    """)
+        }
         return migrator
     }
 
@@ -292,13 +302,15 @@ public final class SQLiteJobStore: JobTable {
             job?.error?.code, job?.error?.message,
         ])
         let seq = db.lastInsertedRowID
-        if seq % 100 == 0 { try pruneEvents(through: seq, in: db) }
+        if seq % 100 == 0 { try pruneEvents(through: seq - 1, in: db) }
         return StoredEvent(
             seq: seq, at: at, kind: kind, jobID: job?.id, groupID: groupID, state: state,
             waitReason: job?.waitReason, error: job?.error)
     }
 
-    /// Keeps the newest `eventsKept` events.
+    /// Keeps the newest `eventsKept` events up to `seq`: a transaction prunes from the number
+    /// it started at, never its own events (a reader of the table, another daemon's
+    /// `EventFollower` on PostgreSQL, needs every number after the ones it read).
     static func pruneEvents(through seq: Int64, in db: Database) throws {
         try db.cachedStatement(sql: "DELETE FROM events WHERE seq <= ?").execute(arguments: [seq - eventsKept])
     }
@@ -414,6 +426,11 @@ public final class SQLiteJobStore: JobTable {
 
     // MARK: Rows
 
+    /// Writes a whole row (but its epoch). A worker holds a job only while it runs it: a row
+    /// written as not `running` loses its worker, lease and stop request; one written as
+    /// `running` keeps those the table has (only claims and renewals write leases: a row read at
+    /// its claim and written back later would move its lease into the past, and another worker
+    /// would take a job that still runs).
     static func update(_ job: Job, in db: Database) throws {
         try db.cachedStatement(
             sql: """
@@ -421,7 +438,9 @@ public final class SQLiteJobStore: JobTable {
                     received = ?, error_code = ?, error_message = ?, attempts = ?, updated_at = ?,
                     finished_at = ?, next_attempt_at = ?, key = ?, meta = ?, headers = ?, overwrite = ?,
                     final_url = ?, etag = ?, last_modified = ?, accepts_ranges = ?, checksum = ?, expected_size = ?,
-                    sha256 = ?, digest = ?, progress_at = ?, staging_path = ?, options = ?, worker = ?, lease_until = ?,
+                    sha256 = ?, digest = ?, progress_at = ?, staging_path = ?, options = ?,
+                    worker = CASE WHEN ?3 = 'running' THEN worker END, lease_until = CASE WHEN ?3 = 'running' THEN lease_until END,
+                    stop_request = CASE WHEN ?3 = 'running' THEN stop_request END,
                     segments = ?, unsynced = ?, mirrors = ?
                 WHERE id = ?
                 """
@@ -433,10 +452,7 @@ public final class SQLiteJobStore: JobTable {
                 ColumnCoding.encodeHeaders(job.headers), job.overwrite, job.finalURL, job.validators.etag,
                 job.validators.lastModified, job.validators.acceptsRanges, job.checksum?.description, job.expectedSize,
                 job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.stagingPath, ColumnCoding.encodeOptions(job.options),
-                // A worker holds a job only while it runs it.
-                job.state == .running ? job.worker : nil,
-                job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil, job.segments,
-                job.unsynced?.encoded, ColumnCoding.mirrors(job), job.id,
+                job.segments, job.unsynced?.encoded, ColumnCoding.mirrors(job), job.id,
             ])
     }
 
@@ -513,21 +529,47 @@ extension SQLiteJobStore {
     @discardableResult
     public func checkpoint(
         _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, segments: String?, now: Date,
-        owner: String?
-    ) async throws -> Bool {
+        owner: JobOwner?
+    ) async throws -> CheckpointAnswer {
         try await pool.write { db in
-            try db.execute(
-                sql: """
-                    UPDATE jobs SET progress_at = CASE WHEN ? > received THEN ? ELSE progress_at END,
-                        received = ?, size = ?, etag = ?, last_modified = ?, accepts_ranges = ?,
-                        final_url = COALESCE(?, final_url), segments = ?
-                    WHERE id = ? AND state = 'running' AND (? IS NULL OR worker = ?)
-                    """,
+            let written = try Row.fetchOne(
+                db.cachedStatement(
+                    sql: """
+                        UPDATE jobs SET progress_at = CASE WHEN ? > received THEN ? ELSE progress_at END,
+                            received = ?, size = ?, etag = ?, last_modified = ?, accepts_ranges = ?,
+                            final_url = COALESCE(?, final_url), segments = ?
+                        WHERE id = ? AND state = 'running' AND (? IS NULL OR (worker = ? AND epoch = ?))
+                        RETURNING stop_request
+                        """),
                 arguments: [
                     received, now.timeIntervalSince1970, received, size, validators.etag, validators.lastModified,
-                    validators.acceptsRanges, finalURL, segments, id, owner, owner,
+                    validators.acceptsRanges, finalURL, segments, id, owner?.worker, owner?.worker, owner?.epoch,
                 ])
-            return db.changesCount > 0
+            guard let written else { return CheckpointAnswer(written: false) }
+            let request: String? = written[0]
+            return CheckpointAnswer(written: true, stopRequest: request.flatMap(StopRequest.init(rawValue:)))
+        }
+    }
+
+    /// Reads the row and writes the revised columns (url, headers, mirrors, options) in one
+    /// transaction of the single writer; see `JobTable.revise`.
+    public func revise(_ id: JobID, _ revision: JobRevision, expecting: (state: JobState, epoch: Int64)?, now: Date) async throws -> Job? {
+        try await pool.write { db in
+            guard
+                let stored = try Self.jobs(db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE id = ?"), arguments: [id])
+                    .first,
+                JobRevision.matches(stored, expecting)
+            else { return nil }
+            var job = revision.applied(to: stored)
+            job.updatedAt = now
+            if expecting != nil { job.epoch += 1 }
+            try db.execute(
+                sql: "UPDATE jobs SET url = ?, headers = ?, mirrors = ?, options = ?, updated_at = ?, epoch = ? WHERE id = ?",
+                arguments: [
+                    job.url, ColumnCoding.encodeHeaders(job.headers), ColumnCoding.mirrors(job), ColumnCoding.encodeOptions(job.options),
+                    now.timeIntervalSince1970, job.epoch, id,
+                ])
+            return job
         }
     }
 
@@ -537,7 +579,7 @@ extension SQLiteJobStore {
     /// next FULL commit makes it durable with the rest. A power loss may lose it, and a record
     /// is trusted only in the boot that wrote it anyway.
     @discardableResult
-    public func recordUnsynced(_ records: [(id: JobID, progress: UnsyncedProgress)], owner: String?) async throws -> Int {
+    public func recordUnsynced(_ records: [UnsyncedRecord], owner: String?) async throws -> Int {
         guard !records.isEmpty else { return 0 }
         return try await pool.writeWithoutTransaction { db in
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
@@ -545,9 +587,10 @@ extension SQLiteJobStore {
             do {
                 try db.inTransaction {
                     let statement = try db.cachedStatement(
-                        sql: "UPDATE jobs SET unsynced = ? WHERE id = ? AND state = 'running' AND (? IS NULL OR worker = ?)")
-                    for (id, progress) in records {
-                        try statement.execute(arguments: [progress.encoded, id, owner, owner])
+                        sql: "UPDATE jobs SET unsynced = ? WHERE id = ? AND state = 'running' AND (? IS NULL OR (worker = ? AND epoch = ?))"
+                    )
+                    for record in records {
+                        try statement.execute(arguments: [record.progress.encoded, record.id, owner, owner, record.epoch])
                         written += db.changesCount
                     }
                     return .commit

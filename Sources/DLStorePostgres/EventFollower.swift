@@ -1,6 +1,7 @@
 import DLCore
 import DLJobTable
 import Foundation
+import Logging
 import Synchronization
 
 /// Hands the event sink every committed event of the table, this daemon's and every other
@@ -25,6 +26,8 @@ final class EventFollower: Sendable {
         /// Writers waiting for the reader's next pass.
         var waiters: [CheckedContinuation<Void, Never>] = []
         var closed = false
+        /// Numbers passed over since the last warning: pruned before this reader read them.
+        var skipped: Int64 = 0
     }
 
     private let state: Mutex<State>
@@ -33,9 +36,11 @@ final class EventFollower: Sendable {
     private let sink: EventSink
     private let wakes: AsyncStream<Void>.Continuation
     private let stream: AsyncStream<Void>
+    private let logger: Logger
 
-    init(sink: EventSink, delivered: Int64) {
+    init(sink: EventSink, delivered: Int64, logger: Logger) {
         self.sink = sink
+        self.logger = logger
         state = Mutex(State(delivered: delivered))
         (stream, wakes) = AsyncStream<Void>.makeStream(bufferingPolicy: .bufferingNewest(1))
     }
@@ -73,26 +78,43 @@ final class EventFollower: Sendable {
         while true {
             let cursor = state.withLock { $0.delivered }
             guard let page = try? await read(cursor, EventLog.page), !page.isEmpty else { return }
-            let handed = hand(page)
+            let handed = hand(page, wholeTable: true)
             // A held number, or a page that was not full: the rest waits for the next wake-up.
             if handed < page.count || page.count < EventLog.page { return }
         }
     }
 
     /// Hands the leading events that are the next numbers and not held; returns how many.
+    /// `wholeTable`: `events` are every committed event after the cursor (a read of the
+    /// table), so a number missing at their start was pruned, not yet to come.
     @discardableResult
-    private func hand(_ events: [StoredEvent]) -> Int {
+    private func hand(_ events: [StoredEvent], wholeTable: Bool = false) -> Int {
         delivery.withLock {
-            let (ready, through) = state.withLock { state -> ([StoredEvent], Int64) in
+            let (ready, through, skipped) = state.withLock { state -> ([StoredEvent], Int64, Int64) in
                 var next = state.delivered
                 var ready: [StoredEvent] = []
+                // A page holds the committed events after the cursor, in order. Numbers follow
+                // commit order (the event lock is held to COMMIT), so one missing at its start
+                // can only have been pruned before this reader got to it: it is passed over
+                // (said once), never waited for.
+                if wholeTable, let first = events.first(where: { $0.seq > state.delivered }), first.seq > next + 1,
+                    !state.held.contains(first.seq)
+                {
+                    state.skipped += first.seq - next - 1
+                    next = first.seq - 1
+                }
                 for event in events where event.seq > state.delivered {
                     guard event.seq == next + 1, !state.held.contains(event.seq) else { break }
                     ready.append(event)
                     next = event.seq
                 }
                 state.delivered = next
-                return (ready, next)
+                defer { state.skipped = 0 }
+                return (ready, next, state.skipped)
+            }
+            if skipped > 0 {
+                logger.warning(
+                    "events were pruned before this daemon read them: they are passed over", metadata: ["events": "\(skipped)"])
             }
             sink.publish(ready)
             return events.filter { $0.seq <= through }.count

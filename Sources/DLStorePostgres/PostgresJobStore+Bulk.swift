@@ -27,14 +27,28 @@ extension PostgresJobStore {
         command.assignments(now: now, startsOver: "error_code = ANY(\(startOver))", falseValue: "false")
     }
 
-    public func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], now: Date) async throws -> BulkOutcome {
+    public func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], owner: String?, now: Date) async throws
+        -> BulkOutcome
+    {
         let (outcome, range) = try await transaction { connection -> (BulkOutcome, (Int64, Int64)) in
-            try await Self.update(first, on: connection, logger: logger)
+            // The stopped transfers' rows, each only while it is still that attempt's.
+            if let owner {
+                let stored = try await Self.owners(of: first.map(\.id), on: connection, logger: logger)
+                let mine = first.filter { job in
+                    stored[job.id].map { JobOwnership.owns(state: $0.state, worker: $0.worker, epoch: $0.epoch, job: job, owner: owner) }
+                        ?? false
+                }
+                try await Self.update(mine, on: connection, logger: logger)
+            } else {
+                try await Self.update(first, on: connection, logger: logger)
+            }
             var binds = Binds()
             let at = binds.double(now.timeIntervalSince1970)
             let startOver = binds.texts(BulkCommand.startOverCodes)
             let states = binds.texts(command.sources.map(\.rawValue))
-            let condition = Self.condition(selection, &binds)
+            var condition = Self.condition(selection, &binds)
+            let requested = try await Self.requestOfOwners(command.stopRequest, selection, owner: owner, on: connection, logger: logger)
+            if let owner { condition += " AND NOT \(OwnerRequests.elsewhere(owner: binds.text(owner)))" }
             let update =
                 "UPDATE jobs SET \(Self.assignments(command, now: at, startOver: startOver)) WHERE state = ANY(\(states)) AND \(condition) RETURNING "
             var changed: [JobID] = []
@@ -50,44 +64,96 @@ extension PostgresJobStore {
                 changed = try await connection.rows(binds.query(update + "id"), logger: logger).map { try $0.decode(Int64.self) }.sorted()
             }
             let range = try await Self.recordStates(of: changed, at: now, on: connection, logger: logger)
-            return (BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files), range)
+            return (
+                BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files, requested: requested),
+                range
+            )
         }
         await publishEvents(after: range.0, through: range.1)
         return outcome
     }
 
-    public func delete(_ selection: RowSelection, deleteFiles: Bool, now: Date) async throws -> BulkOutcome {
+    /// With `owner`: the selected jobs that another worker runs get `request` (a resume, nil,
+    /// withdraws a pending pause); the caller's statement then leaves them out. Returns how
+    /// many requests were recorded; their owners hear of them through `dld_jobs`.
+    private static func requestOfOwners(
+        _ request: StopRequest?, _ selection: RowSelection, owner: String?, on connection: PostgresConnection, logger: Logger
+    ) async throws -> Int {
+        guard let owner else { return 0 }
+        var binds = Binds()
+        let condition = Self.condition(selection, &binds)
+        let requested: Int
+        if let request {
+            let elsewhere = OwnerRequests.elsewhere(owner: binds.text(owner))
+            requested = try await connection.rows(
+                binds.query(
+                    "UPDATE jobs SET \(OwnerRequests.assignment(request)) WHERE \(elsewhere) AND \(condition) RETURNING id"),
+                logger: logger
+            ).count
+        } else {
+            requested = 0
+            try await connection.run(
+                binds.query("UPDATE jobs SET stop_request = NULL WHERE state = 'running' AND stop_request = 'pause' AND \(condition)"),
+                logger: logger)
+        }
+        if requested > 0 { try await connection.run("SELECT pg_notify('dld_jobs', '')", logger: logger) }
+        return requested
+    }
+
+    public func delete(_ selection: RowSelection, deleteFiles: Bool, owner: String?, now: Date) async throws -> BulkOutcome {
         let (outcome, range) = try await transaction { connection -> (BulkOutcome, (Int64, Int64)) in
             var binds = Binds()
-            let condition = Self.condition(selection, &binds)
+            var condition = Self.condition(selection, &binds)
+            let requested = try await Self.requestOfOwners(.remove, selection, owner: owner, on: connection, logger: logger)
+            if let owner { condition += " AND NOT \(OwnerRequests.elsewhere(owner: binds.text(owner)))" }
             var removed: [(id: JobID, group: GroupID?)] = []
-            var files: [String] = []
+            var rows: [JobFiles] = []
             for row in try await connection.rows(
                 binds.query("DELETE FROM jobs WHERE \(condition) RETURNING \(FilesColumn.list)"), logger: logger)
             {
                 let row = try FilesColumn.decode(row)
                 removed.append((row.id, row.groupID))
-                if let file = row.files.fileDeleted(onRemove: deleteFiles) { files.append(file) }
+                if row.files.fileDeleted(onRemove: deleteFiles) != nil { rows.append(row.files) }
             }
             removed.sort { $0.id < $1.id }
             let ids = removed.prefix(BulkOutcome.idsShown).map(\.id)
-            guard !removed.isEmpty else { return (BulkOutcome(count: 0, ids: [], files: []), (0, 0)) }
-            // One `job.removed` event a row, in id order. Group ids travel as 0 for none (ids
-            // start at 1): postgres-nio binds no arrays with NULLs in them.
-            let last = try await Self.lockEvents(on: connection, logger: logger)
-            try await connection.run(
-                """
-                INSERT INTO events (seq, at, kind, job_id, group_id, state)
-                SELECT \(last) + u.n, \(now.timeIntervalSince1970), 'job.removed', u.id, NULLIF(u.g, 0), 'removed'
-                FROM unnest(\(removed.map(\.id))::bigint[], \(removed.map { $0.group ?? 0 })::bigint[]) WITH ORDINALITY AS u(id, g, n)
-                """,
-                logger: logger)
-            let through = last + Int64(removed.count)
-            try await Self.pruneEvents(from: last, through: through, on: connection, logger: logger)
-            return (BulkOutcome(count: removed.count, ids: ids, files: files), (last, through))
+            guard !removed.isEmpty else { return (BulkOutcome(count: 0, ids: [], files: [], requested: requested), (0, 0)) }
+            // A completed file's partial path is deleted too unless an unfinished job writes there.
+            let completed = rows.filter { $0.state == .completed }.map { storedText($0.path) }
+            var inUse: Set<String> = []
+            if !completed.isEmpty {
+                for row in try await connection.rows(
+                    "SELECT DISTINCT path FROM jobs WHERE path = ANY(\(completed)) AND state NOT IN ('completed', 'failed', 'canceled')",
+                    logger: logger)
+                {
+                    inUse.insert(try row.decode(String.self))
+                }
+            }
+            let files = rows.flatMap { $0.filesDeleted(onRemove: deleteFiles, partialFree: !inUse.contains(storedText($0.path))) }
+            let range = try await Self.recordRemoved(removed, at: now, on: connection, logger: logger)
+            return (BulkOutcome(count: removed.count, ids: ids, files: files, requested: requested), range)
         }
         await publishEvents(after: range.0, through: range.1)
         return outcome
+    }
+
+    /// One `job.removed` event a row, in id order; returns the numbers they took. Group ids
+    /// travel as 0 for none (ids start at 1): postgres-nio binds no arrays with NULLs in them.
+    static func recordRemoved(_ removed: [(id: JobID, group: GroupID?)], at now: Date, on connection: PostgresConnection, logger: Logger)
+        async throws -> (Int64, Int64)
+    {
+        guard !removed.isEmpty else { return (0, 0) }
+        let last = try await Self.lockEvents(on: connection, logger: logger)
+        try await connection.run(
+            """
+            INSERT INTO events (seq, at, kind, job_id, group_id, state)
+            SELECT \(last) + u.n, \(now.timeIntervalSince1970), 'job.removed', u.id, NULLIF(u.g, 0), 'removed'
+            FROM unnest(\(removed.map(\.id))::bigint[], \(removed.map { $0.group ?? 0 })::bigint[]) WITH ORDINALITY AS u(id, g, n)
+            """,
+            logger: logger)
+        let through = last + Int64(removed.count)
+        try await Self.pruneEvents(from: last, through: through, on: connection, logger: logger)
+        return (last, through)
     }
 
     public func requeueDue(now: Date) async throws -> Int {

@@ -18,6 +18,7 @@ extension PostgresJobStore {
     /// once: as a plain `id IN (SELECT … LIMIT n)` the planner may run it again for each row
     /// of a join, and then its LIMIT no longer bounds the claim (seen here: 4 rows for 3).
     /// While hosts are excluded, the rows looked at are the first `claimWindow` queued ones.
+    /// Each claimed row gets a new epoch, and a lease on the server's clock (`serverNow`).
     public func claim(
         limit: Int, worker: String, leaseUntil: Date, excludingHosts: Set<String>, lightOnly: Int64?, group: GroupID?, now: Date
     ) async throws -> [Job] {
@@ -42,7 +43,8 @@ extension PostgresJobStore {
                     ORDER BY priority DESC, id LIMIT \(Int64(limit))
                     FOR UPDATE SKIP LOCKED)
                 UPDATE jobs SET state = 'running', attempts = attempts + 1, updated_at = \(at),
-                    worker = \(text: worker), lease_until = \(leaseUntil.timeIntervalSince1970)
+                    worker = \(text: worker), lease_until = \(unescaped: Self.serverNow) + \(leaseUntil.timeIntervalSince(now)),
+                    epoch = epoch + 1, stop_request = NULL
                 WHERE state = 'queued' AND id IN (SELECT id FROM picked)
                 RETURNING \(unescaped: JobColumn.list)
                 """,
@@ -58,42 +60,86 @@ extension PostgresJobStore {
         }.jobs
     }
 
-    public func renewLeases(worker: String, until: Date, now: Date) async throws -> Set<JobID> {
+    /// The server's clock in seconds, as leases are written and judged: each worker's clock
+    /// may be wrong, the table's is the one they share.
+    static let serverNow = "extract(epoch FROM clock_timestamp())::float8"
+
+    public func renewLeases(worker: String, until: Date, now: Date) async throws -> [JobID: Int64] {
         try await transaction { connection in
             try await Self.heartbeat(worker, now: now, on: connection, logger: logger)
-            let ids = try await connection.rows(
-                "UPDATE jobs SET lease_until = \(until.timeIntervalSince1970) WHERE state = 'running' AND worker = \(text: worker) RETURNING id",
-                logger: logger
-            ).map { try $0.decode(Int64.self) }
-            return Set(ids)
+            var epochs: [JobID: Int64] = [:]
+            for row in try await connection.rows(
+                """
+                UPDATE jobs SET lease_until = \(unescaped: Self.serverNow) + \(until.timeIntervalSince(now))
+                WHERE state = 'running' AND worker = \(text: worker) RETURNING id, epoch
+                """,
+                logger: logger)
+            {
+                let (id, epoch) = try row.decode((Int64, Int64).self)
+                epochs[id] = epoch
+            }
+            return epochs
         }
     }
 
-    public func requeueExpired(now: Date) async throws -> [JobID] {
+    /// Leases are judged on the server's clock (`now` is not used): a worker whose clock is
+    /// ahead never ends another's lease early.
+    public func expireLeases(now: Date) async throws -> BulkOutcome {
         let at = now.timeIntervalSince1970
-        return try await requeue(
-            """
-            UPDATE jobs SET state = 'queued', worker = NULL, lease_until = NULL, updated_at = \(at)
-            WHERE state = 'running' AND lease_until < \(at) RETURNING id
-            """,
-            now: now)
+        let (outcome, range) = try await transaction { connection -> (BulkOutcome, (Int64, Int64)) in
+            let expired = "state = 'running' AND lease_until < \(Self.serverNow)"
+            // A remove that waited for the owner: the row goes, with its partial file.
+            var removed: [(id: JobID, group: GroupID?)] = []
+            var files: [String] = []
+            for row in try await connection.rows(
+                "DELETE FROM jobs WHERE \(unescaped: expired) AND stop_request = 'remove' RETURNING \(unescaped: FilesColumn.list)",
+                logger: logger)
+            {
+                let row = try FilesColumn.decode(row)
+                removed.append((row.id, row.groupID))
+                if let file = row.files.partial { files.append(file) }
+            }
+            // The rest: a pending pause or cancel is carried out, every other job is queued again.
+            var canceled = FilesColumn.Canceled()
+            var handed: [JobID] = []
+            for row in try await connection.rows(
+                """
+                UPDATE jobs SET state = \(unescaped: OwnerRequests.expiredState),
+                    finished_at = CASE WHEN stop_request = 'cancel' THEN \(at) ELSE finished_at END,
+                    worker = NULL, lease_until = NULL, stop_request = NULL, epoch = epoch + 1, updated_at = \(at)
+                WHERE \(unescaped: expired) RETURNING \(unescaped: FilesColumn.list)
+                """,
+                logger: logger)
+            {
+                let row = try FilesColumn.decode(row)
+                if row.files.state == .canceled { canceled.add(row) } else { handed.append(row.id) }
+            }
+            let (canceledIDs, canceledFiles) = canceled.result
+            let changed = (handed + canceledIDs).sorted()
+            var range = try await Self.recordStates(of: changed, at: now, on: connection, logger: logger)
+            if !removed.isEmpty {
+                removed.sort { $0.id < $1.id }
+                let through = try await Self.recordRemoved(removed, at: now, on: connection, logger: logger)
+                range = (changed.isEmpty ? through.0 : range.0, through.1)
+            }
+            let ids = (changed + removed.map(\.id)).sorted()
+            return (BulkOutcome(count: ids.count, ids: Array(ids.prefix(BulkOutcome.idsShown)), files: files + canceledFiles), range)
+        }
+        await publishEvents(after: range.0, through: range.1)
+        return outcome
     }
 
     @discardableResult
     public func releaseJobs(worker: String, now: Date) async throws -> [JobID] {
-        try await requeue(
-            """
-            UPDATE jobs SET state = 'queued', worker = NULL, lease_until = NULL, updated_at = \(now.timeIntervalSince1970)
-            WHERE state = 'running' AND worker = \(text: worker) RETURNING id
-            """,
-            now: now)
-    }
-
-    /// Runs `update` (an `UPDATE … RETURNING id` that queues running jobs again) with one
-    /// event for each row it changed, in one transaction.
-    private func requeue(_ update: PostgresQuery, now: Date) async throws -> [JobID] {
         let (ids, range) = try await transaction { connection -> ([JobID], (Int64, Int64)) in
-            let ids = try await connection.rows(update, logger: logger).map { try $0.decode(Int64.self) }.sorted()
+            let ids = try await connection.rows(
+                """
+                UPDATE jobs SET state = 'queued', worker = NULL, lease_until = NULL, stop_request = NULL, epoch = epoch + 1,
+                    updated_at = \(now.timeIntervalSince1970)
+                WHERE state = 'running' AND worker = \(text: worker) RETURNING id
+                """,
+                logger: logger
+            ).map { try $0.decode(Int64.self) }.sorted()
             return (ids, try await Self.recordStates(of: ids, at: now, on: connection, logger: logger))
         }
         await publishEvents(after: range.0, through: range.1)
@@ -106,17 +152,13 @@ extension PostgresJobStore {
             connection -> (events: [StoredEvent], lost: Set<JobID>) in
             // Row locks in id order, as every saver takes them: a claim, a command or another
             // worker's save that comes after sees these rows as written here.
-            var stored: [JobID: (state: String, worker: String?)] = [:]
-            for row in try await connection.rows(
-                "SELECT id, state, worker FROM jobs WHERE id = ANY(\(jobs.map(\.id))) ORDER BY id FOR UPDATE", logger: logger)
-            {
-                let (id, state, worker) = try row.decode((Int64, String, String?).self)
-                stored[id] = (state, worker)
-            }
+            let stored = try await Self.owners(of: jobs.map(\.id), on: connection, logger: logger)
             var lost: Set<JobID> = []
             var owned: [Job] = []
             for job in jobs {
-                guard let row = stored[job.id], row.state == JobState.running.rawValue, row.worker == nil || row.worker == owner else {
+                guard let row = stored[job.id],
+                    JobOwnership.owns(state: row.state, worker: row.worker, epoch: row.epoch, job: job, owner: owner)
+                else {
                     lost.insert(job.id)
                     continue
                 }
@@ -148,7 +190,8 @@ extension PostgresJobStore {
         }
     }
 
-    /// Inserts the worker's row, or moves its `seen_at`.
+    /// Inserts the worker's row, or moves its `seen_at` (what `stats` shows of the workers;
+    /// the engine gives its clock moved by the table's, `leaseNow`).
     static func heartbeat(_ worker: String, now: Date, on connection: PostgresConnection, logger: Logger) async throws {
         let at = now.timeIntervalSince1970
         try await connection.run(
@@ -157,5 +200,21 @@ extension PostgresJobStore {
             ON CONFLICT (id) DO UPDATE SET seen_at = EXCLUDED.seen_at
             """,
             logger: logger)
+    }
+
+    /// The rows' state, worker and epoch, locked in id order, as every saver takes them: a
+    /// claim, a command or another worker's save that comes after sees them as written here.
+    static func owners(of ids: [JobID], on connection: PostgresConnection, logger: Logger) async throws
+        -> [JobID: (state: String, worker: String?, epoch: Int64)]
+    {
+        var stored: [JobID: (state: String, worker: String?, epoch: Int64)] = [:]
+        guard !ids.isEmpty else { return stored }
+        for row in try await connection.rows(
+            "SELECT id, state, worker, epoch FROM jobs WHERE id = ANY(\(ids)) ORDER BY id FOR UPDATE", logger: logger)
+        {
+            let (id, state, worker, epoch) = try row.decode((Int64, String, String?, Int64).self)
+            stored[id] = (state, worker, epoch)
+        }
+        return stored
     }
 }

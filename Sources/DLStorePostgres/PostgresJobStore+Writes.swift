@@ -183,7 +183,11 @@ extension PostgresJobStore {
     static func update(_ jobs: [Job], on connection: PostgresConnection, logger: Logger) async throws {
         guard !jobs.isEmpty else { return }
         let set = UpdateRecord.set
-        let assignments = set.columns.dropFirst().map { "\($0.name) = r.\($0.name)" }.joined(separator: ", ")
+        // A worker holds a job only while it runs it; only claims and renewals write leases.
+        let assignments =
+            (set.columns.dropFirst().map { "\($0.name) = r.\($0.name)" }
+            + ["worker", "lease_until", "stop_request"].map { "\($0) = CASE WHEN r.state = 'running' THEN j.\($0) END" })
+            .joined(separator: ", ")
         var start = 0
         while start < jobs.count {
             var seen: Set<JobID> = []
@@ -202,18 +206,50 @@ extension PostgresJobStore {
     @discardableResult
     public func checkpoint(
         _ id: JobID, received: Int64, size: Int64?, validators: Validators, finalURL: String?, segments: String?, now: Date,
-        owner: String?
-    ) async throws -> Bool {
-        try await !rows(
+        owner: JobOwner?
+    ) async throws -> CheckpointAnswer {
+        let rows = try await rows(
             """
             UPDATE jobs SET progress_at = CASE WHEN \(received)::bigint > received THEN \(now.timeIntervalSince1970) ELSE progress_at END,
                 received = \(received), size = \(size), etag = \(text: validators.etag), last_modified = \(text: validators.lastModified),
                 accepts_ranges = \(validators.acceptsRanges), final_url = COALESCE(\(text: finalURL), final_url),
                 segments = \(text: segments)
-            WHERE id = \(id) AND state = 'running' AND (\(text: owner)::text IS NULL OR worker = \(text: owner))
-            RETURNING id
+            WHERE id = \(id) AND state = 'running'
+                AND (\(text: owner?.worker)::text IS NULL OR (worker = \(text: owner?.worker) AND epoch = \(owner?.epoch ?? 0)))
+            RETURNING stop_request
             """
-        ).isEmpty
+        )
+        guard let row = rows.first else { return CheckpointAnswer(written: false) }
+        return CheckpointAnswer(written: true, stopRequest: try row.decode(String?.self).flatMap(StopRequest.init(rawValue:)))
+    }
+
+    /// Reads the row (locked) and writes the revised columns (url, headers, mirrors, options)
+    /// in one transaction; see `JobTable.revise`. The worker that runs the job hears of it
+    /// (`dld_jobs`) and takes a new limit at once.
+    public func revise(_ id: JobID, _ revision: JobRevision, expecting: (state: JobState, epoch: Int64)?, now: Date) async throws -> Job? {
+        try await transaction { connection -> Job? in
+            guard
+                let row = try await connection.rows(
+                    "SELECT \(unescaped: JobColumn.list) FROM jobs WHERE id = \(id) FOR UPDATE", logger: logger
+                )
+                .first
+            else { return nil }
+            let stored = try JobColumn.decode(row)
+            guard JobRevision.matches(stored, expecting) else { return nil }
+            var job = revision.applied(to: stored)
+            job.updatedAt = now
+            if expecting != nil { job.epoch += 1 }
+            try await connection.run(
+                """
+                UPDATE jobs SET url = \(text: job.url), headers = \(text: ColumnCoding.headers(job.headers)),
+                    mirrors = \(text: ColumnCoding.mirrors(job)), options = \(text: ColumnCoding.options(job.options)),
+                    updated_at = \(now.timeIntervalSince1970), epoch = \(job.epoch)
+                WHERE id = \(id)
+                """,
+                logger: logger)
+            try await connection.run("SELECT pg_notify('dld_jobs', '')", logger: logger)
+            return job
+        }
     }
 
     /// One statement for every record, in a transaction committed with `synchronous_commit =
@@ -221,21 +257,23 @@ extension PostgresJobStore {
     /// lose it, never corrupt anything), which costs the daemon nothing four times a second.
     /// The record is only trusted in the boot that wrote it anyway.
     @discardableResult
-    public func recordUnsynced(_ records: [(id: JobID, progress: UnsyncedProgress)], owner: String?) async throws -> Int {
+    public func recordUnsynced(_ records: [UnsyncedRecord], owner: String?) async throws -> Int {
         guard !records.isEmpty else { return 0 }
         let logger = self.logger
         return try await transaction { connection in
             try await connection.run("SET LOCAL synchronous_commit = off", logger: logger)
             var binds = Binds()
             let ids = binds.ints(records.map(\.id))
+            let epochs = binds.ints(records.map(\.epoch))
             let texts = binds.texts(records.map(\.progress.encoded))
             let worker = binds.text(owner)
             return try await connection.rows(
                 binds.query(
                     """
                     UPDATE jobs AS j SET unsynced = r.unsynced
-                    FROM unnest(\(ids)::bigint[], \(texts)::text[]) AS r(id, unsynced)
-                    WHERE j.id = r.id AND j.state = 'running' AND (\(worker)::text IS NULL OR j.worker = \(worker))
+                    FROM unnest(\(ids)::bigint[], \(epochs)::bigint[], \(texts)::text[]) AS r(id, epoch, unsynced)
+                    WHERE j.id = r.id AND j.state = 'running'
+                        AND (\(worker)::text IS NULL OR (j.worker = \(worker) AND j.epoch = r.epoch))
                     RETURNING j.id
                     """),
                 logger: logger

@@ -79,7 +79,7 @@ public final class PostgresJobStore: JobTable {
         let sink = EventSink()
         // Events committed before this open are history (replayed with `events(after:)`),
         // not news: the sink starts after them.
-        let follower = EventFollower(sink: sink, delivered: lastSeq)
+        let follower = EventFollower(sink: sink, delivered: lastSeq, logger: logger)
         let reader = Task.detached {
             await follower.run(
                 read: { after, limit in
@@ -240,11 +240,14 @@ public final class PostgresJobStore: JobTable {
         return try await connection.rows("SELECT COALESCE(MAX(seq), 0)::bigint FROM events", logger: logger).first?.decode(Int64.self) ?? 0
     }
 
-    /// Keeps the newest `EventLog.kept` events; checked when the numbers cross a hundred, as
-    /// the SQLite store does.
+    /// Keeps the newest `EventLog.kept` events before a transaction's own (`first` is the
+    /// number it started after): a transaction never prunes its own events, which every
+    /// daemon's follower still has to read (a bulk command over more than `kept` rows once
+    /// pruned its own first events, and every follower waited for them for good). Checked
+    /// when the numbers cross a hundred, as the SQLite store does.
     static func pruneEvents(from first: Int64, through last: Int64, on connection: PostgresConnection, logger: Logger) async throws {
         guard last / 100 != first / 100 else { return }
-        try await connection.run("DELETE FROM events WHERE seq <= \(last - EventLog.kept)", logger: logger)
+        try await connection.run("DELETE FROM events WHERE seq <= \(first - EventLog.kept)", logger: logger)
     }
 
     /// Numbers and writes events given as values (their `seq` is ignored and set here), under

@@ -151,6 +151,17 @@ enum PostgresSchema {
                 "ALTER TABLE jobs ADD COLUMN pieces text"
             ]
         ),
+        (
+            "v8-epochs",
+            [
+                // The fencing token of each attempt (`Job.epoch`): every claim and hand-over
+                // increments it, and an owner's writes apply only with the epoch it claimed.
+                "ALTER TABLE jobs ADD COLUMN epoch bigint NOT NULL DEFAULT 0",
+                // A pause, cancel or remove of a job that another worker runs, waiting for that
+                // worker (the owner) to carry it out (`Job.stopRequest`).
+                "ALTER TABLE jobs ADD COLUMN stop_request text",
+            ]
+        ),
     ]
 
     /// Applies the migrations this database lacks, in one transaction, under an advisory lock:

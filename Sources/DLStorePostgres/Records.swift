@@ -72,8 +72,9 @@ struct InsertRecord: Encodable {
     ])
 }
 
-/// A whole row as `save` writes it: every column but created_at, group_id and host, as the
-/// SQLite store's `update`.
+/// A whole row as `save` writes it: every column but created_at, group_id, host, epoch and the
+/// worker's (worker, lease_until, stop_request: kept while the row is `running`, cleared
+/// otherwise), as the SQLite store's `update`.
 struct UpdateRecord: Encodable {
     var id: JobID
     var url: String
@@ -104,8 +105,6 @@ struct UpdateRecord: Encodable {
     var progressAt: Double?
     var stagingPath: String?
     var options: String
-    var worker: String?
-    var leaseUntil: Double?
     var segments: String?
     var unsynced: String?
     var mirrors: String?
@@ -113,8 +112,6 @@ struct UpdateRecord: Encodable {
     enum CodingKeys: String, CodingKey {
         case id, url, path, state, priority, size, received, attempts, key, meta, headers, overwrite, etag, checksum, sha256, digest,
             options
-        case worker
-        case leaseUntil = "lease_until"
         case segments, unsynced, mirrors
         case waitReason = "wait_reason"
         case errorCode = "error_code"
@@ -160,9 +157,6 @@ struct UpdateRecord: Encodable {
         progressAt = job.progressAt?.timeIntervalSince1970
         stagingPath = job.stagingPath.map(storedText)
         options = ColumnCoding.options(job.options)
-        // A worker holds a job only while it runs it.
-        worker = job.state == .running ? job.worker.map(storedText) : nil
-        leaseUntil = job.state == .running ? job.leaseUntil?.timeIntervalSince1970 : nil
         segments = job.segments.map(storedText)
         unsynced = job.unsynced.map { storedText($0.encoded) }
         mirrors = ColumnCoding.mirrors(job).map(storedText)
@@ -175,7 +169,7 @@ struct UpdateRecord: Encodable {
         ("key", "text"), ("meta", "text"), ("headers", "text"), ("overwrite", "boolean"), ("final_url", "text"), ("etag", "text"),
         ("last_modified", "text"), ("accepts_ranges", "boolean"), ("checksum", "text"), ("expected_size", "bigint"),
         ("sha256", "text"), ("digest", "text"), ("progress_at", "double precision"), ("staging_path", "text"), ("options", "text"),
-        ("worker", "text"), ("lease_until", "double precision"), ("segments", "text"), ("unsynced", "text"), ("mirrors", "text"),
+        ("segments", "text"), ("unsynced", "text"), ("mirrors", "text"),
     ])
 }
 

@@ -51,6 +51,13 @@ final class StoreFixture: @unchecked Sendable {
         return try? PostgresURL.parse(server.url(database: database), defaultUser: "dld")
     }
 
+    /// Runs SQL on this test's PostgreSQL database with `psql` (what another program, or a
+    /// fault, does to the table); returns what it printed.
+    func psql(_ sql: String) throws -> String {
+        guard let server, let database else { throw PostgresServerError("not a PostgreSQL test") }
+        return try server.psql(database: database, sql)
+    }
+
     /// Opens the table (migrating it), and keeps the store to close at the end.
     func open() async throws -> any JobTable {
         let store: any JobTable

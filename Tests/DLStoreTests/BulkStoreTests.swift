@@ -137,7 +137,7 @@ import Testing
             let before = try await store.lastEventSeq()
             var stopped = try #require(try await store.fetch(jobs[0].id))
             stopped.received = 77
-            let resumed = try await store.apply(.resume, to: .all, first: [stopped], now: t0.addingTimeInterval(1))
+            let resumed = try await store.apply(.resume, to: .all, first: [stopped], owner: nil, now: t0.addingTimeInterval(1))
             #expect(resumed.count == 2500)
             let events = delivered.events
             #expect(events.count == 2500)

@@ -35,7 +35,7 @@ import Testing
             for job in first {
                 #expect(job.state == .running)
                 #expect(job.worker == "w1")
-                #expect(job.leaseUntil == lease)
+                try await expectLease(job.leaseUntil, of: 30, at: at, store, backend)
                 #expect(job.attempts == 1, "as StateMachine's start")
                 #expect(job.updatedAt == at)
             }
@@ -83,7 +83,10 @@ import Testing
             // already ended (its outcome is among the rows, owned).
             _ = try await store.apply(.pause, to: .ids([jobs[1].id]), now: t0)
             var done = try StateMachine.apply(.start, to: jobs[0], now: t0.addingTimeInterval(1))
+            // What a start from the list holds (`Scheduling.handOff`): the worker, and the epoch
+            // its claim will give.
             done.worker = "w"
+            done.epoch += 1
             done = try StateMachine.apply(.fail(JobError(code: "http_404", message: "gone")), to: done, now: t0.addingTimeInterval(2))
             let before = try await store.lastEventSeq()
             let second = try await store.turn(
@@ -163,10 +166,11 @@ import Testing
             #expect(try await a.fetch(mine[0].id)?.worker == nil, "a paused job has no worker")
 
             let later = t0.addingTimeInterval(60)
+            let theirLease = try await a.fetch(theirs[0].id)?.leaseUntil
             let owned = try await a.renewLeases(worker: "w1", until: later, now: t0.addingTimeInterval(20))
-            #expect(owned == Set([mine[1].id, mine[2].id]))
-            #expect(try await a.fetch(mine[1].id)?.leaseUntil == later)
-            #expect(try await a.fetch(theirs[0].id)?.leaseUntil == t0.addingTimeInterval(30), "another worker's lease stays")
+            #expect(owned == [mine[1].id: mine[1].epoch, mine[2].id: mine[2].epoch])
+            try await expectLease(try await a.fetch(mine[1].id)?.leaseUntil, of: 40, at: t0.addingTimeInterval(20), a, backend)
+            #expect(try await a.fetch(theirs[0].id)?.leaseUntil == theirLease, "another worker's lease stays")
             #expect(try await a.workers(seenSince: t0).map(\.id) == ["w1"])
             _ = try await b.renewLeases(worker: "w2", until: later, now: t0.addingTimeInterval(25))
             let workers = try await b.workers(seenSince: t0.addingTimeInterval(21))
@@ -181,14 +185,16 @@ import Testing
     func expiredLeasesAreRequeued(_ backend: Backend) async throws {
         try await withStore(backend) { store, _ in
             _ = try await store.insert((1...3).map { new($0) }, now: t0)
-            let short = try await store.claim(limit: 2, worker: "w1", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
-            let long = try await store.claim(limit: 1, worker: "w2", leaseUntil: t0.addingTimeInterval(90), excludingHosts: [], now: t0)
+            // Leases by their length (PostgreSQL reckons them on its own clock): w1's have run
+            // out, w2's has not.
+            let short = try await store.claim(limit: 2, worker: "w1", leaseUntil: t0.addingTimeInterval(-1), excludingHosts: [], now: t0)
+            let long = try await store.claim(limit: 1, worker: "w2", leaseUntil: t0.addingTimeInterval(3600), excludingHosts: [], now: t0)
             try #require(short.count == 2 && long.count == 1)
             #expect(
                 try await store.checkpoint(
                     short[0].id, received: 500, size: 1000, validators: Validators(), finalURL: nil,
-                    now: t0.addingTimeInterval(5), owner: "w1"))
-            #expect(try await store.requeueExpired(now: t0.addingTimeInterval(29)).isEmpty)
+                    now: t0.addingTimeInterval(5), owner: JobOwner(short[0], worker: "w1")
+                ).written)
             let before = try await store.lastEventSeq()
             let requeued = try await store.requeueExpired(now: t0.addingTimeInterval(31))
             #expect(requeued == short.map(\.id).sorted())
@@ -216,7 +222,7 @@ import Testing
     func savesOfALostJobAreRefused(_ backend: Backend) async throws {
         try await withStore(backend) { store, _ in
             let jobs = try await store.insert((1...2).map { new($0) }, now: t0).map(\.job)
-            let old = try await store.claim(limit: 2, worker: "w1", leaseUntil: t0.addingTimeInterval(30), excludingHosts: [], now: t0)
+            let old = try await store.claim(limit: 2, worker: "w1", leaseUntil: t0.addingTimeInterval(-1), excludingHosts: [], now: t0)
             _ = try await store.requeueExpired(now: t0.addingTimeInterval(31))
             let taken = try await store.claim(
                 limit: 1, worker: "w2", leaseUntil: t0.addingTimeInterval(90), excludingHosts: [], now: t0.addingTimeInterval(32))
@@ -241,13 +247,15 @@ import Testing
             #expect(
                 !(try await store.checkpoint(
                     jobs[0].id, received: 999, size: nil, validators: Validators(), finalURL: nil,
-                    now: t0.addingTimeInterval(34), owner: "w1")))
+                    now: t0.addingTimeInterval(34), owner: JobOwner(old[0], worker: "w1")
+                ).written))
             #expect(try await store.fetch(jobs[0].id)?.received == 0)
 
             #expect(
                 try await store.checkpoint(
                     jobs[0].id, received: 400, size: 1000, validators: Validators(), finalURL: nil,
-                    now: t0.addingTimeInterval(34), owner: "w2"))
+                    now: t0.addingTimeInterval(34), owner: JobOwner(taken[0], worker: "w2")
+                ).written)
             var finished = try #require(try await store.fetch(jobs[0].id))
             finished.state = .completed
             finished.received = 1000
@@ -418,5 +426,18 @@ actor Barrier {
             return
         }
         await withCheckedContinuation { waiting.append($0) }
+    }
+}
+
+/// A lease `length` seconds long given at `at`: exactly so on SQLite (the engine's clock), and
+/// on PostgreSQL that long after the server's now (leases are reckoned on its clock).
+func expectLease(_ lease: Date?, of length: TimeInterval, at: Date, _ store: any JobTable, _ backend: Backend) async throws {
+    let lease = try #require(lease)
+    switch backend {
+    case .sqlite:
+        #expect(lease == at.addingTimeInterval(length))
+    case .postgres:
+        let server = try #require(try await store.serverClock())
+        #expect(abs(lease.timeIntervalSince(server) - length) < 10, "\(lease) against the server's \(server)")
     }
 }

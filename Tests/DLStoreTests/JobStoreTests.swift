@@ -255,7 +255,8 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
             #expect(
                 try await store.checkpoint(
                     1, received: 70, size: 100, validators: validators, finalURL: nil, segments: ranges,
-                    now: t0, owner: nil))
+                    now: t0, owner: nil
+                ).written)
             var saved = try #require(try await store.fetch(1))
             #expect(saved.segments == ranges)
             #expect(saved.received == 70)
@@ -338,30 +339,37 @@ let t0 = Date(timeIntervalSince1970: 1_800_000_000)
     func unsyncedProgressIsRecordedForRunningRows(_ backend: Backend) async throws {
         try await withStore(backend) { store, fixture in
             _ = try await store.insert((1...3).map { NewJob(url: "https://e.com/\($0)", path: "/tmp/\($0)") }, now: t0)
-            for id: JobID in [1, 2] {
-                var job = try #require(try await store.fetch(id))
-                job.state = .running
-                job.worker = "w1"
-                try await store.save(job)
-            }
+            // Jobs 1 and 2 run under w1 (a claim: only claims give a running row its worker).
+            let claimed = try await store.claim(
+                limit: 2, worker: "w1", leaseUntil: t0.addingTimeInterval(3600), excludingHosts: [], now: t0)
+            try #require(claimed.map(\.id) == [1, 2])
+            let epoch = { (id: JobID) in claimed.first { $0.id == id }?.epoch ?? 0 }
             let validators = Validators(etag: "\"v\"", acceptsRanges: true)
             let one = UnsyncedProgress(bootID: "boot-a", received: 70, size: 100, validators: validators, finalURL: "https://e.com/one")
             let two = UnsyncedProgress(bootID: "boot-a", received: 30, segments: "0-10-50,50-70-100", size: 100, validators: validators)
             let three = UnsyncedProgress(bootID: "boot-a", received: 5)
             // Job 3 is queued: not written.
-            #expect(try await store.recordUnsynced([(1, one), (2, two), (3, three)], owner: "w1") == 2)
+            #expect(
+                try await store.recordUnsynced(
+                    [
+                        UnsyncedRecord(id: 1, epoch: epoch(1), progress: one), UnsyncedRecord(id: 2, epoch: epoch(2), progress: two),
+                        UnsyncedRecord(id: 3, epoch: 0, progress: three),
+                    ], owner: "w1") == 2)
             #expect(try await store.fetch(1)?.unsynced == one)
             #expect(try await store.fetch(2)?.unsynced == two)
             #expect(try await store.fetch(3)?.unsynced == nil)
             // Another worker's record is not written over this one's.
-            #expect(try await store.recordUnsynced([(1, three)], owner: "w2") == 0)
+            #expect(try await store.recordUnsynced([UnsyncedRecord(id: 1, epoch: epoch(1), progress: three)], owner: "w2") == 0)
+            // Nor an older attempt's of the same worker.
+            #expect(try await store.recordUnsynced([UnsyncedRecord(id: 1, epoch: epoch(1) - 1, progress: three)], owner: "w1") == 0)
             #expect(try await store.fetch(1)?.unsynced == one)
             #expect(try await store.recordUnsynced([], owner: nil) == 0)
             // A checkpoint leaves it; it is still there for a store opened anew (a restart).
             #expect(
                 try await store.checkpoint(
                     1, received: 40, size: 100, validators: validators, finalURL: nil, segments: nil,
-                    now: t0, owner: "w1"))
+                    now: t0, owner: JobOwner(worker: "w1", epoch: epoch(1))
+                ).written)
             let reopened = try await fixture.open()
             let read = try #require(try await reopened.fetch(1))
             #expect(read.unsynced == one)

@@ -23,7 +23,10 @@ import Testing
         let server = try PostgresServer.shared()
         let url = try #require(fixture.postgresURL)
         let applied = try server.psql(database: url.database ?? "", "SELECT id FROM schema_migrations ORDER BY id")
-        #expect(applied == "v1-jobs-groups-events\nv2-workers-leases\nv3-segments\nv4-unsynced-progress\nv5-mirrors\nv6-hls\nv7-pieces\n")
+        #expect(
+            applied
+                == "v1-jobs-groups-events\nv2-workers-leases\nv3-segments\nv4-unsynced-progress\nv5-mirrors\nv6-hls\nv7-pieces\nv8-epochs\n"
+        )
         await fixture.finish()
     }
 

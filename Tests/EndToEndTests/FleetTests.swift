@@ -11,9 +11,9 @@ import Testing
 @Suite(.serialized) struct FleetTests {
     /// The workers' common config: the database, a short lease so that a dead worker's jobs
     /// come back within seconds, and the shared folder as an allowed root.
-    private func workers(_ names: [String], database url: String, shared: String, maxActive: Int = 3, lease: Int = 3) throws
-        -> [DaemonHarness]
-    {
+    private func workers(
+        _ names: [String], database url: String, shared: String, maxActive: Int = 3, lease: Int = 3, checkpointInterval: Double = 2
+    ) throws -> [DaemonHarness] {
         try names.map { name in
             let config = """
                 database = "\(url)"
@@ -21,6 +21,7 @@ import Testing
                 lease = \(lease)
                 max_active = \(maxActive)
                 allowed_roots = ["\(shared)"]
+                checkpoint_interval = \(checkpointInterval)
 
                 """
             return try DaemonHarness(extraArguments: ["--log-level", "info"], config: config)
@@ -175,11 +176,12 @@ import Testing
             _ = try other.waitForJob(id) { ($0["received"]?.int64Value ?? 0) > 0 }
             #expect(try runs.call("stats")["worker"]?.stringValue == runner)
 
-            _ = try other.call("pause", ["id": .int(id)])
-            #expect(try runs.job(id)["state"] == "paused")
-            // The transfer on the other worker stops (long before the next lease renewal could
-            // notice): the runner says so, and the origin's one body ends, cut by the client.
-            #expect(runs.waitForLog("transfers stop here", timeout: 15), "\(runs.log)")
+            // The pause goes to the worker that runs the job, which carries it out: until then
+            // the job is still running, with the command shown.
+            let paused = try other.call("pause", ["id": .int(id)])
+            #expect(paused["count"] == 0 && paused["requested"] == 1, "\(paused.serializedString())")
+            _ = try runs.waitForState(id, ["paused"], timeout: 15)
+            #expect(runs.waitForLog("carried out a command sent to another worker", timeout: 15), "\(runs.log)")
             let deadline = Date().addingTimeInterval(15)
             while origin.bodiesStreaming > 0, Date() < deadline { usleep(20_000) }
             #expect(origin.bodiesStreaming == 0, "the origin still sends after the pause")
@@ -417,6 +419,112 @@ import Testing
             _ = try fleet[0].call("resume", ["all": true])
             try expectAllCompleteOnce(
                 server, name, origin: origin, shared: shared, files: (0..<300).map { (name: "d\($0).bin", size: size) })
+        }
+    }
+
+    /// `set_speed` of a running job, sent again and again to the worker that runs it for three
+    /// leases, never moves the job's lease back: no other worker takes the job, and the origin
+    /// sees one request and never two bodies at once (item 2 of issue 36: the claim-time row
+    /// written back put the lease in the past, another worker requeued the job, and the file
+    /// streamed twice at once).
+    @Test func setSpeedOfARunningJobKeepsItsLease() async throws {
+        try await withFleet { server, name, url, shared, origin in
+            let lease = 4
+            let fleet = try workers(["s1", "s2"], database: url, shared: shared, maxActive: 1, lease: lease)
+            for worker in fleet { try worker.start() }
+            defer { for worker in fleet { worker.stop() } }
+            let size = 14 << 20
+            let id = try fleet[0].enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?rate=1000000"), "dir": .string(shared), "name": "speed.bin", "segments": 1,
+            ])
+            let running = try fleet[0].waitForJob(id) { $0["state"] == "running" && $0["worker"]?.stringValue != nil }
+            let runner = try #require(running["worker"]?.stringValue)
+            let runs = runner.hasSuffix("/s1") ? fleet[0] : fleet[1]
+            let until = Date().addingTimeInterval(Double(3 * lease))
+            var rate: Int64 = 4_000_000
+            while Date() < until {
+                let reply = try runs.call("set_speed", ["id": .int(id), "max_speed": .int(rate)])
+                #expect(reply["max_speed"]?.int64Value == rate, "\(reply.serializedString())")
+                rate = rate == 4_000_000 ? 5_000_000 : 4_000_000
+                usleep(250_000)
+            }
+            let done = try runs.waitForState(id, ["completed", "failed"], timeout: 120)
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            try expectOriginBytes(at: shared + "/speed.bin", count: size)
+            #expect(origin.requests.count == 1, "\(origin.requests.map(\.uri))")
+            #expect(origin.mostConcurrentBodies == 1)
+        }
+    }
+
+    /// A worker whose listener connection went silent (its server process stopped: nothing
+    /// closes the socket, as after a failover or a NAT timeout) still hears a pause sent to
+    /// another worker within seconds, not at its next checkpoint, a minute away: the listener's
+    /// own NOTIFY does not come back, so it connects again and catches up (item 5 of issue 36:
+    /// such a listener stayed deaf for good).
+    @Test func aSilentListenerConnectsAgainAndHearsThePause() async throws {
+        try await withFleet { server, name, url, shared, origin in
+            let fleet = try workers(["l1", "l2"], database: url, shared: shared, maxActive: 1, lease: 300, checkpointInterval: 60)
+            for worker in fleet { try worker.start() }
+            defer { for worker in fleet { worker.stop() } }
+            let size = 64 << 20
+            let id = try fleet[0].enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?rate=1000000"), "dir": .string(shared), "name": "deaf.bin", "segments": 1,
+            ])
+            let running = try fleet[0].waitForJob(id) { $0["state"] == "running" && $0["worker"]?.stringValue != nil }
+            let runner = try #require(running["worker"]?.stringValue)
+            let (runs, other) = runner.hasSuffix("/l1") ? (fleet[0], fleet[1]) : (fleet[1], fleet[0])
+            // Every listener of the fleet goes silent: the server processes that serve them stop.
+            let listeners = try server.psql(
+                database: name,
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND (query LIKE 'LISTEN%' OR query LIKE '%dld_ping%')"
+            ).split(separator: "\n").compactMap { Int32($0.trimmingCharacters(in: .whitespaces)) }
+            try #require(listeners.count >= 2, "listeners: \(listeners)")
+            for pid in listeners { kill(pid, SIGSTOP) }
+            defer {
+                for pid in listeners {
+                    kill(pid, SIGCONT)
+                    kill(pid, SIGTERM)
+                }
+            }
+            let sent = Date()
+            let paused = try other.call("pause", ["id": .int(id)])
+            #expect(paused["requested"] == 1, "\(paused.serializedString())")
+            let deadline = Date().addingTimeInterval(20)
+            while origin.bodiesStreaming > 0, Date() < deadline { usleep(50_000) }
+            #expect(origin.bodiesStreaming == 0, "the origin still sends \(Date().timeIntervalSince(sent)) s after the pause")
+            _ = try runs.waitForState(id, ["paused"], timeout: 20)
+            #expect(runs.waitForLog("PostgreSQL listener lost its connection", timeout: 5), "\(runs.log)")
+        }
+    }
+
+    /// After a restart of PostgreSQL the worker lock (an advisory lock on its connection) is
+    /// gone; a second daemon with the same worker id that starts then never runs beside the
+    /// first: either the first took its lock again and the second is refused, or the second
+    /// has it and the first is fenced (item 7 of issue 36: both ran, each requeuing the
+    /// other's jobs).
+    @Test func aSecondDaemonWithTheSameIDAfterARestartNeverRunsBesideTheFirst() async throws {
+        let server = try PostgresServer.start()
+        defer { server.stop() }
+        try await withFleet(on: server) { server, name, url, shared, origin in
+            let first = try workers(["twin"], database: url, shared: shared, maxActive: 1, lease: 6)[0]
+            try first.start()
+            defer { first.stop() }
+            server.halt()
+            try server.restart()
+            let second = try workers(["twin"], database: url, shared: shared, maxActive: 1, lease: 6)[0]
+            let started = (try? second.start()) != nil
+            defer { second.stop() }
+            if started {
+                let deadline = Date().addingTimeInterval(20)
+                var fenced = false
+                while !fenced, Date() < deadline {
+                    fenced = (try? first.call("stats")["lease"]?["fenced"]) == .bool(true)
+                    if !fenced { usleep(100_000) }
+                }
+                #expect(fenced, "both daemons run as one worker: \(first.log.suffix(2000))")
+            } else {
+                #expect(second.log.contains("another dld runs as worker"), "\(second.log.suffix(2000))")
+            }
         }
     }
 
