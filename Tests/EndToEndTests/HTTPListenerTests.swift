@@ -593,8 +593,9 @@ extension HTTPListenerTests {
 }
 
 extension HTTPListenerTests {
-    /// Hostile WebSocket input: a message over max_line_bytes, a binary message, a flood of
-    /// requests; each closes that connection, and dld answers on the socket afterwards.
+    /// Hostile WebSocket input: a message over max_line_bytes, a binary message; each closes
+    /// that connection (a flood: `aFloodOfMessagesIsCutAt64`), and dld answers on the socket
+    /// afterwards.
     @Test func hostileWebSocketInput() throws {
         let web = try WebDaemon(config: "max_line_bytes = 65536\n")
         defer { web.daemon.stop() }
@@ -612,6 +613,42 @@ extension HTTPListenerTests {
         garbage.send(#"{"jsonrpc":"2.0","id":1,"method":"version"}"#)
         #expect(try garbage.receiveJSON()["result"]?["protocol"] != nil)
         #expect(try web.daemon.call("version")["protocol"] != nil)
+    }
+
+    /// At most 64 messages wait for their answer (docs/protocol.md, "WebSocket"): behind a
+    /// `get` whose download the origin holds (`gate=2`: until a second body streams, for at
+    /// most 20 s), 64 messages are all answered, in order, once the test lets the download go;
+    /// 65 close the connection with 1008.
+    @Test func aFloodOfMessagesIsCutAt64() async throws {
+        try await withOrigin { origin in
+            let web = try WebDaemon()
+            defer { web.daemon.stop() }
+            let token = try web.token
+            func get(_ path: String) -> String {
+                #"{"jsonrpc":"2.0","id":0,"method":"get","params":{"url":"\#(origin.baseURL)\#(path)"}}"#
+            }
+            func version(_ id: Int) -> String { #"{"jsonrpc":"2.0","id":\#(id),"method":"version"}"# }
+
+            let full = try RawWebSocket(port: web.port, token: token)
+            full.send(get("/bytes/1000?gate=2"))
+            for id in 1...64 { full.send(version(id)) }
+            // A second body, streamed for three seconds: the gate sees two bodies and opens.
+            let second = try RawConnection(port: origin.port)
+            second.send("GET /bytes/150000?rate=50000 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            let answer = try full.receiveJSON()
+            #expect(answer["id"] == 0 && answer["result"]?["size"] == 1000, "\(answer.serializedString())")
+            for id in 1...64 {
+                let reply = try full.receiveJSON()
+                #expect(reply["id"] == .int(Int64(id)) && reply["result"]?["protocol"] != nil, "\(reply.serializedString())")
+            }
+            #expect(try RawResponse(second.receiveAll()).status == 200)
+
+            let flood = try RawWebSocket(port: web.port, token: token)
+            flood.send(get("/bytes/2000?gate=2"))
+            for id in 1...65 { flood.send(version(id)) }
+            #expect(try flood.closeCode() == 1008)
+            #expect(try web.daemon.call("version")["protocol"] != nil)
+        }
     }
 }
 
