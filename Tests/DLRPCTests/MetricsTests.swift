@@ -228,17 +228,22 @@ import Testing
             var spec = EnqueueSpec(url: origin.baseURL + "/bytes/400000?rate=100000")
             spec.name = "slow.bin"
             _ = try await f.engine.enqueue([spec])
+            // Until a scrape sees the transfer running with a speed, or it is over.
             let running = try await f.scrape { text in
-                text.value("dld_active_transfers") == 1
-                    && (1..<400_000).contains(text.value("dld_downloaded_bytes_total") ?? 0)
+                text.value("dld_jobs_completed_total") == 1
+                    || (text.value("dld_active_transfers") == 1
+                        && (1..<400_000).contains(text.value("dld_downloaded_bytes_total") ?? 0)
+                        && (text.value("dld_download_speed_bytes_per_second") ?? 0) > 0)
             }
             #expect(running.value("dld_active_transfers") == 1)
             #expect(running.value("dld_jobs", ["state": "running"]) == 1)
+            #expect((running.value("dld_download_speed_bytes_per_second") ?? 0) > 0, "no speed while the transfer ran")
             // The counter moves with the bytes, not only when the file is done.
             #expect((running.value("dld_downloaded_bytes_total") ?? 0) > 0)
             #expect((running.value("dld_downloaded_bytes_total") ?? .infinity) < 400_000)
             let done = try await f.scrape { ($0.value("dld_jobs_completed_total") ?? 0) >= 1 }
             #expect(done.value("dld_active_transfers") == 0)
+            #expect(done.value("dld_download_speed_bytes_per_second") == 0)
             #expect(done.value("dld_downloaded_bytes_total") == 400_000)
         } catch {
             Issue.record(error)

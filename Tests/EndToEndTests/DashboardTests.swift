@@ -37,7 +37,9 @@ import Testing
         #expect(try web.request("GET", "/", auth: false).status == 401)
     }
 
-    /// `GET /metrics`: Prometheus's text, whose counters move with a real download.
+    /// `GET /metrics`: Prometheus's text, whose counters move with a real download; a group
+    /// of three counts once in `dld_jobs_completed_total` (docs/operations.md, "Metrics"), and
+    /// `get` counts a miss, then a hit.
     @Test func metricsMoveWithADownload() async throws {
         try await withOrigin { origin in
             let web = try WebDaemon()
@@ -52,6 +54,33 @@ import Testing
             #expect(after["dld_downloaded_bytes_total"] == 250_000)
             #expect(after["dld_jobs_completed_total"] == 1)
             #expect(after["dld_jobs{state=\"completed\"}"] == 1)
+
+            let members: [JSONValue] = (0..<3).map { ["url": .string("\(origin.baseURL)/bytes/\(1000 + $0)")] }
+            let grouped = try web.daemon.call(
+                "enqueue", ["group": ["name": "three", "dir": .string(web.daemon.downloadDir + "/three")], "jobs": .array(members)])
+            let group = try #require(grouped["group"]?["id"])
+            let deadline = Date().addingTimeInterval(120)
+            while try web.daemon.call("status", ["group": group])["group"]?["state"] != "completed", Date() < deadline {
+                usleep(50_000)
+            }
+            // The members' notices would have come with their own turns, before the group's.
+            var counted = try Self.metrics(web)
+            while counted["dld_jobs_completed_total"] ?? 0 < 2, Date() < deadline {
+                usleep(50_000)
+                counted = try Self.metrics(web)
+            }
+            #expect(counted["dld_jobs_completed_total"] == 2, "the group and its members: \(counted)")
+            #expect(counted["dld_jobs{state=\"completed\"}"] == 4)
+            #expect(counted["dld_downloaded_bytes_total"] == 253_003)
+
+            #expect(counted["dld_cache_misses_total"] == 0 && counted["dld_cache_hits_total"] == 0)
+            let url = JSONValue.string("\(origin.baseURL)/bytes/3000")
+            #expect(try web.daemon.call("get", ["url": url])["source"] == "download")
+            let missed = try Self.metrics(web)
+            #expect(missed["dld_cache_misses_total"] == 1 && missed["dld_cache_hits_total"] == 0, "\(missed)")
+            #expect(try web.daemon.call("get", ["url": url])["source"] == "hit")
+            let hit = try Self.metrics(web)
+            #expect(hit["dld_cache_misses_total"] == 1 && hit["dld_cache_hits_total"] == 1, "\(hit)")
         }
     }
 
