@@ -765,3 +765,72 @@ extension HTTPListenerTests {
         }
     }
 }
+
+extension HTTPListenerTests {
+    /// What docs/protocol.md ("HTTP: POST /rpc", "Authentication, Host and Origin") promises of
+    /// every reply and request head: `Cache-Control: no-store` on every reply; the dashboard's
+    /// files with the whole Content-Security-Policy and `X-Frame-Options: DENY`; `404` for
+    /// anything else (after the token); `400` without `Host`; a head of 32 KiB and 100 headers
+    /// served, one byte or one header more `400`. (The delays of wrong tokens, up to 5 s, are
+    /// HTTPAccessTests'.)
+    @Test func documentedHeadersAndLimits() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let policy =
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+            + "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+        for path in ["/", "/index.html", "/app.js", "/app.css", "/icon.svg"] {
+            let file = try web.request("GET", path)
+            #expect(file.status == 200, "\(path)")
+            #expect(file.header("content-security-policy") == policy, "\(path): \(file.header("content-security-policy") ?? "none")")
+            #expect(file.header("x-frame-options") == "DENY", "\(path)")
+            #expect(file.header("cache-control") == "no-store", "\(path)")
+        }
+        let version = Data(#"{"jsonrpc":"2.0","id":1,"method":"version"}"#.utf8)
+        let json = ("Content-Type", "application/json")
+        let notification = Data(#"{"jsonrpc":"2.0","method":"stats"}"#.utf8)
+        let replies: [(String, RawResponse, Int)] = [
+            ("rpc", try web.request("POST", "/rpc", body: version, headers: [json]), 200),
+            ("notification", try web.request("POST", "/rpc", body: notification, headers: [json]), 204),
+            ("metrics", try web.request("GET", "/metrics"), 200),
+            ("openrpc", try web.request("GET", "/openrpc.json"), 200),
+            ("login", try web.request("GET", "/login?token=\(try web.token)", auth: false), 303),
+            ("no token", try web.request("GET", "/", auth: false), 401),
+            ("unknown path", try web.request("GET", "/nothing-here"), 404),
+            ("unknown file", try web.request("GET", "/app.jsx"), 404),
+            ("POST of a page", try web.request("POST", "/", body: version, headers: [json]), 404),
+            ("unknown path, no token", try web.request("GET", "/nothing-here", auth: false), 401),
+            ("foreign host", try web.request("GET", "/", headers: [("Host", "evil.example:\(web.port)")]), 421),
+            ("body too large", try web.request("POST", "/rpc", body: Data(count: (4 << 20) + 1), headers: [json]), 413),
+        ]
+        for (what, reply, status) in replies {
+            #expect(reply.status == status, "\(what): \(reply.status) \(reply.text)")
+            #expect(reply.header("cache-control") == "no-store", "\(what)")
+        }
+        // No Host at all.
+        let hostless = try RawConnection(port: web.port)
+        hostless.send("GET / HTTP/1.1\r\nAuthorization: Bearer \(try web.token)\r\nConnection: close\r\n\r\n")
+        let noHost = try RawResponse(hostless.receiveAll())
+        #expect(noHost.status == 400, "\(noHost.text)")
+        #expect(noHost.header("cache-control") == "no-store")
+
+        // The head's size: the request target and the header names and values, as the limit
+        // counts them (docs/protocol.md; the spaces, colons and line ends around them aside).
+        func head(counted: Int) throws -> RawResponse {
+            let fields = [("Host", "127.0.0.1:\(web.port)"), ("Authorization", "Bearer \(try web.token)"), ("Connection", "close")]
+            let used = "/".utf8.count + fields.reduce(0) { $0 + $1.0.utf8.count + $1.1.utf8.count } + "X-Pad".utf8.count
+            let pad = ("X-Pad", String(repeating: "a", count: counted - used))
+            let connection = try RawConnection(port: web.port)
+            connection.send("GET / HTTP/1.1\r\n" + (fields + [pad]).map { "\($0.0): \($0.1)\r\n" }.joined() + "\r\n")
+            return try RawResponse(connection.receiveAll())
+        }
+        #expect(try head(counted: 32 << 10).status == 200)
+        #expect(try head(counted: (32 << 10) + 1).status == 400)
+        // `request` adds Host, Authorization, Content-Length and Connection.
+        func headers(count: Int) throws -> RawResponse {
+            try web.request("GET", "/", headers: (0..<(count - 4)).map { ("X-H\($0)", "1") })
+        }
+        #expect(try headers(count: 100).status == 200)
+        #expect(try headers(count: 101).status == 400)
+    }
+}
