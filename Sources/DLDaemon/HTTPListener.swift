@@ -283,7 +283,8 @@ public final class HTTPListener: Sendable {
 
     static let requestHandlerName = "dld-http"
     static let gateName = "dld-upgrade-gate"
-    /// A request's head at most (the request line and headers): far more than a browser sends.
+    /// A request's head at most, as NIO's decoder counts it (the request target and the header
+    /// names and values; docs/protocol.md): far more than a browser sends.
     static let maxHeaderBytes = 32 << 10
 
     /// Whether a request may become a WebSocket: /ws, for this listener, from no other origin,

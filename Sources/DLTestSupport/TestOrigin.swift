@@ -22,6 +22,8 @@
 //                                 `rate` (bytes/s) throttles each response, so each connection.
 //                                 gate=N holds the body's first byte until N bodies stream at
 //                                 once (at most 20 s): a peak of concurrency as an event.
+//                                 deep_after=K counts the body in `mostConcurrentDeepBodies`
+//                                 from its K-th byte written until it ends or is cut.
 //                                 cache_control=V sends `Cache-Control: V`. If-None-Match with
 //                                 the ETag (or If-Modified-Since with Last-Modified) gets 304.
 //   /status/<CODE>                that status and a short text body; query retry_after.
@@ -257,6 +259,13 @@ public final class TestOrigin: Sendable {
         state.box.withLockedValue { $0.mostStreaming }
     }
 
+    /// The most bodies with `deep_after=K` that were ever streaming at once past their K-th
+    /// byte: transfers that really ran together, leaving out answers a client cut after the
+    /// head (a transfer dld parks before writing).
+    public var mostConcurrentDeepBodies: Int {
+        state.box.withLockedValue { $0.mostDeep }
+    }
+
     /// The most requests ever waiting for or receiving their answers at once: how many
     /// requests a client really had in flight together.
     public var mostInFlight: Int {
@@ -399,6 +408,9 @@ final class OriginState: Sendable {
         /// and the most there ever were.
         var inFlight = 0
         var mostInFlight = 0
+        /// Bodies past their `deep_after` byte, and the most there ever were.
+        var deep = 0
+        var mostDeep = 0
         /// Each answer waits this long before its head (`start(latency:)`).
         var latency: TimeAmount = .zero
         var connections = 0
@@ -437,6 +449,14 @@ final class OriginState: Sendable {
             let now = values.streamingByURI[uri, default: 0] + (begins ? 1 : -1)
             values.streamingByURI[uri] = now == 0 ? nil : now
             values.mostStreamingByURI[uri] = max(values.mostStreamingByURI[uri] ?? 0, now)
+        }
+    }
+
+    /// A body passed its `deep_after` byte (`true`), or such a body ended or was cut.
+    func deep(_ begins: Bool) {
+        box.withLockedValue { values in
+            values.deep += begins ? 1 : -1
+            values.mostDeep = max(values.mostDeep, values.deep)
         }
     }
 
@@ -497,6 +517,8 @@ private struct BodyStream {
     var gate: Int64?
     var gateUntil: NIODeadline?
     static let gateWait: TimeAmount = .seconds(20)
+    /// `deep_after=K`: from its K-th byte the body counts in `OriginState.deep`.
+    var deepAfter: Int64?
     var stalled = false
     /// The request's path+query, for `bytesServed(uri:)`.
     var uri = ""
@@ -582,6 +604,8 @@ final class OriginHandler: ChannelInboundHandler {
     private var counted: String?
     /// A request of this connection counts in `OriginState.inFlight`.
     private var answering = false
+    /// The body of this connection counts in `OriginState.deep`.
+    private var deep = false
 
     init(state: OriginState) {
         self.state = state
@@ -644,6 +668,10 @@ final class OriginHandler: ChannelInboundHandler {
         if let uri = counted {
             counted = nil
             state.streaming(false, uri: uri)
+        }
+        if deep {
+            deep = false
+            state.deep(false)
         }
         answered()
         timer?.cancel()
@@ -805,7 +833,7 @@ final class OriginHandler: ChannelInboundHandler {
         var numbers: [String: Int64] = [:]
         for key in [
             "rate", "drop_after", "stall_after", "length", "overlong", "linger", "ranges_for", "variant", "gate", "corrupt",
-            "corrupt_every",
+            "corrupt_every", "deep_after",
         ] {
             switch query.int(key) {
             case .absent:
@@ -925,6 +953,7 @@ final class OriginHandler: ChannelInboundHandler {
         )
         stream.rate = rate
         stream.gate = numbers["gate"]
+        stream.deepAfter = numbers["deep_after"]
         stream.corrupt = numbers["corrupt"].map { $0 + variant }
         stream.corruptEvery = numbers["corrupt_every"]
         switch (dropAfter, stallAfter) {
@@ -1043,6 +1072,10 @@ final class OriginHandler: ChannelInboundHandler {
             guard let chunk = stream.chunk(length: Int(n)) else { break loop }
             stream.sent += n
             stream.remaining -= n
+            if let after = stream.deepAfter, !deep, stream.sent >= after {
+                deep = true
+                state.deep(true)
+            }
             body = stream
             let count = Int(n)
             let state = self.state
@@ -1081,6 +1114,10 @@ final class OriginHandler: ChannelInboundHandler {
         if let uri = counted {
             counted = nil
             state.streaming(false, uri: uri)
+        }
+        if deep {
+            deep = false
+            state.deep(false)
         }
         answered()
         switch stream.ending {

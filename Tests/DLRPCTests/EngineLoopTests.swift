@@ -36,8 +36,9 @@ struct WakeLogHandler: LogHandler {
 
 /// The engine's timed work (`Engine.runLoops`): nothing wakes an idle engine, the loops that
 /// run with transfers go back to sleep after them, a waiting job is queued again at its time,
-/// and cancelling the one task ends every loop. Not timings: the bounds are a few wake-ups
-/// where polling made dozens.
+/// and cancelling the one task ends every loop. Not timings: the loops that tick with
+/// transfers tick here every 20 ms, so in a window of a second a loop that polled instead of
+/// sleeping on its bell would wake dozens of times where the engine may wake it once.
 @Suite struct EngineLoopTests {
     final class Fixture: Sendable {
         let folder = NSTemporaryDirectory() + "dld-loops-\(UUID().uuidString)"
@@ -49,7 +50,8 @@ struct WakeLogHandler: LogHandler {
         let loopsEnded = Counter()
         let loops: Task<Void, Never>
 
-        init() throws {
+        /// The progress and unsynced loops tick every `tick` while transfers run.
+        init(tick: Duration = .milliseconds(20)) throws {
             try FileManager.default.createDirectory(atPath: folder + "/dl", withIntermediateDirectories: true)
             store = try SQLiteJobStore(path: folder + "/jobs.sqlite")
             let wakes = self.wakes
@@ -62,7 +64,7 @@ struct WakeLogHandler: LogHandler {
             let reports = self.reports
             let loopsEnded = self.loopsEnded
             loops = Task {
-                await engine.runLoops { jobs, _ in reports.add(jobs.count) }
+                await engine.runLoops(progressEvery: tick, unsyncedEvery: tick) { jobs, _ in reports.add(jobs.count) }
                 loopsEnded.add(1)
             }
         }
@@ -94,14 +96,19 @@ struct WakeLogHandler: LogHandler {
         }
     }
 
+    /// The wake-ups of each loop among `wakes`.
+    static func byLoop(_ wakes: ArraySlice<String>) -> [String: Int] {
+        wakes.reduce(into: [:]) { $0[$1, default: 0] += 1 }
+    }
+
     @Test func anIdleEngineSleeps() async throws {
         let f = try Fixture()
         do { try await f.engine.start() } catch { Issue.record(error, "the engine did not start") }
-        try? await Task.sleep(for: .seconds(3))
+        // A window, not a timing: nothing at all is expected in it, whatever its length; a loop
+        // that polled at its tick would wake about fifty times in it.
+        try? await Task.sleep(for: .seconds(1))
         let seen = f.wakes.all
-        // None is expected. Polling, the progress and unsynced loops alone woke several times a
-        // second (docs/benchmarks.md, "An idle dld").
-        #expect(seen.count <= 2, "an idle engine's loops woke: \(seen)")
+        #expect(seen.isEmpty, "an idle engine's loops woke: \(Self.byLoop(seen[...]))")
         await f.close()
     }
 
@@ -122,12 +129,16 @@ struct WakeLogHandler: LogHandler {
             #expect(end == .completed)
             #expect(f.reports.value > 0, "no progress report while the transfer ran")
             if end == .completed {
-                // The last ticks of the loops that ran with the transfer, then sleep.
-                try? await Task.sleep(for: .seconds(3))
+                // Once no transfer runs, each loop that ran with the transfer ticks at most once
+                // more (it was asleep for its tick), then sleeps on its bell; the others sleep.
+                let deadline = Date().addingTimeInterval(60)
+                while await !f.engine.running.isEmpty, Date() < deadline { try? await Task.sleep(for: .milliseconds(20)) }
+                #expect(await f.engine.running.isEmpty)
                 let before = f.wakes.all.count
-                try? await Task.sleep(for: .seconds(3))
-                let after = f.wakes.all
-                #expect(after.count - before <= 2, "the loops woke after the transfer: \(after[before...])")
+                try? await Task.sleep(for: .seconds(1))
+                let after = Self.byLoop(f.wakes.all[before...])
+                #expect(after.keys.allSatisfy { ["progress", "unsynced"].contains($0) }, "loops woke after the transfer: \(after)")
+                #expect(after.values.allSatisfy { $0 <= 1 }, "loops woke after the transfer: \(after)")
             }
         } catch {
             Issue.record(error)

@@ -53,4 +53,14 @@ import Testing
         #expect(!HTTPToken.matches("", token))
         #expect(!HTTPToken.matches(String(repeating: "ab", count: 31)[...] + "ac", token))
     }
+
+    /// Wrong tokens in a row (docs/protocol.md): 50 ms, doubled each time, up to 5 s and no
+    /// more, however many come.
+    @Test func wrongTokenDelaysDoubleUpToFiveSeconds() {
+        let throttle = AuthThrottle()
+        let delays = (1...40).map { _ in throttle.failed() }
+        #expect(delays.map { $0.failures } == Array(1...40))
+        let expected = [50, 100, 200, 400, 800, 1600, 3200] + Array(repeating: 5000, count: 33)
+        #expect(delays.map { $0.delay.nanoseconds / 1_000_000 } == expected.map(Int64.init))
+    }
 }

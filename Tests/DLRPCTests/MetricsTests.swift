@@ -222,24 +222,34 @@ import Testing
         let origin = try await TestOrigin.start()
         do {
             try await f.engine.start()
-            // About four seconds at 100 000 bytes a second: long enough for a scrape to land in
-            // the middle even on two busy cores (at 200 000, one in the full suite came after the
-            // last byte, while the job was still being verified and published).
-            var spec = EnqueueSpec(url: origin.baseURL + "/bytes/400000?rate=100000")
+            // About six seconds at 100 000 bytes a second: long enough for a scrape to land in
+            // the middle even on two busy cores (at 200 000 for 400 kB, one in the full suite came
+            // after the last byte, while the job was still being verified and published), and
+            // for the speed, measured over whole seconds, to be there for a while.
+            let size = 600_000
+            var spec = EnqueueSpec(url: origin.baseURL + "/bytes/\(size)?rate=100000")
             spec.name = "slow.bin"
             _ = try await f.engine.enqueue([spec])
             let running = try await f.scrape { text in
                 text.value("dld_active_transfers") == 1
-                    && (1..<400_000).contains(text.value("dld_downloaded_bytes_total") ?? 0)
+                    && (1..<Double(size)).contains(text.value("dld_downloaded_bytes_total") ?? 0)
             }
             #expect(running.value("dld_active_transfers") == 1)
             #expect(running.value("dld_jobs", ["state": "running"]) == 1)
             // The counter moves with the bytes, not only when the file is done.
             #expect((running.value("dld_downloaded_bytes_total") ?? 0) > 0)
-            #expect((running.value("dld_downloaded_bytes_total") ?? .infinity) < 400_000)
+            #expect((running.value("dld_downloaded_bytes_total") ?? .infinity) < Double(size))
+            // The speed, once a second of the transfer has been measured (or the end).
+            let moving = try await f.scrape { text in
+                (text.value("dld_jobs_completed_total") ?? 0) >= 1
+                    || (text.value("dld_active_transfers") == 1 && (text.value("dld_download_speed_bytes_per_second") ?? 0) > 0)
+            }
+            #expect(moving.value("dld_active_transfers") == 1, "the transfer ended before a scrape saw its speed")
+            #expect((moving.value("dld_download_speed_bytes_per_second") ?? 0) > 0, "no speed while the transfer ran")
             let done = try await f.scrape { ($0.value("dld_jobs_completed_total") ?? 0) >= 1 }
             #expect(done.value("dld_active_transfers") == 0)
-            #expect(done.value("dld_downloaded_bytes_total") == 400_000)
+            #expect(done.value("dld_download_speed_bytes_per_second") == 0)
+            #expect(done.value("dld_downloaded_bytes_total") == Double(size))
         } catch {
             Issue.record(error)
         }

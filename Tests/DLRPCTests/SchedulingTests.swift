@@ -120,7 +120,10 @@ extension Book {
 
     /// Invariant 3: over a long random run of ends, hand-offs, answers that tell sizes and
     /// lists read again, no start takes more than the light lane's slots, a bulk slot that is
-    /// not free, more than a group's places, or more than a host's limit.
+    /// not free, more than a group's places, or more than a host's limit. The host's limit is
+    /// judged here by the book's own count of fake transfers; the connections that really
+    /// reach a host (ranges and mirror hosts included) are counted by the servers themselves
+    /// in HostLimitTests.
     @Test(arguments: [1, 2, 3, 4, 5]) func limitsHoldForEveryStart(seed: UInt64) {
         var random = SeededRandom(seed: seed)
         let clock = SchedulingClock()

@@ -39,14 +39,16 @@ struct HLSLiveFixture {
         }
     }
 
-    /// Writes the live playlist: segments `window` (media sequence numbers = their indices).
-    func publish(_ window: Range<Int>, end: Bool = false) throws {
+    /// Writes the live playlist: segments `window` (media sequence numbers = their indices);
+    /// `name`: another playlist of the same segments beside it (a second recording's).
+    func publish(_ window: Range<Int>, end: Bool = false, as name: String? = nil) throws {
         var text = ["#EXTM3U"] + header + ["#EXT-X-MEDIA-SEQUENCE:\(window.lowerBound)"]
         for index in window { text += [lines[index].duration, lines[index].name] }
         if end { text.append("#EXT-X-ENDLIST") }
-        let temporary = playlist + ".tmp"
+        let path = name.map { www + "/live/" + $0 } ?? playlist
+        let temporary = path + ".tmp"
         try (text.joined(separator: "\n") + "\n").write(toFile: temporary, atomically: false, encoding: .utf8)
-        guard rename(temporary, playlist) == 0 else { throw HarnessError("rename of the playlist failed") }
+        guard rename(temporary, path) == 0 else { throw HarnessError("rename of the playlist failed") }
     }
 }
 
@@ -110,12 +112,16 @@ struct HLSLiveFixture {
     }
 
     /// `cancel` during a recording publishes the segments fetched so far: a file ffprobe
-    /// reads, shorter than the whole; the recording stops.
+    /// reads, shorter than the whole; the recording stops: once its playlist has grown, a
+    /// second recording (of a copy of the playlist, which reloads as often) is seen to reload
+    /// its own twice and take the new segments, while the canceled one's playlist was fetched
+    /// no more since the cancel and its group gained no member.
     @Test func cancelPublishesWhatWasFetched() throws {
         let daemon = try DaemonHarness()
         let fixture = try HLSLiveFixture(in: daemon.root)
         let nginx = try TestNginx(serving: fixture.www, in: daemon.root)
         try fixture.publish(0..<3)
+        try fixture.publish(0..<3, as: "control.m3u8")
         try daemon.start()
         defer { _ = daemon.stop() }
         let cli = try daemon.dlctl(["enqueue", nginx.url + "/live/index.m3u8", "--live", "--name", "part.ts"])
@@ -123,7 +129,28 @@ struct HLSLiveFixture {
         let group: Int64 = 1
         try Self.eventually("the first window") { try Self.members(daemon, group, "completed") == 3 }
         _ = try daemon.call("cancel", ["group": .int(group)])
-        let done = try daemon.call("status", ["group": .int(group)])["group"]
+        // A reload under way when the cancel began was answered while the cancel published.
+        let fetched = nginx.count("/live/index.m3u8")
+        let members = try daemon.call("status", ["group": .int(group)])["jobs"]?.arrayValue?.count ?? -1
+
+        // The second recording, of a copy of the playlist: it reloads as often as the first.
+        let result = try daemon.call(
+            "enqueue", ["url": .string(nginx.url + "/live/control.m3u8"), "live": true, "name": "control.ts"])
+        let control = try #require(result["group"]?["id"]?.int64Value)
+        try Self.eventually("the second recording's first window") { try Self.members(daemon, control, "completed") == 3 }
+        // Both playlists grow; the second recording reloads twice (a reload interval passes
+        // between two) and takes the new segments.
+        try fixture.publish(0..<6)
+        try fixture.publish(0..<6, as: "control.m3u8")
+        let grown = nginx.count("/live/control.m3u8")
+        try Self.eventually("two reloads of the grown playlist") {
+            try nginx.count("/live/control.m3u8") >= grown + 2 && Self.members(daemon, control, "completed") == 6
+        }
+        #expect(nginx.count("/live/index.m3u8") == fetched, "the canceled recording still reloads: \(nginx.requests)")
+        let after = try daemon.call("status", ["group": .int(group)])
+        #expect(after["jobs"]?.arrayValue?.count == members, "the canceled recording gained members: \(after.serializedString())")
+
+        let done = after["group"]
         #expect(done?["state"] == "completed", "\(done?.serializedString() ?? "")")
         #expect(done?["hls"]?["live"] == false)
         let out = daemon.downloadDir + "/part.ts"
@@ -131,8 +158,9 @@ struct HLSLiveFixture {
         #expect(probe.duration > 0.5 && probe.duration < 5, "\(probe)")
         #expect(probe.streams.sorted() == ["audio", "video"])
         #expect(try HLSFixture.frames(out).count > 50)
-        // No staging folder is left, and the playlist grows no more into it.
-        try fixture.publish(0..<6)
-        #expect(try FileManager.default.contentsOfDirectory(atPath: daemon.downloadDir) == ["part.ts"])
+        // No staging folder is left: once the second recording is canceled too, the folder
+        // holds the two files and nothing else.
+        _ = try daemon.call("cancel", ["group": .int(control)])
+        #expect(try FileManager.default.contentsOfDirectory(atPath: daemon.downloadDir).sorted() == ["control.ts", "part.ts"])
     }
 }

@@ -71,6 +71,13 @@ final class RawConnection {
         return n > 0 ? Data(buffer[0..<n]) : Data()
     }
 
+    /// Whether bytes (or the peer's close) are there to read now, without waiting.
+    var hasInput: Bool {
+        var byte: UInt8 = 0
+        let n = recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
+        return n >= 0
+    }
+
     /// Everything until the peer closes.
     func receiveAll() -> Data {
         var all = Data()
@@ -593,8 +600,9 @@ extension HTTPListenerTests {
 }
 
 extension HTTPListenerTests {
-    /// Hostile WebSocket input: a message over max_line_bytes, a binary message, a flood of
-    /// requests; each closes that connection, and dld answers on the socket afterwards.
+    /// Hostile WebSocket input: a message over max_line_bytes, a binary message; each closes
+    /// that connection (a flood: `aFloodOfMessagesIsCutAt64`), and dld answers on the socket
+    /// afterwards.
     @Test func hostileWebSocketInput() throws {
         let web = try WebDaemon(config: "max_line_bytes = 65536\n")
         defer { web.daemon.stop() }
@@ -613,6 +621,42 @@ extension HTTPListenerTests {
         #expect(try garbage.receiveJSON()["result"]?["protocol"] != nil)
         #expect(try web.daemon.call("version")["protocol"] != nil)
     }
+
+    /// At most 64 messages wait for their answer (docs/protocol.md, "WebSocket"): behind a
+    /// `get` whose download the origin holds (`gate=2`: until a second body streams, for at
+    /// most 20 s), 64 messages are all answered, in order, once the test lets the download go;
+    /// 65 close the connection with 1008.
+    @Test func aFloodOfMessagesIsCutAt64() async throws {
+        try await withOrigin { origin in
+            let web = try WebDaemon()
+            defer { web.daemon.stop() }
+            let token = try web.token
+            func get(_ path: String) -> String {
+                #"{"jsonrpc":"2.0","id":0,"method":"get","params":{"url":"\#(origin.baseURL)\#(path)"}}"#
+            }
+            func version(_ id: Int) -> String { #"{"jsonrpc":"2.0","id":\#(id),"method":"version"}"# }
+
+            let full = try RawWebSocket(port: web.port, token: token)
+            full.send(get("/bytes/1000?gate=2"))
+            for id in 1...64 { full.send(version(id)) }
+            // A second body, streamed for three seconds: the gate sees two bodies and opens.
+            let second = try RawConnection(port: origin.port)
+            second.send("GET /bytes/150000?rate=50000 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            let answer = try full.receiveJSON()
+            #expect(answer["id"] == 0 && answer["result"]?["size"] == 1000, "\(answer.serializedString())")
+            for id in 1...64 {
+                let reply = try full.receiveJSON()
+                #expect(reply["id"] == .int(Int64(id)) && reply["result"]?["protocol"] != nil, "\(reply.serializedString())")
+            }
+            #expect(try RawResponse(second.receiveAll()).status == 200)
+
+            let flood = try RawWebSocket(port: web.port, token: token)
+            flood.send(get("/bytes/2000?gate=2"))
+            for id in 1...65 { flood.send(version(id)) }
+            #expect(try flood.closeCode() == 1008)
+            #expect(try web.daemon.call("version")["protocol"] != nil)
+        }
+    }
 }
 
 extension RawWebSocket {
@@ -628,24 +672,33 @@ extension RawWebSocket {
 }
 
 extension HTTPListenerTests {
-    /// Wrong tokens in a row are answered ever more slowly (50 ms, doubled each time), and the
-    /// wait holds no one else: a request with the token is answered at once meanwhile.
+    /// Wrong tokens in a row are answered ever more slowly (`AuthThrottle`: 50 ms, doubled each
+    /// time, at most 5 s; its delays are HTTPAccessTests'), and the wait holds no one else.
+    /// Seven wrong tokens at once, then an eighth, which waits the longest delay: once dld has
+    /// read it (its log line), a request with the token is answered while the eighth is not.
     @Test func wrongTokensAreSlowedForThemOnly() throws {
         let web = try WebDaemon()
         defer { web.daemon.stop() }
-        let wrong = [("Authorization", "Bearer " + String(repeating: "f", count: 64))]
-        for _ in 0..<5 { #expect(try web.request("GET", "/", headers: wrong).status == 401) }
-        // The sixth waits about 1.6 s.
-        let slow = try RawConnection(port: web.port)
-        let started = Date()
-        slow.send("GET / HTTP/1.1\r\nHost: 127.0.0.1:\(web.port)\r\nAuthorization: Bearer \(String(repeating: "f", count: 64))\r\n\r\n")
-        usleep(100_000)
-        let quick = Date()
+        let wrong = "GET / HTTP/1.1\r\nHost: 127.0.0.1:\(web.port)\r\nAuthorization: Bearer \(String(repeating: "f", count: 64))\r\n\r\n"
+        func read(_ failures: Int) throws {
+            let deadline = Date().addingTimeInterval(60)
+            while !web.daemon.log.contains("failures_in_a_row=\(failures)") {
+                guard Date() < deadline else { throw HarnessError("dld did not log wrong token \(failures)") }
+                usleep(20_000)
+            }
+        }
+        let first = try (0..<7).map { _ in
+            let connection = try RawConnection(port: web.port)
+            connection.send(wrong)
+            return connection
+        }
+        try read(7)
+        let slowest = try RawConnection(port: web.port)
+        slowest.send(wrong)
+        try read(8)
         #expect(try web.request("GET", "/").status == 200)
-        #expect(Date().timeIntervalSince(quick) < 1, "a request with the token waited for the slowed one")
-        #expect(try RawResponse(slow.receiveAll()).status == 401)
-        #expect(Date().timeIntervalSince(started) > 1.2, "the sixth wrong token in a row was not slowed")
-        #expect(web.daemon.log.contains("failures_in_a_row=6"))
+        #expect(!slowest.hasInput, "the eighth wrong token was answered before the request with the token")
+        for connection in first + [slowest] { #expect(try RawResponse(connection.receiveAll()).status == 401) }
     }
 }
 
@@ -710,5 +763,74 @@ extension HTTPListenerTests {
             #expect(try JSONValue.parse(response.body)["result"]?["path"] != nil, "\(response.text)")
             #expect(Date().timeIntervalSince(started) > 1.5, "the download should outlast the read timeout")
         }
+    }
+}
+
+extension HTTPListenerTests {
+    /// What docs/protocol.md ("HTTP: POST /rpc", "Authentication, Host and Origin") promises of
+    /// every reply and request head: `Cache-Control: no-store` on every reply; the dashboard's
+    /// files with the whole Content-Security-Policy and `X-Frame-Options: DENY`; `404` for
+    /// anything else (after the token); `400` without `Host`; a head of 32 KiB and 100 headers
+    /// served, one byte or one header more `400`. (The delays of wrong tokens, up to 5 s, are
+    /// HTTPAccessTests'.)
+    @Test func documentedHeadersAndLimits() throws {
+        let web = try WebDaemon()
+        defer { web.daemon.stop() }
+        let policy =
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+            + "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+        for path in ["/", "/index.html", "/app.js", "/app.css", "/icon.svg"] {
+            let file = try web.request("GET", path)
+            #expect(file.status == 200, "\(path)")
+            #expect(file.header("content-security-policy") == policy, "\(path): \(file.header("content-security-policy") ?? "none")")
+            #expect(file.header("x-frame-options") == "DENY", "\(path)")
+            #expect(file.header("cache-control") == "no-store", "\(path)")
+        }
+        let version = Data(#"{"jsonrpc":"2.0","id":1,"method":"version"}"#.utf8)
+        let json = ("Content-Type", "application/json")
+        let notification = Data(#"{"jsonrpc":"2.0","method":"stats"}"#.utf8)
+        let replies: [(String, RawResponse, Int)] = [
+            ("rpc", try web.request("POST", "/rpc", body: version, headers: [json]), 200),
+            ("notification", try web.request("POST", "/rpc", body: notification, headers: [json]), 204),
+            ("metrics", try web.request("GET", "/metrics"), 200),
+            ("openrpc", try web.request("GET", "/openrpc.json"), 200),
+            ("login", try web.request("GET", "/login?token=\(try web.token)", auth: false), 303),
+            ("no token", try web.request("GET", "/", auth: false), 401),
+            ("unknown path", try web.request("GET", "/nothing-here"), 404),
+            ("unknown file", try web.request("GET", "/app.jsx"), 404),
+            ("POST of a page", try web.request("POST", "/", body: version, headers: [json]), 404),
+            ("unknown path, no token", try web.request("GET", "/nothing-here", auth: false), 401),
+            ("foreign host", try web.request("GET", "/", headers: [("Host", "evil.example:\(web.port)")]), 421),
+            ("body too large", try web.request("POST", "/rpc", body: Data(count: (4 << 20) + 1), headers: [json]), 413),
+        ]
+        for (what, reply, status) in replies {
+            #expect(reply.status == status, "\(what): \(reply.status) \(reply.text)")
+            #expect(reply.header("cache-control") == "no-store", "\(what)")
+        }
+        // No Host at all.
+        let hostless = try RawConnection(port: web.port)
+        hostless.send("GET / HTTP/1.1\r\nAuthorization: Bearer \(try web.token)\r\nConnection: close\r\n\r\n")
+        let noHost = try RawResponse(hostless.receiveAll())
+        #expect(noHost.status == 400, "\(noHost.text)")
+        #expect(noHost.header("cache-control") == "no-store")
+
+        // The head's size: the request target and the header names and values, as the limit
+        // counts them (docs/protocol.md; the spaces, colons and line ends around them aside).
+        func head(counted: Int) throws -> RawResponse {
+            let fields = [("Host", "127.0.0.1:\(web.port)"), ("Authorization", "Bearer \(try web.token)"), ("Connection", "close")]
+            let used = "/".utf8.count + fields.reduce(0) { $0 + $1.0.utf8.count + $1.1.utf8.count } + "X-Pad".utf8.count
+            let pad = ("X-Pad", String(repeating: "a", count: counted - used))
+            let connection = try RawConnection(port: web.port)
+            connection.send("GET / HTTP/1.1\r\n" + (fields + [pad]).map { "\($0.0): \($0.1)\r\n" }.joined() + "\r\n")
+            return try RawResponse(connection.receiveAll())
+        }
+        #expect(try head(counted: 32 << 10).status == 200)
+        #expect(try head(counted: (32 << 10) + 1).status == 400)
+        // `request` adds Host, Authorization, Content-Length and Connection.
+        func headers(count: Int) throws -> RawResponse {
+            try web.request("GET", "/", headers: (0..<(count - 4)).map { ("X-H\($0)", "1") })
+        }
+        #expect(try headers(count: 100).status == 200)
+        #expect(try headers(count: 101).status == 400)
     }
 }
