@@ -613,7 +613,7 @@ class Chaos:
         self.busy_lock = threading.Lock()
         self.stop_event = threading.Event()
         self.pending: list[threading.Thread] = []
-        self.heal_actions: dict[str, Callable[[], None]] = {}
+        self.dup: Worker | None = None
 
     # The origin's settings
 
@@ -645,7 +645,7 @@ class Chaos:
         log(f"fleet up: 3 workers, PostgreSQL {PG_IP}, origin {ORIGIN_IP}:{ORIGIN_PORT}, run folder {self.run_dir}")
 
     def teardown(self) -> None:
-        for worker in list(self.workers.values()) + ([self.dup] if getattr(self, "dup", None) else []):
+        for worker in list(self.workers.values()) + ([self.dup] if self.dup else []):
             worker.stop()
         if self.origin and self.origin.poll() is None:
             self.origin.terminate()
@@ -663,7 +663,7 @@ class Chaos:
         outcome, result = rpc(self.workers[worker].socket, method, params, timeout=timeout)
         entry = {"worker": worker, "method": method, "params": params, "sent": sent, "answered": time.time(), "outcome": outcome}
         if outcome == "ok" and method == "enqueue":
-            entry["result"] = {"id": result.get("id")}
+            entry["result"] = {"id": result["job"]["id"]}
         elif outcome != "ok":
             entry["result"] = result
         self.history.command(entry)
@@ -679,7 +679,7 @@ class Chaos:
         outcome, result = self.command(worker, "enqueue", params)
         if outcome == "ok":
             with self.control_lock:
-                self.jobs[int(result["id"])] = {"path": path, "size": size, "file": str(self.shared / f"j{n}.bin")}
+                self.jobs[int(result["job"]["id"])] = {"path": path, "size": size, "file": str(self.shared / f"j{n}.bin")}
 
     def random_command(self) -> None:
         r = self.workload_random
@@ -712,8 +712,10 @@ class Chaos:
     # Faults
 
     def claim(self, target: str) -> bool:
+        """One fault at a time per target (a worker, "pg", "origin"); faults on different
+        targets overlap."""
         with self.busy_lock:
-            if target in self.busy or ("pg" in self.busy and target != "origin") or (target == "pg" and self.busy - {"origin"}):
+            if target in self.busy:
                 return False
             self.busy.add(target)
             return True
@@ -741,16 +743,16 @@ class Chaos:
         hold = 1.5 * LEASE
         try:
             if kind == "pg_partition":
-                self.hold(target, entry, hold, lambda: nft_drop(target, PG_IP), lambda: nft_heal(target))
+                self.hold(entry, hold, lambda: nft_drop(target, PG_IP), lambda: nft_heal(target))
             elif kind == "isolate":
-                self.hold(target, entry, hold, lambda: nft_drop(target, f"{NET}.0/24"), lambda: nft_heal(target))
+                self.hold(entry, hold, lambda: nft_drop(target, f"{NET}.0/24"), lambda: nft_heal(target))
             elif kind == "sigstop":
                 worker = self.workers[target]
-                self.hold(target, entry, hold, lambda: worker.signal(signal.SIGSTOP), lambda: worker.signal(signal.SIGCONT))
+                self.hold(entry, hold, lambda: worker.signal(signal.SIGSTOP), lambda: worker.signal(signal.SIGCONT))
             elif kind == "clock_step":
                 file = self.workers[target].faketime
                 entry["step"] = step
-                self.hold(target, entry, 3 * LEASE, lambda: file.write_text(f"{step:+d}\n"), lambda: file.write_text("+0\n"))
+                self.hold(entry, 3 * LEASE, lambda: file.write_text(f"{step:+d}\n"), lambda: file.write_text("+0\n"))
             elif kind == "kill_listen":
                 ip = WORKER_IPS[target]
                 killed = self.pg.psql(
@@ -760,7 +762,7 @@ class Chaos:
                 self.history.fault(entry)
             elif kind == "pg_restart":
                 entry["down"] = round(down, 2)
-                self.hold("pg", entry, down, self.pg.stop_immediate, self.pg.start)
+                self.hold(entry, down, self.pg.stop_immediate, self.pg.start)
             elif kind == "duplicate":
                 self.duplicate(entry)
             elif kind == "version_bump":
@@ -771,13 +773,12 @@ class Chaos:
         finally:
             self.release(target)
 
-    def hold(self, target: str, entry: dict[str, Any], seconds: float, begin: Callable[[], None], end: Callable[[], None]) -> None:
-        self.heal_actions[target] = end
+    def hold(self, entry: dict[str, Any], seconds: float, begin: Callable[[], None], end: Callable[[], None]) -> None:
+        """A fault that lasts: begun, held `seconds` (less once the run heals), ended."""
         begin()
         self.history.fault(entry)
         self.stop_event.wait(seconds)
         end()
-        self.heal_actions.pop(target, None)
         entry["healed"] = time.time()
 
     def duplicate(self, entry: dict[str, Any]) -> None:
@@ -820,10 +821,9 @@ class Chaos:
 
     def heal_all(self) -> None:
         self.stop_event.set()
+        # Each fault's thread ends its fault as soon as the event is set; then, to be sure:
         for thread in self.pending:
             thread.join(timeout=30)
-        for target, action in list(self.heal_actions.items()):
-            action()
         for name in self.workers:
             nft_heal(name)
             self.workers[name].signal(signal.SIGCONT)
