@@ -881,6 +881,7 @@ class Chaos:
             "versions": self.control["versions"], "commands": self.history.commands, "faults": self.history.faults,
             "audit": json.loads(audit_json), "final_rows": json.loads(jobs_json), "final_states": final,
             "origin": [json.loads(line) for line in (self.run_dir / "origin.jsonl").read_text().splitlines() if line],
+            "worker_logs": {name: log_counts(worker.log_path) for name, worker in self.workers.items()},
         }
         return history
 
@@ -888,6 +889,13 @@ class Chaos:
         if self.origin and self.origin.poll() is None:
             self.origin.terminate()
             self.origin.wait(timeout=10)
+
+
+def log_counts(path: Path) -> dict[str, int]:
+    """How often a worker's log says what the summary shows beside the violations."""
+    text = path.read_text(errors="replace") if path.exists() else ""
+    marks = {"fenced": "this worker is fenced", "unfenced": "takes jobs again", "listener_reconnected": "listener connected again"}
+    return {key: text.count(mark) for key, mark in marks.items()}
 
 
 # MARK: The checker
@@ -1121,6 +1129,8 @@ def summary(history: dict[str, Any], violations: list[dict[str, Any]], run_dir: 
     lines.append(f"jobs: {len(history['jobs'])} enqueued; at the end " + ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
                  + f", removed {removed}")
     lines.append(f"origin requests: {len(history['origin'])}; audit rows: {len(history['audit'])}")
+    for name, counts in sorted(history["worker_logs"].items()):
+        lines.append(f"  {name} log: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     lines.append("")
     lines.append(f"violations: {len(violations)}")
     for v in violations:
