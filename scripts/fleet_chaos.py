@@ -275,6 +275,7 @@ def serve_origin(folder: Path) -> None:
                 entry["outcome"] = "done"
             except OSError as error:
                 entry["outcome"] = f"aborted: {error.__class__.__name__}"
+                self.close_connection = True
             entry["end"] = time.time()
             active.pop(key, None)
             record(entry)
