@@ -474,7 +474,11 @@ class Worker:
         self.faketime.write_text("+0\n")
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.dir / "dld.log"
-        (self.dir / "config.toml").write_text(
+        # Found through XDG_CONFIG_HOME, not --config: under libfaketime's preload, dld was once
+        # seen starting with none of its arguments.
+        config = self.dir / "config" / "dld" / "config.toml"
+        config.parent.mkdir(parents=True)
+        config.write_text(
             f'database = "postgresql://dld@{PG_IP}:5432/chaos?sslmode=disable"\n'
             f'worker_name = "{worker_name}"\n'
             f"lease = {LEASE}\n"
@@ -505,7 +509,7 @@ class Worker:
             "DONT_FAKE_MONOTONIC=1",
         ] if FAKETIME_LIB else []
         log_file = open(self.log_path, "ab")
-        self.process = subprocess.Popen(ns_exec(self.name) + preload + [self.dld, "--config", str(self.dir / "config.toml")],
+        self.process = subprocess.Popen(ns_exec(self.name) + preload + [self.dld],
                                         stdout=log_file, stderr=log_file, env=env)
 
     def alive(self) -> bool:
