@@ -737,13 +737,14 @@ class Chaos:
         # Drawn whether or not they are used, so that the seed's sequence stays the same.
         step = r.choice([-10, 10]) * LEASE
         down = r.uniform(1, 4)
+        pick = r.random()
         target = {"pg_restart": "pg", "duplicate": "w1", "version_bump": "origin"}.get(kind, worker)
         if not self.claim(target):
             self.history.fault({"kind": kind, "target": target, "at": time.time(), "note": "skipped: target busy"})
             return
-        self.spawn(lambda: self.fault(kind, target, step, down))
+        self.spawn(lambda: self.fault(kind, target, step, down, pick))
 
-    def fault(self, kind: str, target: str, step: int, down: float) -> None:
+    def fault(self, kind: str, target: str, step: int, down: float, pick: float) -> None:
         entry: dict[str, Any] = {"kind": kind, "target": target, "at": time.time()}
         hold = 1.5 * LEASE
         try:
@@ -771,7 +772,7 @@ class Chaos:
             elif kind == "duplicate":
                 self.duplicate(entry)
             elif kind == "version_bump":
-                self.version_bump(entry)
+                self.version_bump(entry, pick)
         except Exception as error:  # A fault that could not be done is recorded, not fatal.
             entry["note"] = f"failed: {error}"
             self.history.fault(entry)
@@ -806,7 +807,7 @@ class Chaos:
             self.dup.stop()
         entry["healed"] = time.time()
 
-    def version_bump(self, entry: dict[str, Any]) -> None:
+    def version_bump(self, entry: dict[str, Any], pick: float) -> None:
         rows = self.pg.psql("SELECT id FROM jobs WHERE state = 'running' ORDER BY id").split()
         with self.control_lock:
             known = [int(i) for i in rows if int(i) in self.jobs]
@@ -814,7 +815,7 @@ class Chaos:
                 entry["note"] = "nothing running"
                 self.history.fault(entry)
                 return
-            job = self.fault_random.choice(known)
+            job = known[int(pick * len(known))]
             path = self.jobs[job]["path"]
             version = int(self.control["versions"].get(path, 1)) + 1
             self.control["versions"][path] = version
