@@ -701,7 +701,8 @@ class Chaos:
             method = r.choice(["pause", "resume"])
             params = {"ids": sorted(set(r.sample(ids, min(len(ids), r.randrange(2, 5)))))}
         elif method == "set_speed":
-            params = {"id": job, "max_speed": r.choice([0, 65536, 262144, 1048576])}
+            # A job limit stays when the run heals: none so low that a file could not finish in the wait.
+            params = {"id": job, "max_speed": r.choice([0, 262144, 1048576])}
         elif method == "change":
             path = self.jobs[job]["path"]
             params = {"id": job, "url": f"http://{ORIGIN_IP}:{ORIGIN_PORT}{path}?c={r.randrange(1000)}"}
