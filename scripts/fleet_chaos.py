@@ -83,7 +83,8 @@ outcome's window never ends, since it may still take effect):
 Run as root (namespaces, nftables): `make fleet-chaos` (FLEET_CHAOS_SEEDS seeds of
 FLEET_CHAOS_SECONDS), `make fleet-chaos FLEET_CHAOS_SHORT=1` (one seed, about a minute),
 `make fleet-chaos FLEET_CHAOS_SEED=N` to replay seed N (the same commands and faults in the
-same order; thread timing still differs). Each run writes history.json and summary.txt in its
+same order; thread timing still differs); FLEET_CHAOS_FAULTS=kind,kind limits the faults drawn
+(the seed then draws another sequence). Each run writes history.json and summary.txt in its
 folder (.build/fleet-chaos/seed-N-TIME/); the exit status is 1 on any violation.
 """
 
@@ -122,6 +123,7 @@ LEASE = 6
 FENCE_MARGIN = 0.5
 FAKETIME_LIB = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))), None)
 STOPPED_STATES = {"completed", "canceled", "failed"}
+FAULT_KINDS = ["pg_partition", "isolate", "sigstop", "kill_listen", "clock_step", "pg_restart", "duplicate", "version_bump"]
 
 
 def log(message: str) -> None:
@@ -597,8 +599,9 @@ class History:
 
 
 class Chaos:
-    def __init__(self, seed: int, seconds: float, dld: str, run_dir: Path) -> None:
+    def __init__(self, seed: int, seconds: float, dld: str, run_dir: Path, fault_kinds: list[str]) -> None:
         self.seed = seed
+        self.fault_kinds = fault_kinds
         self.seconds = seconds
         self.dld = dld
         self.run_dir = run_dir
@@ -732,8 +735,7 @@ class Chaos:
 
     def inject(self) -> None:
         r = self.fault_random
-        kind = r.choice(["pg_partition", "isolate", "sigstop", "kill_listen", "clock_step", "pg_restart", "duplicate",
-                         "version_bump"])
+        kind = r.choice(self.fault_kinds)
         worker = r.choice(sorted(self.workers))
         # Drawn whether or not they are used, so that the seed's sequence stays the same.
         step = r.choice([-10, 10]) * LEASE
@@ -883,7 +885,7 @@ class Chaos:
             worker.stop()
         self.origin_terminate()
         history = {
-            "seed": self.seed, "seconds": self.seconds, "lease": LEASE, "fence_margin": FENCE_MARGIN, "started": began,
+            "seed": self.seed, "seconds": self.seconds, "fault_kinds": self.fault_kinds, "lease": LEASE, "fence_margin": FENCE_MARGIN, "started": began,
             "workers": {ip: name for name, ip in WORKER_IPS.items()}, "jobs": {str(k): v for k, v in self.jobs.items()},
             "versions": self.control["versions"], "commands": self.history.commands, "faults": self.history.faults,
             "audit": json.loads(audit_json), "final_rows": json.loads(jobs_json), "final_states": final,
@@ -1147,12 +1149,12 @@ def summary(history: dict[str, Any], violations: list[dict[str, Any]], run_dir: 
     return "\n".join(lines) + "\n"
 
 
-def run_seed(seed: int, seconds: float, dld: str, out: Path) -> int:
+def run_seed(seed: int, seconds: float, dld: str, out: Path, fault_kinds: list[str]) -> int:
     run_dir = out / f"seed-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True)
     os.chmod(run_dir, 0o755)
     log(f"seed {seed}: {seconds:.0f} s, run folder {run_dir}")
-    chaos = Chaos(seed, seconds, dld, run_dir)
+    chaos = Chaos(seed, seconds, dld, run_dir, fault_kinds)
     try:
         history = chaos.run()
     finally:
@@ -1194,11 +1196,15 @@ def main() -> int:
         count = 1 if short else int(os.environ.get("FLEET_CHAOS_SEEDS") or 5)
         first = random.SystemRandom().randrange(1, 1_000_000)
         seeds = [first + n for n in range(count)]
-    log(f"seeds: {' '.join(map(str, seeds))}")
+    fault_kinds = [k for k in (os.environ.get("FLEET_CHAOS_FAULTS") or ",".join(FAULT_KINDS)).split(",") if k]
+    if unknown := set(fault_kinds) - set(FAULT_KINDS):
+        print(f"unknown fault kinds {sorted(unknown)}; they are {', '.join(FAULT_KINDS)}", file=sys.stderr)
+        return 2
+    log(f"seeds: {' '.join(map(str, seeds))}; faults: {' '.join(fault_kinds)}")
     out = Path(args.out).absolute()
     failed: list[tuple[int, int]] = []
     for seed in seeds:
-        found = run_seed(seed, seconds, dld, out)
+        found = run_seed(seed, seconds, dld, out, fault_kinds)
         if found:
             failed.append((seed, found))
     for seed, found in failed:
