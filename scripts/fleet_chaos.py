@@ -48,11 +48,13 @@ outcome's window never ends, since it may still take effect):
                          of the origin's size (a version bump after the file was complete
                          legitimately leaves the older version).
     canceled_file        a job that ends `canceled` has a file at its path.
-    two_streams          the origin streamed one path to two different workers at once: their
-                         requests' [start, last acknowledged progress] overlap by more than
-                         FENCE_MARGIN (0.5 s: the time for a stopped transfer's socket to close
-                         and the origin to notice). "Progress" is the peer's TCP acknowledging
-                         bytes, so bytes buffered towards an unreachable worker do not count.
+    two_streams          the origin streamed one path to two different workers at once for more
+                         than FENCE_MARGIN (0.5 s: the time for a stopped transfer's socket to
+                         close and the origin to notice) in all. A request streams while the
+                         peer's TCP acknowledges more bytes (TCP_INFO, sampled at each write,
+                         a sample standing for GAP = 0.5 s): bytes buffered towards an isolated
+                         or stopped worker do not count, and a stopped worker that reads on
+                         after its SIGCONT does.
     unexplained_pause    the job entered `paused` with no pause command (ok or unknown) sent
                          before it and not answered before the job last left `paused`.
     unexplained_resume   the job left `paused` for queued/running/waiting/completed with no
@@ -121,6 +123,7 @@ WORKER_IPS = {"w1": f"{NET}.11", "w2": f"{NET}.12", "w3": f"{NET}.13", "dup": f"
 BLOCK = 4096
 LEASE = 6
 FENCE_MARGIN = 0.5
+GAP = 0.5
 FAKETIME_LIB = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))), None)
 STOPPED_STATES = {"completed", "canceled", "failed"}
 FAULT_KINDS = ["pg_partition", "isolate", "sigstop", "kill_listen", "clock_step", "pg_restart", "duplicate", "version_bump"]
@@ -253,6 +256,9 @@ def serve_origin(folder: Path) -> None:
                 "version": version, "status": status, "from": start, "to": end, "start": time.time(), "sent": 0,
             }
             entry["progress_at"] = entry["start"]
+            # When the peer's TCP acknowledged more bytes, as intervals: a pause of more than
+            # GAP splits them (a stopped or cut-off worker takes nothing, whatever was sent).
+            entry["active"] = [[entry["start"], entry["start"]]]
             key = id(entry)
             active[key] = entry
             acked = tcp_bytes_acked(self.connection)
@@ -271,7 +277,11 @@ def serve_origin(folder: Path) -> None:
                     now_acked = tcp_bytes_acked(self.connection)
                     if now_acked > acked:
                         acked = now_acked
-                        entry["progress_at"] = time.time()
+                        now = time.time()
+                        if now - entry["progress_at"] > GAP:
+                            entry["active"].append([now, now])
+                        entry["active"][-1][1] = now
+                        entry["progress_at"] = now
                     if rate:
                         time.sleep(max(0.0, len(data) / rate - (time.monotonic() - began)))
                 entry["outcome"] = "done"
@@ -919,7 +929,7 @@ def max_speed_of(options: str | None) -> int | None:
     return int(value) if value else 0
 
 
-def check(history: dict[str, Any], shared: Path) -> list[dict[str, Any]]:
+def check(history: dict[str, Any]) -> list[dict[str, Any]]:
     """The rules of the module's docstring, over a history; returns the violations."""
     violations: list[dict[str, Any]] = []
     lease = history["lease"]
@@ -928,7 +938,12 @@ def check(history: dict[str, Any], shared: Path) -> list[dict[str, Any]]:
         violations.append({"kind": kind, "job": job, "detail": detail})
 
     commands = history["commands"]
-    jobs = {int(k): v for k, v in history["jobs"].items()}
+    # Every row ever written, also those of enqueues whose answer was lost: the URL says the file.
+    jobs: dict[int, dict[str, Any]] = {}
+    for row in history["audit"]:
+        if row["op"] == "insert":
+            path = "/" + row["url"].split("/", 3)[3].partition("?")[0]
+            jobs[row["id"]] = {"path": path, "size": size_of(path)}
     path_to_job = {v["path"]: k for k, v in jobs.items()}
     final_rows = {row["id"]: row for row in history["final_rows"]}
     audit: dict[int, list[dict[str, Any]]] = {}
@@ -1047,16 +1062,17 @@ def check(history: dict[str, Any], shared: Path) -> list[dict[str, Any]]:
         reported: set[tuple[str, str]] = set()
         for i, a in enumerate(requests):
             for b in requests[i + 1:]:
-                if b["start"] >= a["progress_at"]:
+                if b["start"] >= a["progress_at"] + GAP:
                     continue
-                overlap = min(a["progress_at"], b["progress_at"]) - b["start"]
+                overlap = sum(max(0.0, min(x[1], y[1]) - max(x[0], y[0]))
+                              for x in widened(a["active"]) for y in widened(b["active"]))
                 pair = tuple(sorted((a["worker"], b["worker"])))
                 if a["worker"] != b["worker"] and overlap > FENCE_MARGIN and pair not in reported:
                     reported.add(pair)  # One report per pair of workers and path.
                     violation("two_streams", job, f"{path}: {a['worker']} [{a['start'] - history['started']:.2f}s, "
                               f"{a['progress_at'] - history['started']:.2f}s] and {b['worker']} "
                               f"[{b['start'] - history['started']:.2f}s, {b['progress_at'] - history['started']:.2f}s] "
-                              f"overlap by {overlap:.2f}s")
+                              f"streamed to both for {overlap:.2f}s")
         if job is None:
             continue
         stops = []
@@ -1069,7 +1085,7 @@ def check(history: dict[str, Any], shared: Path) -> list[dict[str, Any]]:
                 stops.append((c, c["answered"] + lease, until))
         for c, since, until in stops:
             for q in requests:
-                if q["start"] < until and q["progress_at"] > since:
+                if any(a < until and b > since for a, b in q["active"]):
                     violation("stream_after_stop", job, f"{c['method']} answered at {c['answered'] - history['started']:.2f}s, "
                               f"but {q['worker']} streamed {path} until {q['progress_at'] - history['started']:.2f}s")
                     break
@@ -1092,6 +1108,12 @@ def check(history: dict[str, Any], shared: Path) -> list[dict[str, Any]]:
             violation("duplicate_worker", None, f"a second daemon with w1's worker id ran, not fenced, at "
                       f"{fault['at'] - history['started']:.2f}s")
     return violations
+
+
+def widened(intervals: list[list[float]]) -> list[list[float]]:
+    """A request's intervals of progress, each held GAP longer: progress is sampled at each
+    write, and a sample stands for the time until the next."""
+    return [[a, b + GAP] for a, b in intervals]
 
 
 def check_file(file: Path, path: str, size: int) -> str | None:
@@ -1134,9 +1156,10 @@ def summary(history: dict[str, Any], violations: list[dict[str, Any]], run_dir: 
     states: dict[str, int] = {}
     for row in history["final_rows"]:
         states[row["state"]] = states.get(row["state"], 0) + 1
-    removed = len(history["jobs"]) - len(history["final_rows"])
-    lines.append(f"jobs: {len(history['jobs'])} enqueued; at the end " + ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
-                 + f", removed {removed}")
+    created = sum(1 for row in history["audit"] if row["op"] == "insert")
+    removed = sum(1 for row in history["audit"] if row["op"] == "delete")
+    lines.append(f"jobs: {created} created ({len(history['jobs'])} enqueues answered); at the end "
+                 + ", ".join(f"{k} {v}" for k, v in sorted(states.items())) + f", removed {removed}")
     lines.append(f"origin requests: {len(history['origin'])}; audit rows: {len(history['audit'])}")
     for name, counts in sorted(history["worker_logs"].items()):
         lines.append(f"  {name} log: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
@@ -1159,7 +1182,7 @@ def run_seed(seed: int, seconds: float, dld: str, out: Path, fault_kinds: list[s
         history = chaos.run()
     finally:
         chaos.teardown()
-    violations = check(history, chaos.shared)
+    violations = check(history)
     history["violations"] = violations
     (run_dir / "history.json").write_text(json.dumps(history, indent=1))
     text = summary(history, violations, run_dir)
