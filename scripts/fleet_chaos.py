@@ -593,7 +593,6 @@ def rpc(path: Path, method: str, params: dict[str, Any] | None, timeout: float =
 @dataclass
 class History:
     seed: int
-    started: float = field(default_factory=time.time)
     commands: list[dict[str, Any]] = field(default_factory=list)
     faults: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -697,7 +696,7 @@ class Chaos:
         outcome, result = self.command(worker, "enqueue", params)
         if outcome == "ok":
             with self.control_lock:
-                self.jobs[int(result["job"]["id"])] = {"path": path, "size": size, "file": str(self.shared / f"j{n}.bin")}
+                self.jobs[int(result["job"]["id"])] = {"path": path, "size": size}
 
     def random_command(self) -> None:
         r = self.workload_random
@@ -850,24 +849,22 @@ class Chaos:
         if self.pg.process is None or self.pg.process.poll() is not None:
             self.pg.start()
 
-    def settle(self, timeout: float) -> dict[int, str]:
+    def settle(self, timeout: float) -> None:
         """Lets every job finish: the origin at full speed, every paused or waiting job
         resumed (a command like any other, recorded), then a bounded wait."""
         self.control["rate"] = 0
         self.write_control()
         deadline = time.time() + timeout
         resumed_at = 0.0
-        states: dict[int, str] = {}
         while time.time() < deadline:
             rows = self.pg.psql("SELECT id, state FROM jobs ORDER BY id")
-            states = {int(i): s for i, s in (line.split("|") for line in rows.splitlines() if line)}
-            if all(s in STOPPED_STATES for s in states.values()):
+            states = [line.split("|")[1] for line in rows.splitlines() if line]
+            if all(s in STOPPED_STATES for s in states):
                 break
-            if time.time() - resumed_at > 10 and any(s in ("paused", "waiting") for s in states.values()):
+            if time.time() - resumed_at > 10 and any(s in ("paused", "waiting") for s in states):
                 self.command("w2", "resume", {"all": True}, timeout=30)
                 resumed_at = time.time()
             time.sleep(0.5)
-        return states
 
     def run(self) -> dict[str, Any]:
         self.start()
@@ -882,7 +879,7 @@ class Chaos:
         log("healing every fault")
         self.heal_all()
         log("waiting for every job to finish")
-        final = self.settle(timeout=max(60, self.seconds))
+        self.settle(timeout=max(60, self.seconds))
         audit_json = self.pg.psql(
             "SELECT coalesce(json_agg(json_build_object('seq', seq, 'at', extract(epoch FROM at), 'op', op, 'id', id, "
             "'old_state', old_state, 'new_state', new_state, 'old_worker', old_worker, 'new_worker', new_worker, "
@@ -898,7 +895,7 @@ class Chaos:
             "seed": self.seed, "seconds": self.seconds, "fault_kinds": self.fault_kinds, "lease": LEASE, "fence_margin": FENCE_MARGIN, "started": began,
             "workers": {ip: name for name, ip in WORKER_IPS.items()}, "jobs": {str(k): v for k, v in self.jobs.items()},
             "versions": self.control["versions"], "commands": self.history.commands, "faults": self.history.faults,
-            "audit": json.loads(audit_json), "final_rows": json.loads(jobs_json), "final_states": final,
+            "audit": json.loads(audit_json), "final_rows": json.loads(jobs_json),
             "origin": [json.loads(line) for line in (self.run_dir / "origin.jsonl").read_text().splitlines() if line],
             "worker_logs": {name: log_counts(worker.log_path) for name, worker in self.workers.items()},
         }
