@@ -1165,7 +1165,8 @@ def summary(history: dict[str, Any], violations: list[dict[str, Any]], run_dir: 
     for v in violations:
         lines.append(f"  {v['kind']:<18} job {v['job']}: {v['detail']}")
     lines.append("")
-    lines.append(f"history: {run_dir / 'history.json'}; replay: make fleet-chaos FLEET_CHAOS_SEED={history['seed']}")
+    limited = "" if history["fault_kinds"] == FAULT_KINDS else f" FLEET_CHAOS_FAULTS={','.join(history['fault_kinds'])}"
+    lines.append(f"history: {run_dir / 'history.json'}; replay: make fleet-chaos FLEET_CHAOS_SEED={history['seed']}{limited}")
     return "\n".join(lines) + "\n"
 
 
