@@ -23,9 +23,10 @@ Faults (one every few seconds, on targets not already under a fault):
     isolate       all of a worker's traffic on the bridge dropped, for 1.5 leases
     sigstop       SIGSTOP of a worker for 1.5 leases, then SIGCONT
     kill_listen   pg_terminate_backend of the worker's backend whose last query was LISTEN
-    clock_step    the worker's wall clock stepped by +-10 leases for a while (libfaketime,
+    clock_step    the worker's wall clock stepped by +-10 leases for 3 leases (libfaketime,
                   preloaded into every worker, re-reads its FAKETIME file each second;
-                  the monotonic clock is not faked)
+                  DONT_FAKE_MONOTONIC=1 leaves CLOCK_MONOTONIC and CLOCK_BOOTTIME alone,
+                  as a real step would; `stats.lease.clock_skew` shows the step)
     pg_restart    `pg_ctl stop -m immediate`, down 1-4 s, started again on the same data
     duplicate     a second dld with w1's worker id (its own state folder and socket): it must
                   exit refused, or be fenced (stats.lease.fenced), within 10 s
@@ -34,8 +35,8 @@ Faults (one every few seconds, on targets not already under a fault):
 
 Recording: every command (time sent, time answered, worker, params, outcome: ok, error, or
 unknown when it timed out or the connection failed); the origin's log of every request (client
-address, so worker; path; Range; If-Range; version; start; end; last time the peer's TCP
-acknowledged more bytes, read with TCP_INFO; bytes); an AFTER INSERT/UPDATE/DELETE trigger on
+address, so worker; path; Range; If-Range; version; start; end; the intervals in which the
+peer's TCP acknowledged more bytes, read with TCP_INFO; bytes); an AFTER INSERT/UPDATE/DELETE trigger on
 `jobs` writing each change of state, worker, url, options or a fall of `received` into `audit`
 (with `clock_timestamp()`, the server's clock, the same as the harness's: one machine).
 
