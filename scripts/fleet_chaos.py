@@ -53,7 +53,7 @@ outcome's window never ends, since it may still take effect):
                          than FENCE_MARGIN (0.5 s: the time for a stopped transfer's socket to
                          close and the origin to notice) in all. A request streams while the
                          peer's TCP acknowledges more bytes (TCP_INFO, sampled at each write,
-                         a sample standing for GAP = 0.5 s): bytes buffered towards an isolated
+                         a sample standing for 0.25 s): bytes buffered towards an isolated
                          or stopped worker do not count, and a stopped worker that reads on
                          after its SIGCONT does.
     unexplained_pause    the job entered `paused` with no pause command (ok or unknown) sent
@@ -1109,9 +1109,9 @@ def check(history: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def widened(intervals: list[list[float]]) -> list[list[float]]:
-    """A request's intervals of progress, each held GAP longer: progress is sampled at each
-    write, and a sample stands for the time until the next."""
-    return [[a, b + GAP] for a, b in intervals]
+    """A request's intervals of progress, each held GAP / 2 longer: progress is sampled at
+    each write (8 a second at the slowest rate), and a sample stands for the time until the next."""
+    return [[a, b + GAP / 2] for a, b in intervals]
 
 
 def check_file(file: Path, path: str, size: int) -> str | None:
