@@ -94,6 +94,7 @@ folder (.build/fleet-chaos/seed-N-TIME/); the exit status is 1 on any violation.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import pwd
@@ -1205,6 +1206,13 @@ def main() -> int:
         return 0
     if os.geteuid() != 0:
         print("fleet_chaos.py needs root (network namespaces, nftables)", file=sys.stderr)
+        return 2
+    # One run at a time on a machine: a second would remove the first one's namespaces.
+    lock = open("/run/dld-fleet-chaos.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print("another fleet_chaos.py runs on this machine", file=sys.stderr)
         return 2
     dld = os.path.abspath(args.dld)
     if not os.access(dld, os.X_OK):
