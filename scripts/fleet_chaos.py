@@ -52,8 +52,8 @@ outcome's window never ends, since it may still take effect):
     two_streams          the origin streamed one path to two different workers at once for more
                          than FENCE_MARGIN (0.5 s: the time for a stopped transfer's socket to
                          close and the origin to notice) in all. A request streams while the
-                         peer's TCP acknowledges more bytes (TCP_INFO, sampled at each write,
-                         a sample standing for 0.25 s): bytes buffered towards an isolated
+                         peer's TCP acknowledges more bytes (TCP_INFO, sampled at each write, at
+                         least 8 times a second): bytes buffered towards an isolated
                          or stopped worker do not count, and a stopped worker that reads on
                          after its SIGCONT does.
     unexplained_pause    the job entered `paused` with no pause command (ok or unknown) sent
@@ -1064,7 +1064,7 @@ def check(history: dict[str, Any]) -> list[dict[str, Any]]:
                 if b["start"] >= a["progress_at"] + GAP:
                     continue
                 overlap = sum(max(0.0, min(x[1], y[1]) - max(x[0], y[0]))
-                              for x in widened(a["active"]) for y in widened(b["active"]))
+                              for x in a["active"] for y in b["active"])
                 pair = tuple(sorted((a["worker"], b["worker"])))
                 if a["worker"] != b["worker"] and overlap > FENCE_MARGIN and pair not in reported:
                     reported.add(pair)  # One report per pair of workers and path.
@@ -1107,12 +1107,6 @@ def check(history: dict[str, Any]) -> list[dict[str, Any]]:
             violation("duplicate_worker", None, f"a second daemon with w1's worker id ran, not fenced, at "
                       f"{fault['at'] - history['started']:.2f}s")
     return violations
-
-
-def widened(intervals: list[list[float]]) -> list[list[float]]:
-    """A request's intervals of progress, each held GAP / 2 longer: progress is sampled at
-    each write (8 a second at the slowest rate), and a sample stands for the time until the next."""
-    return [[a, b + GAP / 2] for a, b in intervals]
 
 
 def check_file(file: Path, path: str, size: int) -> str | None:
