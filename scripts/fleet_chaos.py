@@ -48,7 +48,8 @@ outcome's window never ends, since it may still take effect):
                          are not all of one version of its own path, at consecutive offsets,
                          of the origin's size (a version bump after the file was complete
                          legitimately leaves the older version).
-    canceled_file        a job that ends `canceled` has a file at its path.
+    canceled_file        a job that ends `canceled` has a file at its path, or a partial file
+                         (`<path>.part`: cancel deletes it; a stale writer may make it again).
     two_streams          the origin streamed one path to two different workers at once for more
                          than FENCE_MARGIN (0.5 s: the time for a stopped transfer's socket to
                          close and the origin to notice) in all. A request streams while the
@@ -1100,8 +1101,10 @@ def check(history: dict[str, Any]) -> list[dict[str, Any]]:
             problem = check_file(Path(row["path"]), info["path"], info["size"])
             if problem:
                 violation("bad_file", job, f"{row['path']}: {problem}")
-        elif row["state"] == "canceled" and Path(row["path"]).exists():
-            violation("canceled_file", job, f"{row['path']} exists")
+        elif row["state"] == "canceled":
+            for leftover in (Path(row["path"]), Path(row["path"] + ".part")):
+                if leftover.exists():
+                    violation("canceled_file", job, f"{leftover} exists")
     for fault in history["faults"]:
         if fault["kind"] == "duplicate" and fault.get("outcome") == "running":
             violation("duplicate_worker", None, f"a second daemon with w1's worker id ran, not fenced, at "
