@@ -2,7 +2,7 @@
 SWIFT ?= swift
 PREFIX ?= $(HOME)/.local
 
-.PHONY: deps build release run test lint format crash fuzz sanitize bench install install-files uninstall clean
+.PHONY: deps build release run test lint format crash fuzz sanitize bench fleet-chaos install install-files uninstall clean
 
 deps:
 	@scripts/deps.sh
@@ -59,6 +59,25 @@ format:
 SANITIZERS ?=
 sanitize: deps
 	SWIFT=$(SWIFT) scripts/sanitize.sh $(SANITIZERS)
+
+# The fleet's partition harness (scripts/fleet_chaos.py, issue #36; needs root): three dld
+# workers on one PostgreSQL, each in a network namespace of its own, under random commands and
+# faults (partitions, SIGSTOP, clock steps, PostgreSQL restarts, a second daemon with one
+# worker's id, a file changing at the origin); then every fault healed and the history checked.
+# FLEET_CHAOS_SEEDS seeds of FLEET_CHAOS_SECONDS each; FLEET_CHAOS_SHORT=1 runs one seed in
+# about a minute; FLEET_CHAOS_SEED=N replays seed N; FLEET_CHAOS_FAULTS=sigstop,pg_restart draws
+# only those. Run folders go to .build/fleet-chaos/;
+# fails on any violation. See docs/architecture.md, "The fleet under faults".
+FLEET_CHAOS_SEEDS ?= 5
+FLEET_CHAOS_SECONDS ?= 120
+FLEET_CHAOS_SHORT ?=
+FLEET_CHAOS_SEED ?=
+FLEET_CHAOS_FAULTS ?=
+fleet-chaos: CONFIGURATION = debug
+fleet-chaos: deps
+	$(SWIFT) build -c $(CONFIGURATION) --product dld
+	FLEET_CHAOS_SEEDS=$(FLEET_CHAOS_SEEDS) FLEET_CHAOS_SECONDS=$(FLEET_CHAOS_SECONDS) FLEET_CHAOS_SHORT=$(FLEET_CHAOS_SHORT) \
+		FLEET_CHAOS_SEED=$(FLEET_CHAOS_SEED) FLEET_CHAOS_FAULTS=$(FLEET_CHAOS_FAULTS) python3 scripts/fleet_chaos.py --dld $(BIN)/dld --out .build/fleet-chaos
 
 # Figures, not assertions: prints times, ratios and memory (see docs/benchmarks.md).
 # All parts by default; `make bench PARTS="small scale"` runs some of them.

@@ -11,7 +11,8 @@
 # SOCKS5 proxy (microsocks) for the proxy tests; systemd-socket-activate and systemd-analyze
 # (Debian's `systemd`) for socket activation and the units; man (man-db) and bash-completion
 # for the installed manual pages and completions; ip (iproute2) for the network namespace of
-# the network-awareness test; aria2c (Debian's `aria2`), which reads the Metalinks of the
+# the network-awareness test and the fleet's partition harness (`make fleet-chaos`, which also
+# needs nft from Debian's `nftables` and libfaketime from `faketime`); aria2c (Debian's `aria2`), which reads the Metalinks of the
 # Metalink tests to show it gets the same bytes; age and age-keygen (Debian's `age`), the reference
 # implementation that decrypts the files dld encrypts at rest; fuse3 and libfuse3-dev (with cc
 # and pkg-config) for powercutfs (scripts/powercutfs.c), the FUSE filesystem the power-cut tests
@@ -52,6 +53,8 @@ command -v systemd-socket-activate >/dev/null 2>&1 && command -v systemd-analyze
 command -v man >/dev/null 2>&1 || tools_missing+=(man-db)
 [ -f /usr/share/bash-completion/bash_completion ] || tools_missing+=(bash-completion)
 [ -x /usr/sbin/ip ] || tools_missing+=(iproute2)
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || tools_missing+=(nftables)
+[ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null || tools_missing+=(faketime)
 command -v age >/dev/null 2>&1 && command -v age-keygen >/dev/null 2>&1 || tools_missing+=(age)
 command -v fusermount3 >/dev/null 2>&1 || tools_missing+=(fuse3)
 [ -f /usr/include/fuse3/fuse.h ] || tools_missing+=(libfuse3-dev)
