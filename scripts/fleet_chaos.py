@@ -62,15 +62,22 @@ outcome's window never ends, since it may still take effect):
     unexplained_resume   the job left `paused` for queued/running/waiting/completed with no
                          resume command sent before and not answered before it entered
                          `paused`: an answered pause undone (a stale row written back).
-    unexplained_cancel   the job entered `canceled` without a cancel command sent before.
+    unexplained_cancel   the job entered `canceled` without a cancel (or remove: its owner
+                         cancels, then deletes) command sent before.
     unexplained_delete   the job's row was deleted without a remove command sent before.
     lost_enqueue         an enqueue answered with an id whose row never existed, or vanished
                          without a remove.
     lost_pause           a pause answered ok, but at its answer the job was neither paused,
-                         canceled nor deleted, and no resume overlapped it.
-    lost_cancel          a cancel answered ok, but the job did not end canceled or deleted.
+                         canceled nor deleted, and no resume overlapped it. A pause sent to
+                         its owner (the answer's `requested`, the job running at the answer)
+                         is pending instead: it is lost when the job never gets to paused,
+                         canceled, deleted, completed or failed after it, and no resume was
+                         sent after it.
+    lost_cancel          a cancel answered ok, but the job did not end canceled or deleted (a
+                         pending one may also meet a completion first).
     lost_remove          a remove answered ok, but the row was still there at its answer, or
-                         came back later.
+                         came back later; a pending one: the row was never deleted after it,
+                         nor completed first.
     lost_resume          a resume answered ok, but at its answer the job was still paused and
                          no pause overlapped it.
     undone_setting       after a set_speed (or change) answered ok, the row's max_speed (or
@@ -1001,7 +1008,7 @@ def check(history: dict[str, Any]) -> list[dict[str, Any]]:
                               f"with no resume after it was paused at {entered_paused - history['started']:.2f}s")
                 left_paused = t
             if new == "canceled" and old != "canceled":
-                if not any(c["sent"] < t for c in cmds(job, "cancel")):
+                if not any(c["sent"] < t for c in cmds(job, "cancel") + cmds(job, "remove")):
                     violation("unexplained_cancel", job, f"{old} -> canceled at {rel:.2f}s with no cancel command")
 
     # Command rules.
@@ -1019,9 +1026,22 @@ def check(history: dict[str, Any]) -> list[dict[str, Any]]:
             elif job not in final_rows and not any(r["op"] == "delete" for r in audit[job]):
                 violation("lost_enqueue", job, "the row is gone without a delete")
             continue
+        if c["method"] in ("pause", "cancel", "remove") and "all" in p and (c.get("result") or {}).get("requested", 0) > 0:
+            ids = [job for job in jobs if state_at(job, t) == "running"]
         for job in ids:
             state = state_at(job, t)
             overlapping = lambda method: any(o is not c and o["sent"] < t and end_of(o) > c["sent"] for o in cmds(job, method))
+            # A command for a job that another worker runs goes to that worker (its answer counts
+            # it in `requested`): pending at its answer, it must take effect after.
+            if (c.get("result") or {}).get("requested", 0) > 0 and state == "running":
+                ends = {"pause": ("paused", "canceled", "completed", "failed"), "cancel": ("canceled", "completed"),
+                        "remove": ("completed",)}[c["method"]]
+                settled = any(r["at"] > t and (r["op"] == "delete" or r["new_state"] in ends) for r in audit.get(job, []))
+                withdrawn = c["method"] == "pause" and any(o["sent"] > c["sent"] for o in cmds(job, "resume"))
+                if not settled and not withdrawn:
+                    violation(f"lost_{c['method']}", job, f"{c['method']} sent at {rel:.2f}s to {c['worker']} went to the job's "
+                              f"worker (requested), but it never took effect")
+                continue
             if c["method"] == "pause" and state not in ("paused", "canceled", None) and not overlapping("resume"):
                 violation("lost_pause", job, f"pause sent at {rel:.2f}s to {c['worker']} answered ok, but the job was {state}")
             if c["method"] == "resume" and state == "paused" and not overlapping("pause"):
