@@ -182,4 +182,19 @@ extension WebDaemon {
         #expect(rebinding.status == 421 && rebinding.header("access-control-allow-origin") == nil)
         _ = try RawWebSocket(port: web.port, token: nil, origin: extensionOrigin, path: "/jsonrpc")
     }
+
+    /// aria2p, a client library written for aria2 (from PyPI, scripts/deps.sh), drives dld
+    /// through /jsonrpc: scripts/check-aria2p.py adds, follows, pauses, resumes, lists and purges
+    /// downloads, reads the stats, and is refused with a wrong secret.
+    @Test func aria2pDrivesDld() async throws {
+        try await withOrigin { origin in
+            let web = try WebDaemon()
+            defer { web.daemon.stop() }
+            let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+                .deletingLastPathComponent()
+            let script = repository.appendingPathComponent("scripts/check-aria2p.py").path
+            let run = try runProgram("/usr/bin/env", ["python3", script, "\(web.port)", try web.token, origin.baseURL])
+            #expect(run.status == 0 && run.stdout.contains("ok"), "\(run.stdout)\(run.stderr)")
+        }
+    }
 }
