@@ -197,4 +197,39 @@ extension WebDaemon {
             #expect(run.status == 0 && run.stdout.contains("ok"), "\(run.stdout)\(run.stderr)")
         }
     }
+
+    /// Hostile input on /jsonrpc gets aria2's error shapes or a close, with /rpc's limits, and
+    /// dld answers afterwards: a body over max_line_bytes, deep nesting, wrong types, a batch
+    /// and a multicall of too many calls, a WebSocket message too large and a flood.
+    @Test func hostileInputOnJsonrpc() throws {
+        let web = try WebDaemon(config: "max_line_bytes = 65536\n")
+        defer { web.daemon.stop() }
+        let host = ("Host", "127.0.0.1:\(web.port)")
+        let big = try web.rawRequest(
+            "POST", "/jsonrpc", body: Data(String(repeating: " ", count: 70000).utf8), headers: [host], port: web.port)
+        #expect(big.status == 413)
+        let deep = String(repeating: "[", count: 5000) + String(repeating: "]", count: 5000)
+        #expect(try web.aria2Raw(deep)["error"]?["code"] == -32700)
+        let token = JSONValue.string("token:" + (try web.token)).serializedString()
+        let mistyped = try web.aria2Raw(#"{"jsonrpc":"2.0","id":1,"method":"aria2.tellWaiting","params":[\#(token),{},[]]}"#)
+        #expect(mistyped["error"]?["code"] == 1 && mistyped["error"]?["message"] == "The parameter at 0 has wrong type.")
+        let oneCall = #"{"methodName":"system.listMethods"}"#
+        let calls = "[" + Array(repeating: oneCall, count: 1001).joined(separator: ",") + "]"
+        let multicall = try web.aria2Raw(#"{"jsonrpc":"2.0","id":2,"method":"system.multicall","params":[\#(calls)]}"#)
+        #expect(multicall["error"]?["code"] == 1, "\(multicall.serializedString().prefix(300))")
+        let request = #"{"jsonrpc":"2.0","id":3,"method":"system.listNotifications"}"#
+        let batch = try web.aria2Raw("[" + Array(repeating: request, count: 1001).joined(separator: ",") + "]")
+        #expect(batch["error"]?["code"] == -32600)
+
+        let large = try RawWebSocket(port: web.port, token: nil, path: "/jsonrpc")
+        large.send(String(repeating: " ", count: 70000))
+        #expect(try large.closeCode() == 1009)
+        let flood = try RawWebSocket(port: web.port, token: nil, path: "/jsonrpc")
+        // Calls with a wrong secret are answered slowly: they pile up past the 64 allowed.
+        let wrong = #"{"jsonrpc":"2.0","id":4,"method":"aria2.getVersion","params":["token:wrong"]}"#
+        for _ in 0..<80 { flood.send(wrong) }
+        #expect(try flood.closeCode() == 1008)
+        #expect(try web.aria2("aria2.getGlobalStat")["result"] != nil)
+        #expect(try web.daemon.call("version")["protocol"] != nil)
+    }
 }
