@@ -262,4 +262,31 @@ extension Aria2RPC {
             #expect(ConfigValue.origin(bad) == nil, "\(bad)")
         }
     }
+
+    /// addMetalink: a document of two files becomes a group whose members are downloads of
+    /// their own, as aria2 shows a Metalink's files; out is refused, a bad document too.
+    @Test func addMetalink() async throws {
+        try await DispatcherFixture.with { f in
+            let aria2 = f.aria2()
+            let document = MetalinkReaderTests.doc(
+                #"<file name="a.bin"><url>http://127.0.0.1:9/a.bin</url></file>"#
+                    + #"<file name="b.bin"><url>http://127.0.0.1:9/b.bin</url><url>http://127.0.0.1:9/b2.bin</url></file>"#)
+            let encoded = JSONValue.string(Data(document.utf8).base64EncodedString())
+            let gids = try #require(await aria2.result("aria2.addMetalink", [encoded, ["pause": "true"]]).arrayValue)
+            #expect(gids.count == 2)
+            var names: [String] = []
+            for gid in gids {
+                let status = try await aria2.result("aria2.tellStatus", [gid])
+                #expect(status["status"] == "paused")
+                names.append(status["files"]?[0]?["path"]?.stringValue?.split(separator: "/").last.map(String.init) ?? "")
+            }
+            #expect(names == ["a.bin", "b.bin"])
+            let uris = try await aria2.result("aria2.getUris", [gids[1]])
+            #expect(uris.arrayValue?.count == 2)
+            #expect(await aria2.errorMessage("aria2.addMetalink", [encoded, ["out": "x"]])?.contains("out") == true)
+            #expect(await aria2.errorMessage("aria2.addMetalink", ["not base64 !"]) != nil)
+            let hostile = Data(MetalinkReaderTests.doc(#"<file name="../x"><url>http://h/x</url></file>"#).utf8).base64EncodedString()
+            #expect(await aria2.errorMessage("aria2.addMetalink", [.string(hostile)]) != nil)
+        }
+    }
 }
