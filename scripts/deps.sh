@@ -39,6 +39,14 @@ if ! python3 -c 'import jsonschema' >/dev/null 2>&1; then
   python3 -c 'import jsonschema' >/dev/null 2>&1 ||
     echo "note: python3 cannot import jsonschema; the OpenRPC end-to-end test will fail until it can: python3 -m pip install jsonschema==$jsonschema_version" >&2
 fi
+# And aria2p, a Python client library of aria2's JSON-RPC (pinned, from PyPI): the end-to-end
+# test scripts/check-aria2p.py drives dld's /jsonrpc with it, as its users drive aria2.
+aria2p_version=0.12.3
+if ! python3 -c 'import aria2p' >/dev/null 2>&1; then
+  echo "installing aria2p==$aria2p_version (for scripts/check-aria2p.py)" >&2
+  python3 -m pip install -q "aria2p==$aria2p_version" >&2 ||
+    echo "note: python3 cannot import aria2p; the aria2p end-to-end test will fail until it can: python3 -m pip install aria2p==$aria2p_version" >&2
+fi
 missing=()
 [ -f /usr/include/sqlite3.h ] || missing+=(libsqlite3-dev)
 [ -f /usr/include/openssl/evp.h ] || missing+=(libssl-dev)

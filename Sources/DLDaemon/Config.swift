@@ -97,11 +97,19 @@ public struct DaemonConfig: Sendable, Equatable {
     public var httpListen: String?
     /// Host names besides the listener's own that requests may name (a reverse proxy's).
     public var httpHosts: [String]?
+    /// Origins besides the listener's own that may call /rpc, /jsonrpc and /ws with the token
+    /// (a page elsewhere, a browser extension), lowercased; they get CORS headers.
+    public var httpOrigins: [String]?
     /// TLS for the listener: a PEM certificate chain and its unencrypted PEM key.
     public var httpCert: String?
     public var httpKey: String?
     /// Whether the listener may serve beyond loopback without TLS (behind a TLS proxy, say).
     public var httpAllowInsecure = false
+    /// aria2's JSON-RPC on a listener of its own (`host:port`, aria2's 6800 say); nil: only
+    /// on `/jsonrpc` of the HTTP listener (docs/aria2.md).
+    public var aria2Listen: String?
+    /// The secret of aria2's calls (`token:SECRET`); nil: the HTTP token.
+    public var aria2Secret: String?
     /// The drop folder: input lists dropped there are enqueued (`DropFolderWatch`); "" for none.
     public var watchDir = ""
     /// The file that was read, if any.
@@ -287,6 +295,9 @@ public struct DaemonConfig: Sendable, Equatable {
         ConfigKey(
             "http_hosts", \.httpHosts, .restart, "Host names besides the listener's own that requests may name.",
             parse: { try $0.hostNames() }, render: { $0.httpHosts.map(TOMLText.array) }),
+        ConfigKey(
+            "http_origins", \.httpOrigins, .restart, "Origins besides the listener's own that may call with the token (CORS).",
+            parse: { try $0.origins() }, render: { $0.httpOrigins.map(TOMLText.array) }),
         .tlsPath("http_cert", \.httpCert, .restart, "The HTTP listener's TLS certificate chain (PEM).") {
             TLSFileCheck.certificates($0, what: "HTTP certificate")
         },
@@ -294,6 +305,13 @@ public struct DaemonConfig: Sendable, Equatable {
             TLSFileCheck.privateKey($0, what: "HTTP key")
         },
         .bool("http_allow_insecure", \.httpAllowInsecure, .restart, "Whether HTTP may listen beyond loopback without TLS."),
+        // Printed only when set: aria2's protocol is served on /jsonrpc of the HTTP listener anyway.
+        ConfigKey(
+            "aria2_listen", \.aria2Listen, .restart, "A listener of its own for aria2's JSON-RPC, host:port (off by default).",
+            parse: { try $0.aria2Listen() }, render: { $0.aria2Listen.map(TOMLText.quote) }),
+        ConfigKey(
+            "aria2_secret", \.aria2Secret, .restart, "The secret of aria2's calls (token:SECRET) instead of the HTTP token.",
+            parse: { try $0.aria2Secret() }, render: { $0.aria2Secret.map { _ in TOMLText.quote("***") } }),
         // Printed only when set, as the other folders that are off by default.
         ConfigKey(
             "watch_dir", \.watchDir, .restart, "A drop folder: input lists put there are enqueued; \"\" for none.",
@@ -442,6 +460,54 @@ extension ConfigValue {
             _ = try HTTPAddress.parse(text)
         } catch {
             throw DaemonError("\(key): \(error)")
+        }
+        return text
+    }
+
+    /// Origins as a browser writes them: `http(s)://host[:port]` without a path, or an
+    /// extension's `chrome-extension://ID` / `moz-extension://ID`; `null` and `*` are refused.
+    func origins() throws -> [String] {
+        guard case .array(let items) = value else { throw DaemonError("\(key) must be an array of origins") }
+        return try items.map {
+            guard case .string(let s) = $0, let origin = Self.origin(s) else {
+                throw DaemonError(
+                    "\(key) must be an array of origins: http(s)://host[:port], chrome-extension://ID or moz-extension://ID (no path, no *)"
+                )
+            }
+            return origin
+        }
+    }
+
+    /// The origin, lowercased, or nil when it is not one.
+    static func origin(_ text: String) -> String? {
+        let value = text.lowercased()
+        guard value.utf8.count <= 300, let separator = value.range(of: "://") else { return nil }
+        let scheme = value[..<separator.lowerBound]
+        let authority = value[separator.upperBound...]
+        guard ["http", "https", "chrome-extension", "moz-extension"].contains(scheme), !authority.isEmpty,
+            authority.unicodeScalars.allSatisfy({
+                $0.isASCII && (CharacterSet.alphanumerics.contains($0) || "-.:[]".unicodeScalars.contains($0))
+            })
+        else { return nil }
+        return value
+    }
+
+    /// `host:port` as `http_listen`, but not "": leave the key out for none.
+    func aria2Listen() throws -> String {
+        let text = try string()
+        do {
+            _ = try HTTPAddress.parse(text)
+        } catch {
+            throw DaemonError("\(key): \(error)")
+        }
+        return text
+    }
+
+    /// A secret of at least 8 characters, printable ASCII without spaces, as clients type it.
+    func aria2Secret() throws -> String {
+        let text = try string()
+        guard (8...256).contains(text.utf8.count), text.utf8.allSatisfy({ (33...126).contains($0) }) else {
+            throw DaemonError("\(key) must be 8 to 256 printable ASCII characters without spaces")
         }
         return text
     }

@@ -327,7 +327,7 @@ struct DaemonService: Service, CustomStringConvertible {
         do {
             http = try await HTTPListener.start(
                 config: config, adopting: adoptedHTTP, dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger,
-                onShutdown: shutdown)
+                liveConfig: { current.value }, onShutdown: shutdown)
         } catch {
             await abandon(channel)
             throw error

@@ -178,6 +178,9 @@ struct HostPolicy: Sendable {
     /// `http_hosts`, lowercased: a bare name matches with any port or none (a proxy's), a name
     /// with `:port` only so.
     let extraHosts: Set<String>
+    /// `http_origins`, lowercased: other origins (a page, a browser extension) that may call
+    /// with the token, and get CORS headers.
+    var origins: Set<String> = []
 
     var scheme: String { tls ? "https" : "http" }
 
@@ -205,6 +208,7 @@ struct HostPolicy: Sendable {
     /// scheme may differ from the listener's (TLS ends at the proxy).
     func allows(origin: String, host: String) -> Bool {
         let value = origin.lowercased()
+        if origins.contains(value) { return true }
         let ownHost = host.lowercased()
         if value == "\(scheme)://\(ownHost)" { return true }
         let (name, _) = Self.split(ownHost)
@@ -212,6 +216,13 @@ struct HostPolicy: Sendable {
             return value == "http://\(ownHost)" || value == "https://\(ownHost)"
         }
         return false
+    }
+
+    /// The origin as `http_origins` names it, for the CORS headers of its requests; nil for
+    /// any other (the listener's own pages need none).
+    func corsOrigin(_ origin: String?) -> String? {
+        guard let origin, origins.contains(origin.lowercased()) else { return nil }
+        return origin
     }
 
     /// "name:port" → ("name", "port"); "[v6]:port" keeps its brackets.

@@ -21,6 +21,8 @@ public final class HTTPListener: Sendable {
         let maxConnections: Int
         /// A connection silent this long is closed; a request must be whole within it too.
         let readTimeout: TimeAmount
+        /// The listener of `aria2_listen`: only aria2's `/jsonrpc` is served.
+        var aria2Only = false
     }
 
     let settings: Settings
@@ -31,6 +33,10 @@ public final class HTTPListener: Sendable {
     let logger: Logger
     let throttle = AuthThrottle()
     let onShutdown: @Sendable () -> Void
+    /// aria2's JSON-RPC on `/jsonrpc` (docs/aria2.md).
+    let aria2: Aria2RPC
+    /// The listener of `aria2_listen`, closed with this one.
+    private let companion = Mutex<HTTPListener?>(nil)
     private let server: Mutex<(any Channel)?> = Mutex(nil)
     /// The open connections, closed with the listener.
     private let children = Mutex<[ObjectIdentifier: any Channel]>([:])
@@ -42,17 +48,74 @@ public final class HTTPListener: Sendable {
     /// `<state_dir>/http-url`; throws a `DaemonError` that says why it cannot.
     /// A TCP socket passed by systemd (`adopting`, dld-http.socket) is served instead of
     /// `http_listen`, under the same rules (its address decides whether TLS is needed).
+    /// With `aria2_listen`, aria2's listener is bound too, and closed with the one returned
+    /// (which is aria2's alone when `http_listen` is "").
     static func start(
         config: DaemonConfig, adopting inherited: Int32? = nil, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?,
-        logger: Logger, onShutdown: @escaping @Sendable () -> Void
+        logger: Logger, liveConfig: (@Sendable () -> DaemonConfig)? = nil, onShutdown: @escaping @Sendable () -> Void
     ) async throws -> HTTPListener? {
         let urlFile = config.stateDir + "/http-url"
         unlink(urlFile)
+        let common = try Common(config, logger: logger, liveConfig: liveConfig)
+        let main: HTTPListener?
         if let inherited {
-            return try await adopt(
-                inherited, config: config, dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger, onShutdown: onShutdown)
+            main = try await adopt(
+                inherited, config: config, common: common, dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger,
+                onShutdown: onShutdown)
+        } else if config.httpListen == "" {
+            main = nil
+        } else {
+            main = try await bindMain(
+                config: config, common: common, dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger, onShutdown: onShutdown)
         }
-        if config.httpListen == "" { return nil }
+        guard let text = config.aria2Listen else { return main }
+        let aria2: HTTPListener
+        do {
+            aria2 = try await bindAria2(
+                text, config: config, common: common, dispatcher: dispatcher, hub: hub, logger: logger, onShutdown: onShutdown)
+        } catch {
+            main?.close()
+            throw error
+        }
+        guard let main else { return aria2 }
+        main.companion.withLock { $0 = aria2 }
+        return main
+    }
+
+    /// The listener of `aria2_listen`: aria2's `/jsonrpc` only, under the same rules.
+    private static func bindAria2(
+        _ text: String, config: DaemonConfig, common: Common, dispatcher: Dispatcher, hub: EventHub, logger: Logger,
+        onShutdown: @escaping @Sendable () -> Void
+    ) async throws -> HTTPListener {
+        let address: HTTPAddress
+        do {
+            address = try HTTPAddress.parse(text)
+        } catch {
+            throw DaemonError("aria2_listen: \(error)")
+        }
+        let tls = try tlsContext(config)
+        try requireTLS(beyondLoopback: address, tls: tls, config: config, key: "aria2_listen")
+        let listener = HTTPListener(
+            serving: address, tls: tls != nil, common: common, config: config, dispatcher: dispatcher, hub: hub, metrics: nil,
+            logger: logger, onShutdown: onShutdown, aria2Only: true)
+        let bound: any Channel
+        do {
+            bound = try await listener.bind(host: address.host, port: address.port, tls: tls)
+        } catch let error as IOError where error.errnoCode == EADDRINUSE {
+            throw DaemonError("aria2_listen \(address.hostInURL):\(address.port): the port is in use; choose another")
+        } catch {
+            throw DaemonError("aria2_listen \(address.hostInURL):\(address.port): \(error)")
+        }
+        listener.server.withLock { $0 = bound }
+        logger.info("aria2 JSON-RPC listening", metadata: ["url": "\(listener.url)jsonrpc"])
+        return listener
+    }
+
+    /// The listener of `http_listen` (or its default).
+    private static func bindMain(
+        config: DaemonConfig, common: Common, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?, logger: Logger,
+        onShutdown: @escaping @Sendable () -> Void
+    ) async throws -> HTTPListener {
         let explicit = config.httpListen != nil
         let address: HTTPAddress
         do {
@@ -62,7 +125,6 @@ public final class HTTPListener: Sendable {
         }
         let tls = try tlsContext(config)
         try requireTLS(beyondLoopback: address, tls: tls, config: config)
-        let common = try Common(config, logger: logger)
         // The default address tries its neighbours; one that was asked for is that one or none.
         let ports = explicit || address.port != HTTPAddress.defaultPort ? address.port...address.port : HTTPAddress.defaultPorts
         var bound: (any Channel)?
@@ -101,7 +163,7 @@ public final class HTTPListener: Sendable {
 
     /// The listener on a TCP socket that systemd bound: `http_listen` is not used then.
     private static func adopt(
-        _ fd: Int32, config: DaemonConfig, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?, logger: Logger,
+        _ fd: Int32, config: DaemonConfig, common: Common, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?, logger: Logger,
         onShutdown: @escaping @Sendable () -> Void
     ) async throws -> HTTPListener {
         guard let address = HTTPAddress.bound(to: fd) else {
@@ -118,7 +180,7 @@ public final class HTTPListener: Sendable {
             throw error
         }
         let listener = HTTPListener(
-            serving: address, tls: tls != nil, common: try Common(config, logger: logger), config: config, dispatcher: dispatcher, hub: hub,
+            serving: address, tls: tls != nil, common: common, config: config, dispatcher: dispatcher, hub: hub,
             metrics: metrics, logger: logger,
             onShutdown: onShutdown)
         let bound: any Channel
@@ -136,10 +198,12 @@ public final class HTTPListener: Sendable {
     }
 
     /// Beyond loopback the token must not cross the network in clear.
-    private static func requireTLS(beyondLoopback address: HTTPAddress, tls: NIOSSLContext?, config: DaemonConfig) throws {
+    private static func requireTLS(
+        beyondLoopback address: HTTPAddress, tls: NIOSSLContext?, config: DaemonConfig, key: String = "http_listen"
+    ) throws {
         if !address.isLoopback && tls == nil && !config.httpAllowInsecure {
             throw DaemonError(
-                "http_listen \(address.hostInURL):\(address.port) is beyond loopback: set http_cert and http_key (TLS), "
+                "\(key) \(address.hostInURL):\(address.port) is beyond loopback: set http_cert and http_key (TLS), "
                     + "or http_allow_insecure = true if a TLS proxy is in front; the token would otherwise cross the network in clear")
         }
     }
@@ -156,31 +220,39 @@ public final class HTTPListener: Sendable {
     private struct Common {
         let token: String
         let readTimeout: TimeAmount
+        /// aria2's secret: `aria2_secret`, else the token.
+        let aria2Secret: String
+        let liveConfig: @Sendable () -> DaemonConfig
 
-        init(_ config: DaemonConfig, logger: Logger) throws {
+        init(_ config: DaemonConfig, logger: Logger, liveConfig: (@Sendable () -> DaemonConfig)?) throws {
             token = try HTTPToken.loadOrCreate(stateDir: config.stateDir)
             readTimeout = HTTPListener.testReadTimeout(logger: logger) ?? .seconds(30)
+            aria2Secret = config.aria2Secret ?? token
+            self.liveConfig = liveConfig ?? { config }
         }
     }
 
     /// A listener for `address` with the config's limits, not bound yet.
     private convenience init(
         serving address: HTTPAddress, tls: Bool, common: Common, config: DaemonConfig, dispatcher: Dispatcher, hub: EventHub,
-        metrics: Metrics?, logger: Logger, onShutdown: @escaping @Sendable () -> Void
+        metrics: Metrics?, logger: Logger, onShutdown: @escaping @Sendable () -> Void, aria2Only: Bool = false
     ) {
         self.init(
             settings: Settings(
-                policy: HostPolicy(address: address, tls: tls, extraHosts: Set(config.httpHosts ?? [])),
+                policy: HostPolicy(
+                    address: address, tls: tls, extraHosts: Set(config.httpHosts ?? []), origins: Set(config.httpOrigins ?? [])),
                 token: common.token, maxBodyBytes: config.maxLineBytes, maxConnections: config.maxConnections,
-                readTimeout: common.readTimeout),
+                readTimeout: common.readTimeout, aria2Only: aria2Only),
             dispatcher: dispatcher, hub: hub, metrics: metrics, logger: logger, onShutdown: onShutdown,
+            aria2: Aria2RPC(dispatcher: dispatcher, secret: common.aria2Secret, config: common.liveConfig),
             url: "\(tls ? "https" : "http")://\(address.localHostInURL):\(address.port)/", urlFile: config.stateDir + "/http-url")
     }
 
     private init(
         settings: Settings, dispatcher: Dispatcher, hub: EventHub, metrics: Metrics?, logger: Logger,
-        onShutdown: @escaping @Sendable () -> Void, url: String, urlFile: String
+        onShutdown: @escaping @Sendable () -> Void, aria2: Aria2RPC, url: String, urlFile: String
     ) {
+        self.aria2 = aria2
         self.settings = settings
         self.dispatcher = dispatcher
         self.hub = hub
@@ -252,14 +324,18 @@ public final class HTTPListener: Sendable {
                 // the gate must not be there to receive them.
                 return channel.pipeline.removeHandler(name: Self.gateName).map { HTTPHeaders() }.recover { _ in HTTPHeaders() }
             },
-            upgradePipelineHandler: { [self] channel, _ in
+            upgradePipelineHandler: { [self] channel, head in
                 channel.eventLoop.makeCompletedFuture {
                     // Fragments are joined into one message up to the same size as a body.
                     try channel.pipeline.syncOperations.addHandler(
                         NIOWebSocketFrameAggregator(
                             minNonFinalFragmentSize: 1, maxAccumulatedFrameCount: 1024, maxAccumulatedFrameSize: self.settings.maxBodyBytes)
                     )
-                    try channel.pipeline.syncOperations.addHandler(WebSocketHandler(listener: self))
+                    if Self.path(of: head) == "/jsonrpc" {
+                        try channel.pipeline.syncOperations.addHandler(Aria2WebSocketHandler(listener: self))
+                    } else {
+                        try channel.pipeline.syncOperations.addHandler(WebSocketHandler(listener: self))
+                    }
                 }
             })
         var limits = NIOHTTPDecoderLimitConfiguration()
@@ -287,13 +363,20 @@ public final class HTTPListener: Sendable {
     /// names and values; docs/protocol.md): far more than a browser sends.
     static let maxHeaderBytes = 32 << 10
 
-    /// Whether a request may become a WebSocket: /ws, for this listener, from no other origin,
-    /// with the token.
+    /// A request's path, without its query.
+    static func path(of head: HTTPRequestHead) -> Substring {
+        head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+    }
+
+    /// Whether a request may become a WebSocket: /ws (with the token) or aria2's /jsonrpc (whose
+    /// calls carry the secret), for this listener, from no other origin.
     func admitsUpgrade(_ head: HTTPRequestHead) -> Bool {
-        guard head.uri.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false).first == "/ws",
-            let host = head.headers.first(name: "host"), settings.policy.allows(host: host)
+        let path = Self.path(of: head)
+        guard path == "/ws" || path == "/jsonrpc", let host = head.headers.first(name: "host"), settings.policy.allows(host: host)
         else { return false }
         if let origin = head.headers.first(name: "origin"), !settings.policy.allows(origin: origin, host: host) { return false }
+        if path == "/jsonrpc" { return true }
+        guard !settings.aria2Only else { return false }
         return HTTPRequestHandler.credential(head, token: settings.token) == .valid
     }
 
@@ -310,7 +393,8 @@ public final class HTTPListener: Sendable {
 
     /// Stops listening and closes every connection (event streams included).
     public func close() {
-        unlink(urlFile)
+        companion.withLock { $0 }?.close()
+        if !settings.aria2Only { unlink(urlFile) }
         server.withLock { $0?.close(promise: nil) }
         for channel in children.withLock({ Array($0.values) }) { channel.close(promise: nil) }
     }

@@ -26,6 +26,8 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
     /// A request is being answered (a `get` may wait minutes for its download): the client is
     /// waiting for us, not idle.
     private var answering = false
+    /// The request's `Origin` when `http_origins` names it: its answer carries CORS headers.
+    private var corsOrigin: String?
 
     init(listener: HTTPListener) { self.listener = listener }
 
@@ -35,6 +37,7 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
         switch unwrapInboundIn(data) {
         case .head(let requestHead):
             head = requestHead
+            corsOrigin = nil
             keepAlive = requestHead.isKeepAlive
             body.clear()
             discarding = false
@@ -105,6 +108,20 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
             listener.logger.warning("HTTP request from another origin refused", metadata: ["origin": "\(origin.prefix(100))"])
             return respond(context, .forbidden, "requests from another origin are refused\n", close: true)
         }
+        corsOrigin = settings.policy.corsOrigin(head.headers.first(name: "origin"))
+        // A preflight carries no credentials: answered for the origins of http_origins only, on
+        // the paths they may call. Others go on, and are refused as any request without a token.
+        if head.method == .OPTIONS, corsOrigin != nil, ["/rpc", "/jsonrpc", "/ws"].contains(path) {
+            return respond(
+                context, .noContent, ByteBuffer(),
+                extra: [
+                    ("Access-Control-Allow-Methods", "GET, POST, OPTIONS"),
+                    ("Access-Control-Allow-Headers", "Authorization, Content-Type"), ("Access-Control-Max-Age", "600"),
+                ], keepAlive: keepAlive)
+        }
+        // aria2's calls carry their secret in their params (`token:SECRET`), not in a header.
+        if path == "/jsonrpc" { return aria2(context, head) }
+        if settings.aria2Only { return respond(context, .notFound, "this listener serves aria2's JSON-RPC on /jsonrpc only\n") }
         if path == "/login", head.method == .GET { return login(context, head) }
         switch Self.credential(head, token: settings.token) {
         case .none:
@@ -238,6 +255,47 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
         }
     }
 
+    /// aria2's JSON-RPC: a POST's body, or a GET's `method`, `id` and base64 `params`; the
+    /// answer to a call with a wrong secret waits as a wrong token's does.
+    private func aria2(_ context: ChannelHandlerContext, _ head: HTTPRequestHead) {
+        let aria2 = listener.aria2
+        let work: @Sendable () async -> Aria2RPC.Reply
+        switch head.method {
+        case .POST:
+            let body = Data(self.body.readableBytesView)
+            self.body.clear()
+            work = { await aria2.handle(body: body) }
+        case .GET:
+            let items = URLComponents(string: head.uri)?.queryItems ?? []
+            work = { await aria2.handle(query: items) }
+        default:
+            return respond(context, .methodNotAllowed, "POST aria2's JSON-RPC to /jsonrpc\n", extra: [("Allow", "GET, POST")])
+        }
+        answering = true
+        let promise = context.eventLoop.makePromise(of: Aria2RPC.Reply.self)
+        promise.completeWithTask { await work() }
+        let bound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
+        let listener = listener
+        promise.futureResult.whenSuccess { reply in
+            let answer: @Sendable () -> Void = {
+                let (handler, context) = bound.value
+                handler.answering = false
+                handler.respond(
+                    context, .ok, ByteBuffer(bytes: reply.data), type: "application/json", keepAlive: head.isKeepAlive && !reply.shutdown)
+                if reply.shutdown { listener.onShutdown() }
+            }
+            guard reply.unauthorized else { return answer() }
+            let (delay, failures) = listener.throttle.failed()
+            listener.logger.warning(
+                "aria2 call with a wrong secret refused",
+                metadata: [
+                    "path": "/jsonrpc", "peer": "\(bound.value.1.channel.remoteAddress.map { "\($0)" } ?? "?")",
+                    "failures_in_a_row": "\(failures)",
+                ])
+            bound.value.1.eventLoop.scheduleTask(in: delay) { answer() }
+        }
+    }
+
     private func respond(
         _ context: ChannelHandlerContext, _ status: HTTPResponseStatus, _ text: String, extra: [(String, String)] = [], close: Bool = false
     ) {
@@ -250,6 +308,11 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
     ) {
         guard context.channel.isActive else { return }
         var headers = HTTPHeaders()
+        if let corsOrigin {
+            // No Access-Control-Allow-Credentials: the cookie of /login stays the dashboard's.
+            headers.add(name: "Access-Control-Allow-Origin", value: corsOrigin)
+            headers.add(name: "Vary", value: "Origin")
+        }
         if let type { headers.add(name: "Content-Type", value: type) }
         if status != .noContent { headers.add(name: "Content-Length", value: "\(body.readableBytes)") }
         // Replies hold job data and the token's cookie: never cached, never sniffed.

@@ -438,11 +438,12 @@ final class RawWebSocket {
     private var buffer = Data()
 
     /// Connects and upgrades; throws with the response when dld refuses.
-    init(port: Int, token: String, origin: String? = nil) throws {
+    init(port: Int, token: String?, origin: String? = nil, path: String = "/ws") throws {
         connection = try RawConnection(port: port)
         var request =
-            "GET /ws HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            + "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nAuthorization: Bearer \(token)\r\n"
+            "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            + "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        if let token { request += "Authorization: Bearer \(token)\r\n" }
         if let origin { request += "Origin: \(origin)\r\n" }
         connection.send(request + "\r\n")
         while buffer.firstRange(of: Data("\r\n\r\n".utf8)) == nil {
