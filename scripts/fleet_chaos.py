@@ -600,7 +600,11 @@ def rpc(path: Path, method: str, params: dict[str, Any] | None, timeout: float =
         return "unknown", f"{error.__class__.__name__}: {error}"
     reply = json.loads(buffer)
     if "error" in reply:
-        return "error", reply["error"]
+        error = reply["error"]
+        if isinstance(error, dict) and "may have been made" in str(error.get("message", "")):
+            # A COMMIT whose answer was lost: dld says it may have taken effect.
+            return "unknown", error
+        return "error", error
     return "ok", reply.get("result")
 
 

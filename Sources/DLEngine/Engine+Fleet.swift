@@ -352,6 +352,15 @@ extension Engine {
     func stopLost(_ ids: [JobID]) async {
         guard !ids.isEmpty else { return }
         logger.notice("jobs changed by another worker or command: their transfers stop here", metadata: ["jobs": "\(ids.sorted())"])
+        // All of them at once, then each awaited: one at a time, a transfer slow to end (its
+        // checkpoint waiting for a table that went away) kept the others streaming, and
+        // starting new ranges, for seconds after the fence (seen in `make fleet-chaos`, seed 2).
+        for id in ids {
+            guard var entry = running[id] else { continue }
+            entry.stop = max(entry.stop ?? .lost, .lost)
+            running[id] = entry
+            entry.task.cancel()
+        }
         for id in ids {
             _ = await stopTransfer(id, intent: .lost)
         }

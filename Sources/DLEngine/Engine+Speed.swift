@@ -80,8 +80,12 @@ extension Engine {
                 ? try await storage({ try await store.revise(stopped.id, revision, expecting: (.running, stopped.epoch), now: now()) })
                 : nil
         } catch {
-            // Not changed: the transfer goes on as it was rather than stay stopped.
-            startTransfer(stopped)
+            // Not written (or in doubt): on one daemon the transfer goes on as it was rather than
+            // stay stopped. On a shared table it stays stopped: the job may have been handed over
+            // meanwhile (the table was away), and a new attempt of an old epoch would cut back the
+            // partial file under the new owner's; the next lease turn queues it again if it is
+            // still this worker's.
+            if !store.sharesQueue { startTransfer(stopped) }
             throw error
         }
         guard let revised else {

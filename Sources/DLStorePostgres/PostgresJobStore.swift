@@ -161,7 +161,16 @@ public final class PostgresJobStore: JobTable {
                 // would run in it (after a `READ ONLY` one, their writes would fail).
                 try await connection.run(begin, logger: logger)
                 let value = try await body(connection)
-                try await connection.run("COMMIT", logger: logger)
+                do {
+                    try await connection.run("COMMIT", logger: logger)
+                } catch let error as PSQLError where error.serverInfo == nil {
+                    // The COMMIT was sent and no answer came (the server restarted, a partition):
+                    // it may have committed. The caller must not take the failure for "nothing
+                    // changed" (in doubt: a completion is read again, a client is told).
+                    throw PostgresStoreError(
+                        "PostgreSQL: the connection was lost while committing, so the change may have been made all the same (\(PostgresStoreError(describing: error))); look before trying again"
+                    )
+                }
                 return value
             } catch {
                 try? await connection.run("ROLLBACK", logger: logger)
