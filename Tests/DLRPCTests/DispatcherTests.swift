@@ -215,12 +215,12 @@ extension JSONValue {
         try await DispatcherFixture.with { f in
             for n in 1...3 { _ = await f.request("enqueue", ["url": .string("http://127.0.0.1:9/\(n)"), "paused": true]) }
             let canceled = try #require(await f.request("cancel", ["id": 2]))
-            #expect(canceled["result"] == ["count": 1, "ids": [2], "more": false])
+            #expect(canceled["result"] == ["count": 1, "ids": [2], "more": false, "requested": 0])
             #expect(await f.request("status", ["id": 2])?["result"]?["state"] == "canceled")
             #expect(await f.request("pause", ["ids": [1, 2]])?.stableCode == "invalid_state")
             #expect(await f.request("pause", ["ids": [1, 99]])?.stableCode == "job_not_found")
             // Pausing a paused job is not an error: it is already what was asked.
-            #expect(await f.request("pause", ["id": 1])?["result"] == ["count": 0, "ids": [], "more": false])
+            #expect(await f.request("pause", ["id": 1])?["result"] == ["count": 0, "ids": [], "more": false, "requested": 0])
             #expect(await f.request("status", ["id": 1])?["result"]?["state"] == "paused")
             let removed = try #require(await f.request("remove", ["ids": [2, 3]]))
             #expect(removed["result"]?["removed"] == [2, 3])
