@@ -78,7 +78,10 @@ for line in "${lines[@]}"; do
     cat "$out" >>"$log"
     alive=0
     for point in "${trimmed[@]}"; do
-        why=$(grep -F 'recorded an issue' "$out" | grep -F -- "$point" | head -1 | sed 's/.*PowerCutTests.swift:[0-9]*:[0-9]*: *//' | cut -c1-200)
+        # The first issue of the point, with its message (the ↳ line after it, if any).
+        why=$(awk -v p="$point" 'found { if (index($0, "↳") == 1) { print substr($0, 5); shown = 1 } exit }
+            index($0, "recorded an issue") && index($0, p) { found = 1; sub(/.*PowerCutTests.swift:[0-9]+:[0-9]+: */, ""); first = $0 }
+            END { if (found && !shown) print first }' "$out" | head -2 | tr '\n' ' ' | cut -c1-240)
         if [ "$rc" -ne 0 ] && [ -n "$why" ]; then
             echo "  killed by \"$point\": $why"
         else
