@@ -82,7 +82,7 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
     /// A command's commit: lost if cut before its sync, durable after.
     static func commit(_ after: Bool) -> CutClaim? { after ? .commandDurable : .commandLost }
 
-    /// 73 cut points; `short` picks (count, or -count for "before") a few of each workload.
+    /// 79 cut points; `short` picks (count, or -count for "before") a few of each workload.
     static let all: [CutPoint] = [
         // A big download in ranges: its checkpoints' fdatasync, the commits of their offsets, and writes.
         at(.big, "fdatasync", ".part", [1, 3], short: [-1, 3]),
