@@ -16,22 +16,26 @@
 // FUSE mount), so they make nothing durable here, as they promise nothing on their own.
 //
 // The harness drives it on stdin, one command a line, one answer line on stdout:
-//   arm KINDS SUBSTR N before|after   freeze at the N-th operation of one of KINDS (comma-separated:
+//   arm KINDS SUBSTR N before|after [MIN]
+//                                     freeze at the N-th operation of one of KINDS (comma-separated:
 //                                     write, truncate, fsync, fdatasync, fsyncdir, create, mkdir,
 //                                     unlink, rmdir, rename, link, symlink; `*` any) whose path
-//                                     contains SUBSTR (`-`: any), before or after applying it
+//                                     contains SUBSTR (`-`: any), before or after applying it; with
+//                                     MIN, only operations on a file with at least MIN bytes
+//                                     written since its last sync count (inside a big transaction)
 //   freeze                            freeze now: every later operation waits (SIGUSR1 does the
 //                                     same at once, even while a `wait` runs)
-//   wait MS                           "frozen KIND PATH" once frozen, else "running" after MS
+//   wait MS                           "frozen KIND PATH unsynced=BYTES" once frozen (BYTES: what
+//                                     that file had written since its last sync), else "running"
 //   fail KINDS SUBSTR ERRNO COUNT     those operations fail with ERRNO (a number), COUNT times
 //                                     (0: until `clear`); a failed fsync/fdatasync also loses the
 //                                     file's data not yet durable, as a failed writeback does:
 //                                     the bytes written since read as before (zeros past the old
 //                                     end), the size stays, and a later fsync succeeds
 //   clear                             no more failures
-//   cut [zeros|some]                  freeze, undo what is not durable, fail what waits with EIO;
-//                                     with zeros, unsynced writes read as zeros past a size kept;
-//                                     with some, every other unsynced write is kept
+//   cut [zeros|torn|names]            freeze, undo what is not durable, fail what waits with EIO
+//                                     (see `cut` below for what each mode leaves; `some` is torn);
+//                                     "error ..." if an undo failed (the disk is not as modelled)
 //   stats                             "ops N records M"
 //   quit                              unmount and exit
 //
@@ -93,6 +97,9 @@ static struct {
     char kinds[256], pattern[PATH_MAX];
     long remaining;
     int after;
+    // Only operations on a file with at least this many bytes written since its last sync
+    // count (0: any): a point inside a transaction of that size, not in a small one nearby.
+    long long min_unsynced;
 } trigger;
 
 #define MAX_RULES 16
@@ -103,17 +110,24 @@ static struct rule {
 } rules[MAX_RULES];
 static int rule_count;
 
-static void freeze_now(const char *kind, const char *path) {
+static long long unsynced_of(const char *path, const char *kind, int after);
+
+static void freeze_at(const char *kind, const char *path, int after) {
     if (frozen) return;
     frozen = 1;
-    snprintf(frozen_at, sizeof frozen_at, "%s %s", kind, path ? path : "-");
+    // The operation, and what its file had written since its last sync: the harness checks
+    // that a cut hit the transaction it claims to (a big one, not a checkpoint beside it).
+    snprintf(frozen_at, sizeof frozen_at, "%s %s unsynced=%lld", kind, path ? path : "-", unsynced_of(path, kind, after));
     pthread_cond_broadcast(&state_changed);
 }
+
+static void freeze_now(const char *kind, const char *path) { freeze_at(kind, path, 0); }
 
 // Counts the operation against the armed trigger; returns whether it fires now.
 static int trigger_fires(const char *kind, const char *path, int after) {
     if (!trigger.armed || trigger.after != after) return 0;
     if (!kind_matches(trigger.kinds, kind) || !path_matches(trigger.pattern, path)) return 0;
+    if (trigger.min_unsynced > 0 && unsynced_of(path, kind, after) < trigger.min_unsynced) return 0;
     if (--trigger.remaining > 0) return 0;
     trigger.armed = 0;
     return 1;
@@ -139,7 +153,7 @@ static int enter(const char *kind, const char *path, int faults) {
     pthread_mutex_lock(&big);
     op_count++;
     if (trace && strcmp(kind, "getattr") != 0) fprintf(trace, "%s %s%s\n", kind, path ? path : "-", frozen ? " (frozen)" : "");
-    if (!frozen && trigger_fires(kind, path, 0)) freeze_now(kind, path);
+    if (!frozen && trigger_fires(kind, path, 0)) freeze_at(kind, path, 0);
     while (frozen && !dead) pthread_cond_wait(&state_changed, &big);
     if (dead) {
         pthread_mutex_unlock(&big);
@@ -154,7 +168,7 @@ static int enter(const char *kind, const char *path, int faults) {
 }
 
 static int leave(const char *kind, const char *path, int result) {
-    if (result >= 0 && !frozen && trigger_fires(kind, path, 1)) freeze_now(kind, path);
+    if (result >= 0 && !frozen && trigger_fires(kind, path, 1)) freeze_at(kind, path, 1);
     pthread_mutex_unlock(&big);
     return result;
 }
@@ -165,6 +179,9 @@ struct inode {
     dev_t dev;
     ino_t ino;
     int fd;  // O_RDWR for files, O_RDONLY|O_DIRECTORY for folders; kept open until exit
+    long long unsynced;  // bytes written since the last fsync/fdatasync
+    long long synced_last;  // what the last fsync/fdatasync made durable
+    off_t kept_end;      // a torn cut: the end of the furthest unsynced write kept
     struct inode *next;
 };
 #define BUCKETS 4096
@@ -209,6 +226,19 @@ static struct inode *parent_of(const char *path, char *name) {
     return i;
 }
 
+// The bytes written to the file at `path` since its last sync (0 if it is not known); after a
+// sync of it, the bytes that sync made durable.
+static long long unsynced_of(const char *path, const char *kind, int after) {
+    int synced = after && (strcmp(kind, "fsync") == 0 || strcmp(kind, "fdatasync") == 0);
+    char p[PATH_MAX];
+    struct stat st;
+    if (!path || snprintf(p, sizeof p, "%s%s", backing, path) >= (int)sizeof p || lstat(p, &st) != 0) return 0;
+    unsigned long h = (unsigned long)(st.st_ino ^ st.st_dev) % BUCKETS;
+    for (struct inode *i = inodes[h]; i; i = i->next)
+        if (i->ino == st.st_ino && i->dev == st.st_dev) return synced ? i->synced_last : i->unsynced;
+    return 0;
+}
+
 // ---- the undo log ---------------------------------------------------------------------------
 
 enum kind { R_WRITE, R_TRUNCATE, R_NAME_NEW, R_UNLINK, R_RMDIR, R_RENAME };
@@ -231,6 +261,15 @@ struct record {
 
 static struct record *records;
 static size_t record_count, record_capacity, live_records;
+
+// An undo that failed leaves the backing folder other than a power cut would: `cut` answers
+// with an error naming the first one, so that the test fails rather than checks a wrong disk.
+static int undo_failures;
+static char undo_failure[PATH_MAX + 64];
+
+static void undo_failed(const char *what, const char *name) {
+    if (undo_failures++ == 0) snprintf(undo_failure, sizeof undo_failure, "%s %s: %s", what, name ? name : "-", strerror(errno));
+}
 
 static struct record *new_record(enum kind kind) {
     if (record_count == record_capacity) {
@@ -310,27 +349,27 @@ static void undo(struct record *r) {
     switch (r->kind) {
     case R_WRITE:
     case R_TRUNCATE:
-        if (ftruncate(r->file->fd, r->old_size) != 0) perror("powercutfs: undo truncate");
+        if (ftruncate(r->file->fd, r->old_size) != 0) undo_failed("undo truncate", NULL);
         if (r->saved_len && pwrite(r->file->fd, r->saved, r->saved_len, r->offset) != (ssize_t)r->saved_len)
-            perror("powercutfs: undo write");
+            undo_failed("undo write", NULL);
         break;
     case R_NAME_NEW: {
         // A new name (create, mkdir, symlink, link) goes; whatever it named stays in the trash.
         char t[32];
         trash_name(t);
-        if (renameat(r->dir1->fd, r->name1, trash_fd, t) != 0) perror("powercutfs: undo create");
+        if (renameat(r->dir1->fd, r->name1, trash_fd, t) != 0) undo_failed("undo create", r->name1);
         break;
     }
     case R_UNLINK:
-        if (renameat(trash_fd, r->trashed, r->dir1->fd, r->name1) != 0) perror("powercutfs: undo unlink");
+        if (renameat(trash_fd, r->trashed, r->dir1->fd, r->name1) != 0) undo_failed("undo unlink", r->name1);
         break;
     case R_RMDIR:
-        if (mkdirat(r->dir1->fd, r->name1, r->mode) != 0) perror("powercutfs: undo rmdir");
+        if (mkdirat(r->dir1->fd, r->name1, r->mode) != 0) undo_failed("undo rmdir", r->name1);
         break;
     case R_RENAME:
-        if (renameat(r->dir2->fd, r->name2, r->dir1->fd, r->name1) != 0) perror("powercutfs: undo rename");
+        if (renameat(r->dir2->fd, r->name2, r->dir1->fd, r->name1) != 0) undo_failed("undo rename", r->name2);
         if (r->trashed[0] && renameat(trash_fd, r->trashed, r->dir2->fd, r->name2) != 0)
-            perror("powercutfs: undo rename (replaced)");
+            undo_failed("undo rename (replaced)", r->name2);
         break;
     }
     r->trashed[0] = 0;
@@ -342,13 +381,13 @@ static void undo(struct record *r) {
 // it), so that only what the data holds tells.
 static void lose_write(struct record *r) {
     if (r->saved_len && pwrite(r->file->fd, r->saved, r->saved_len, r->offset) != (ssize_t)r->saved_len)
-        perror("powercutfs: lose write");
+        undo_failed("lose write", NULL);
     off_t from = r->offset + (off_t)r->saved_len, to = r->offset + r->length;
     static const char zeros[65536];
     while (from < to) {
         size_t n = to - from < (off_t)sizeof zeros ? (size_t)(to - from) : sizeof zeros;
         if (pwrite(r->file->fd, zeros, n, from) != (ssize_t)n) {
-            perror("powercutfs: lose write");
+            undo_failed("lose write", NULL);
             break;
         }
         from += (off_t)n;
@@ -360,6 +399,8 @@ static void lose_write(struct record *r) {
 // the data that was not written back is gone from the disk (a later fsync succeeds, as after
 // a real writeback error, but makes nothing of it durable).
 static void file_synced(struct inode *file, int failed) {
+    file->synced_last = file->unsynced;
+    file->unsynced = 0;
     for (size_t k = record_count; k-- > 0;) {
         struct record *r = &records[k];
         if (!r->live || r->file != file) continue;
@@ -379,23 +420,48 @@ static void dir_synced(struct inode *dir) {
     }
 }
 
-// `zeros`: unsynced writes leave their bytes as zeros and the size as it was grown, as on a
-// filesystem that wrote the size but not the data (XFS's zeros after a crash, ext4 with
-// data=writeback); otherwise the file is as it was at its last sync, size included. Both are
-// what a power cut may leave.
-// `some`: every other unsynced write (the 2nd, 4th, … of the whole log) reached the disk
-// anyway, as the kernel's own writeback may have written some pages and not others: a write
-// kept is one whose record is dropped, not undone (its replaced bytes are gone).
-static size_t cut(int zeros, int some) {
+// What a cut leaves (docs/architecture.md, "Proven under power loss", the model):
+//  - plain: every file as at its last sync, size included; every name as at its folder's
+//    last sync;
+//  - zeros: unsynced writes read as zeros in the size they grew, as on a filesystem that wrote
+//    the size but not the data (XFS's zeros after a crash, ext4 with data=writeback);
+//  - torn (`some`): the kernel's own writeback wrote every other unsynced write (the 2nd, 4th,
+//    ... of the whole log) and not the others, so a later write is kept while an earlier one
+//    is lost. A lost write never shrinks the file below the end of a kept write (ext4's size on
+//    disk covers the pages written back): its bytes read as before it, zeros past the old end.
+//    A torn append (a WAL frame on disk after a frame that is not) is what it leaves;
+//  - names: a journal commit just before the cut: every name change is durable, whatever
+//    folder was synced (ext4 commits its metadata every few seconds, in order), file data as
+//    at its last sync (with delayed allocation, data not written back has no blocks yet).
+enum cut_mode { CUT_PLAIN, CUT_ZEROS, CUT_TORN, CUT_NAMES };
+
+static size_t cut(enum cut_mode mode) {
     size_t undone = 0, writes = 0;
     for (size_t k = 0; k < record_count; k++) {
         struct record *r = &records[k];
-        if (some && r->live && r->kind == R_WRITE && ++writes % 2 == 0) retire(r);
+        if (!r->live) continue;
+        if (mode == CUT_TORN && r->kind == R_WRITE && ++writes % 2 == 0) {
+            off_t end = r->offset + r->length;
+            if (end > r->file->kept_end) r->file->kept_end = end;
+            retire(r);
+        } else if (mode == CUT_NAMES && r->kind >= R_NAME_NEW) {
+            name_durable(r);
+        }
     }
     for (size_t k = record_count; k-- > 0;) {
-        if (!records[k].live) continue;
-        if (zeros && records[k].kind == R_WRITE) lose_write(&records[k]);
-        else undo(&records[k]);
+        struct record *r = &records[k];
+        if (!r->live) continue;
+        if (r->kind == R_WRITE && (mode == CUT_ZEROS || (mode == CUT_TORN && r->file->kept_end > r->old_size))) {
+            lose_write(r);
+        } else if (r->kind == R_TRUNCATE && mode == CUT_TORN && r->file->kept_end > r->old_size) {
+            // Back to the bytes before it, without cutting what a kept write put past them.
+            if (ftruncate(r->file->fd, r->file->kept_end) != 0) undo_failed("undo truncate", NULL);
+            if (r->saved_len && pwrite(r->file->fd, r->saved, r->saved_len, r->offset) != (ssize_t)r->saved_len)
+                undo_failed("undo truncate", NULL);
+            retire(r);
+        } else {
+            undo(r);
+        }
         undone++;
     }
     return undone;
@@ -708,6 +774,7 @@ static int pc_write(const char *path, const char *buf, size_t size, off_t offset
     int fd = (int)fi->fh;
     struct inode *file = inode_of_fd(fd, 0);
     int rc = file ? record_data(file, R_WRITE, offset, (off_t)size) : -EIO;
+    if (rc == 0) file->unsynced += (long long)size;
     if (rc == 0) {
         size_t done = 0;
         while (done < size) {
@@ -850,15 +917,16 @@ static void *control(void *unused) {
     char line[PATH_MAX + 512];
     while (fgets(line, sizeof line, stdin)) {
         line[strcspn(line, "\n")] = 0;
-        char cmd[32] = "", a[256] = "", b[PATH_MAX] = "", c[64] = "", d[64] = "";
-        int fields = sscanf(line, "%31s %255s %4095s %63s %63s", cmd, a, b, c, d);
+        char cmd[32] = "", a[256] = "", b[PATH_MAX] = "", c[64] = "", d[64] = "", e[64] = "";
+        int fields = sscanf(line, "%31s %255s %4095s %63s %63s %63s", cmd, a, b, c, d, e);
         if (fields <= 0) continue;
         pthread_mutex_lock(&big);
-        if (strcmp(cmd, "arm") == 0 && fields == 5) {
+        if (strcmp(cmd, "arm") == 0 && fields >= 5) {
             snprintf(trigger.kinds, sizeof trigger.kinds, "%s", a);
             snprintf(trigger.pattern, sizeof trigger.pattern, "%s", b);
             trigger.remaining = atol(c);
             trigger.after = strcmp(d, "after") == 0;
+            trigger.min_unsynced = fields >= 6 ? atoll(e) : 0;
             trigger.armed = 1;
             answer("ok");
         } else if (strcmp(cmd, "freeze") == 0) {
@@ -889,10 +957,15 @@ static void *control(void *unused) {
             answer("ok");
         } else if (strcmp(cmd, "cut") == 0) {
             freeze_now("cut", "-");
-            size_t undone = cut(strcmp(a, "zeros") == 0, strcmp(a, "some") == 0);
+            enum cut_mode mode = strcmp(a, "zeros") == 0 ? CUT_ZEROS
+                                 : strcmp(a, "some") == 0 || strcmp(a, "torn") == 0 ? CUT_TORN
+                                 : strcmp(a, "names") == 0 ? CUT_NAMES
+                                                           : CUT_PLAIN;
+            size_t undone = cut(mode);
             dead = 1;
             pthread_cond_broadcast(&state_changed);
-            answer("cut %zu", undone);
+            if (undo_failures) answer("error %d undo operations failed, the first: %s", undo_failures, undo_failure);
+            else answer("cut %zu", undone);
         } else if (strcmp(cmd, "stats") == 0) {
             answer("ops %lu records %zu", op_count, live_records);
         } else if (strcmp(cmd, "quit") == 0) {

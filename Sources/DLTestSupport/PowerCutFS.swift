@@ -119,9 +119,11 @@ public final class PowerCutFS: @unchecked Sendable {
     }
 
     /// Freezes the filesystem at the `count`-th operation of one of `kinds` on a path that
-    /// contains `pattern` (nil: any), before it is applied or after.
-    public func arm(_ kinds: String, _ pattern: String?, count: Int, after: Bool) throws {
-        try command("arm \(kinds) \(pattern ?? "-") \(count) \(after ? "after" : "before")")
+    /// contains `pattern` (nil: any), before it is applied or after. With `minUnsynced`, only
+    /// operations on a file that has at least that many bytes written since its last sync
+    /// count: a point inside a transaction that big, not in a small one beside it.
+    public func arm(_ kinds: String, _ pattern: String?, count: Int, after: Bool, minUnsynced: Int = 0) throws {
+        try command("arm \(kinds) \(pattern ?? "-") \(count) \(after ? "after" : "before") \(minUnsynced)")
     }
 
     /// Freezes at once (SIGUSR1), even while another thread waits for an answer.
@@ -129,10 +131,27 @@ public final class PowerCutFS: @unchecked Sendable {
         if let process, process.isRunning { kill(process.processIdentifier, SIGUSR1) }
     }
 
-    /// Whether the filesystem froze within `timeout`; the operation it froze at.
-    public func waitFrozen(timeout: TimeInterval) throws -> String? {
+    /// Whether the filesystem froze within `timeout`; the operation it froze at: its kind, its
+    /// path and what that file had written since its last sync ("write /state/jobs.sqlite-wal
+    /// unsynced=1310720"; "signal - unsynced=0" for `freeze`).
+    public func waitFrozen(timeout: TimeInterval) throws -> Frozen? {
         let answer = try command("wait \(Int(timeout * 1000))", timeout: timeout + 30)
-        return answer.hasPrefix("frozen") ? String(answer.dropFirst("frozen ".count)) : nil
+        guard answer.hasPrefix("frozen ") else { return nil }
+        let fields = answer.dropFirst("frozen ".count).split(separator: " ")
+        guard fields.count >= 3, let bytes = Int(fields[fields.count - 1].dropFirst("unsynced=".count)) else {
+            throw HarnessError("powercutfs: a frozen answer without its operation: \(answer)")
+        }
+        return Frozen(kind: String(fields[0]), path: fields[1..<(fields.count - 1)].joined(separator: " "), unsynced: bytes)
+    }
+
+    /// The operation a cut froze at.
+    public struct Frozen: Sendable, CustomStringConvertible {
+        public var kind: String
+        public var path: String
+        /// The bytes its file had written since its last sync (before the operation, for a
+        /// cut before it).
+        public var unsynced: Int
+        public var description: String { "\(kind) \(path) (\(unsynced) bytes unsynced)" }
     }
 
     /// Makes operations fail with `errno` (`count` times; 0: until `clear`).
@@ -142,15 +161,28 @@ public final class PowerCutFS: @unchecked Sendable {
 
     public func clearFailures() throws { try command("clear") }
 
-    /// The power cut: every operation waits, what is not durable is undone, and what waits fails.
-    /// With `zeros`, data written and not synced reads as zeros and a grown size stays (a
-    /// filesystem that wrote the size but not the data); otherwise the file is as it was at its
-    /// last sync. Returns the number of records undone.
-    /// With `some`, every other unsynced write reaches the disk anyway (the kernel's own
-    /// writeback of some pages, not of others).
+    /// What a power cut leaves of what was not durable (scripts/powercutfs.c, `cut`).
+    public enum CutMode: String, Sendable {
+        /// Files as at their last sync, size included; names as at their folder's last sync.
+        case plain
+        /// Data written and not synced reads as zeros, and a grown size stays (a filesystem
+        /// that wrote the size but not the data).
+        case zeros
+        /// Every other unsynced write reached the disk anyway (the kernel's own writeback of
+        /// some pages): a later write kept, an earlier one lost (zeros past the old end), so a
+        /// torn append is left.
+        case torn
+        /// A journal commit just before the cut: every name change is durable, whatever folder
+        /// was synced; data as at its last sync.
+        case names
+    }
+
+    /// The power cut: every operation waits, what is not durable is undone (as `mode` says),
+    /// and what waits fails. Throws when an undo failed (the disk is not what the model says).
+    /// Returns the number of records undone.
     @discardableResult
-    public func cut(zeros: Bool = false, some: Bool = false) throws -> Int {
-        let answer = try command(zeros ? "cut zeros" : some ? "cut some" : "cut")
+    public func cut(_ mode: CutMode = .plain) throws -> Int {
+        let answer = try command(mode == .plain ? "cut" : "cut \(mode.rawValue)")
         return Int(answer.split(separator: " ").last ?? "") ?? 0
     }
 

@@ -6,8 +6,10 @@ import Testing
 
 /// What the test does while the power is cut: each workload arms its cut point, then runs.
 enum PowerCutWork: String, Sendable, CaseIterable {
-    /// One large download, checkpointed every 0.1 s.
+    /// One large download in four ranges (segmented), checkpointed every 0.1 s.
     case big
+    /// One download in a single stream (`segments: 1`), checkpointed every 0.1 s.
+    case stream
     /// A batch of small files in one folder, published in batches.
     case small
     /// A group whose folder appears whole, in one rename.
@@ -16,6 +18,24 @@ enum PowerCutWork: String, Sendable, CaseIterable {
     case enqueue
     /// `pause` of every job of a queue of 2000.
     case pause
+    /// `cancel` of a single-stream download that has committed offsets.
+    case cancel
+    /// `remove` with `delete_file` of a completed job and of a download with committed offsets.
+    case remove
+    /// A group published into a folder that exists (with a file of the user's in it): its
+    /// files move in one by one.
+    case groupInto
+    /// An input list dropped into the drop folder (`watch_dir`): enqueued, then moved to `added/`.
+    case drop
+}
+
+/// Where a cut point claims to fall relative to its workload's command: before the command's
+/// commit is durable (nothing of it may be in effect after the cut), or after (all of it must
+/// be, answered or not). A cut that lands elsewhere (in a checkpoint beside the command) fails
+/// the point instead of passing it.
+enum CutClaim: Sendable {
+    case commandLost
+    case commandDurable
 }
 
 /// A cut: at the `count`-th operation of one of `kinds` on a path containing `pattern`, before
@@ -28,62 +48,113 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
     var after: Bool
     /// Part of the short set that `make test` runs; `make crash` runs them all.
     var short = false
+    /// Only operations on a file with this many bytes written since its last sync count: the
+    /// point is inside a transaction at least that big (the command's, not a checkpoint's).
+    var minUnsynced = 0
+    /// What the cut leaves of what was not durable; nil: zeros for a cut before an operation,
+    /// torn after one with an odd count, plain after one with an even count.
+    var mode: PowerCutFS.CutMode? = nil
+    var claim: CutClaim? = nil
 
     var testDescription: String {
         if kinds == "answer" { return "\(work.rawValue): right after the answer" }
-        return "\(work.rawValue): \(after ? "after" : "before") \(kinds) #\(count)\(pattern.map { " of *\($0)*" } ?? "")"
+        let inside = minUnsynced > 0 ? " past \(minUnsynced >> 10) KiB unsynced" : ""
+        let left = mode.map { " (\($0.rawValue))" } ?? ""
+        return "\(work.rawValue): \(after ? "after" : "before") \(kinds) #\(count)\(pattern.map { " of *\($0)*" } ?? "")\(inside)\(left)"
     }
 
-    static func at(_ work: PowerCutWork, _ kinds: String, _ pattern: String?, _ counts: [Int], short: Set<Int> = []) -> [CutPoint] {
+    /// What the cut leaves.
+    var cutMode: PowerCutFS.CutMode { mode ?? (!after ? .zeros : count % 2 == 1 ? .torn : .plain) }
+
+    static func at(
+        _ work: PowerCutWork, _ kinds: String, _ pattern: String?, _ counts: [Int], short: Set<Int> = [], minUnsynced: Int = 0,
+        mode: PowerCutFS.CutMode? = nil, claim: (_ after: Bool) -> CutClaim? = { _ in nil }
+    ) -> [CutPoint] {
         counts.flatMap { count in
             [false, true].map { after in
                 CutPoint(
                     work: work, kinds: kinds, pattern: pattern, count: count, after: after,
-                    short: short.contains(after ? count : -count))
+                    short: short.contains(after ? count : -count), minUnsynced: minUnsynced, mode: mode, claim: claim(after))
             }
         }
     }
 
-    /// 54 cut points; `short` picks (count, or -count for "before") a few of each workload.
-    static let all: [CutPoint] =
-        // A big download: its checkpoints' fdatasync, the commits of their offsets, and writes.
-        at(.big, "fdatasync", ".part", [1, 3], short: [-1, 3])
-        + at(.big, "fdatasync", "jobs.sqlite-wal", [3, 6], short: [6])
-        + at(.big, "write", ".part", [40, 200], short: [-200])
+    /// A command's commit: lost if cut before its sync, durable after.
+    static func commit(_ after: Bool) -> CutClaim? { after ? .commandDurable : .commandLost }
+
+    /// 79 cut points; `short` picks (count, or -count for "before") a few of each workload.
+    static let all: [CutPoint] = [
+        // A big download in ranges: its checkpoints' fdatasync, the commits of their offsets, and writes.
+        at(.big, "fdatasync", ".part", [1, 3], short: [-1, 3]),
+        at(.big, "fdatasync", "jobs.sqlite-wal", [3, 6], short: [6]),
+        at(.big, "write", ".part", [40, 200], short: [-200]),
+        // The same in one stream, and its checkpoints under a torn cut.
+        at(.stream, "fdatasync", ".part", [1, 3], short: [-3]),
+        at(.stream, "fdatasync", "jobs.sqlite-wal", [4], short: []),
+        at(.stream, "write", ".part", [60], mode: .torn),
         // Small files published in batches: their syncs, renames and folder syncs.
-        + at(.small, "fdatasync", ".part", [2, 15], short: [15])
-        + at(.small, "rename", "/dl/", [1, 12, 30], short: [1, -12])
-        + at(.small, "fsyncdir", "/dl", [1, 4], short: [-1])
-        + at(.small, "fdatasync", "jobs.sqlite-wal", [2], short: [])
+        at(.small, "fdatasync", ".part", [2, 15], short: [15]),
+        at(.small, "rename", "/dl/", [1, 12, 30], short: [1, -12]),
+        at(.small, "fsyncdir", "/dl", [1, 4], short: [-1]),
+        at(.small, "fdatasync", "jobs.sqlite-wal", [2], short: []),
         // A group: members staged, then the folder renamed into place and its parent synced.
-        + at(.group, "rename", "dld-staging", [2, 6], short: [6])
-        + at(.group, "rename", "/chapter", [1], short: [-1, 1])
-        + at(.group, "fsyncdir", "/dl", [1, 2], short: [])
-        // One enqueue of 10 000 jobs: the commit, and the middle of its WAL writes.
-        + at(.enqueue, "fdatasync", "jobs.sqlite-wal", [1], short: [-1, 1])
-        + at(.enqueue, "write", "jobs.sqlite-wal", [50, 200], short: [])
-        // A bulk pause of 2000 jobs.
-        + at(.pause, "fdatasync", "jobs.sqlite-wal", [1], short: [1])
-        + at(.pause, "write", "jobs.sqlite-wal", [10, 30], short: [-30])
+        at(.group, "rename", "dld-staging", [2, 6], short: [6]),
+        at(.group, "rename", "/chapter", [1], short: [-1, 1]),
+        at(.group, "fsyncdir", "/dl", [1, 2], short: []),
+        // One enqueue of 10 000 jobs: the commit, and the middle of its WAL writes (torn too).
+        at(.enqueue, "fdatasync", "jobs.sqlite-wal", [1], short: [-1, 1], minUnsynced: 1 << 20, claim: commit),
+        at(.enqueue, "write", "jobs.sqlite-wal", [50, 200], short: [], claim: { _ in .commandLost }),
+        at(.enqueue, "fdatasync", "jobs.sqlite-wal", [1], minUnsynced: 1 << 20, mode: .torn, claim: commit).filter { !$0.after },
+        // A bulk pause of 2000 jobs whose transfers checkpoint meanwhile: the points are in the
+        // pause's own transaction (the only one that big), and the cut must show it.
+        at(.pause, "fdatasync", "jobs.sqlite-wal", [1], short: [1], minUnsynced: 256 << 10, claim: commit),
+        at(.pause, "write", "jobs.sqlite-wal", [10, 30], short: [-30], minUnsynced: 256 << 10, claim: { _ in .commandLost }),
+        // A cancel: its commit, then the partial file's unlink, under a journal commit that
+        // makes every name change durable (the unlink too).
+        at(.cancel, "unlink", ".part", [1], short: [1], mode: .names, claim: { _ in .commandDurable }),
+        // A remove with delete_file: its commit comes before both unlinks (the completed file's
+        // and the partial one's), under a journal commit that makes the unlinks durable.
+        at(.remove, "unlink", "/dl/", [1, 2], mode: .names, claim: { _ in .commandDurable }),
+        // A group into a folder that exists: its files renamed in one by one, then synced.
+        at(.groupInto, "rename", "/volume/", [1, 5], short: []),
+        at(.groupInto, "fsyncdir", "/volume", [1], short: []),
+        // A dropped input list: its enqueue is committed before it moves into added/ (a journal
+        // commit makes the move durable).
+        at(.drop, "rename", "/added/", [1], mode: .names, claim: { _ in .commandDurable }),
         // The moment a command is answered: what it changed must be durable by then.
-        + [PowerCutWork.big, .small, .enqueue, .pause].map {
+        [PowerCutWork.big, .small, .enqueue, .pause, .cancel, .remove].map {
             CutPoint(work: $0, kinds: "answer", pattern: nil, count: 1, after: true, short: $0 == .enqueue || $0 == .pause)
-        }
+        },
+    ].flatMap { $0 }
 
     /// `DLD_POWERCUT=full` (make crash): every cut point; `DLD_POWERCUT=TEXT`: those whose
-    /// description contains TEXT; otherwise the short set.
+    /// description contains TEXT (`A|B`: A or B); otherwise the short set.
     static var chosen: [CutPoint] {
         switch ProcessInfo.processInfo.environment["DLD_POWERCUT"] ?? "" {
         case "": return all.filter(\.short)
         case "full": return all
-        case let text: return all.filter { $0.testDescription.contains(text) }
+        case let text:
+            let alternatives = text.split(separator: "|").map { $0.trimmingCharacters(in: .whitespaces) }
+            return all.filter { point in alternatives.contains { point.testDescription.contains($0) } }
         }
     }
 }
 
 /// What the harness got an answer for before the cut.
 final class Answers: Sendable {
-    let state = Mutex<(ids: [Int64], enqueued: Bool, paused: Bool, finished: Bool, error: String?)>(([], false, false, false, nil))
+    struct State {
+        /// Jobs whose enqueue was answered.
+        var ids: [Int64] = []
+        /// The jobs a command of the workload names (`remove`'s).
+        var targets: [Int64] = []
+        var enqueued = false
+        var paused = false
+        var canceled = false
+        var removed = false
+        var finished = false
+        var error: String?
+    }
+    let state = Mutex(State())
 }
 
 /// The power is cut (powercutfs) at chosen points of dld's work, dld is killed at that moment,
@@ -105,28 +176,59 @@ final class Answers: Sendable {
     static let smallCount = 40
     static let groupSize = 48 << 10
     static let groupCount = 8
+    static let streamSize = 8_000_000
+    static let dropCount = 20
+    /// Files of the user's in the download folder throughout: no cut and no start-up may
+    /// touch them (durability rule 5), a `.part` of another program's included.
+    static let userFiles = [
+        "notes.txt": "the user's own notes\n", "other-program.bin.part": "not dld's partial file\n",
+        "volume/cover.txt": "the user's file in a folder a group is published into\n",
+    ]
 
     @Test(arguments: CutPoint.chosen) func powerCut(at point: CutPoint) async throws {
         try await withOrigin { origin in
-            let fs = try PowerCutFS(folders: ["state", "dl"])
+            let fs = try PowerCutFS(folders: ["state", "dl", "watch/added", "watch/failed"])
+            try FileManager.default.createDirectory(atPath: fs.backing + "/dl/volume", withIntermediateDirectories: true)
+            for (name, text) in Self.userFiles { try text.write(toFile: fs.backing + "/dl/" + name, atomically: false, encoding: .utf8) }
             try fs.mount()
             defer { try? fs.unmount() }
             let bootFile = fs.root + "/boot_id"
             try UUID().uuidString.lowercased().write(toFile: bootFile, atomically: true, encoding: .utf8)
-            let daemon = try DaemonHarness(config: Self.config, dataRoot: fs.mountpoint)
+            let config = Self.config + (point.work == .drop ? "\nwatch_dir = \"\(fs.mountpoint)/watch\"\n" : "")
+            let daemon = try DaemonHarness(config: config, dataRoot: fs.mountpoint)
             daemon.extraEnvironment["DLD_TEST_BOOT_ID_FILE"] = bootFile
             try daemon.start()
 
             // The workload's setup, before the cut point is armed.
             let base = origin.baseURL
+            let answers = Answers()
             if point.work == .pause {
                 let jobs = (0..<2000).map { n -> JSONValue in
                     .object(["url": .string("\(base)/bytes/4096?rate=512&n=\(n)"), "name": .string("p\(n).bin")])
                 }
                 _ = try daemon.call("enqueue", ["jobs": .array(jobs)])
             }
-            if point.kinds != "answer" { try fs.arm(point.kinds, point.pattern, count: point.count, after: point.after) }
-            let answers = Answers()
+            if point.work == .cancel {
+                // A single-stream download with offsets committed, then the cancel.
+                let id = try daemon.enqueue([
+                    "url": .string("\(base)/bytes/\(Self.streamSize)?rate=2000000"), "name": "canceled.bin", "segments": 1,
+                ])
+                answers.state.withLock { $0.ids.append(id) }
+                try daemon.waitForJob(id, timeout: 30) { ($0["received"]?.int64Value ?? 0) >= 1_000_000 }
+            }
+            if point.work == .remove {
+                // A completed file (the user's now) and a download with committed offsets.
+                let done = try daemon.enqueue(["url": .string("\(base)/bytes/\(Self.groupSize)"), "name": "kept.bin"])
+                try daemon.waitForState(done, ["completed"], timeout: 30)
+                let partial = try daemon.enqueue([
+                    "url": .string("\(base)/bytes/\(Self.streamSize)?rate=2000000"), "name": "removed.bin", "segments": 1,
+                ])
+                try daemon.waitForJob(partial, timeout: 30) { ($0["received"]?.int64Value ?? 0) >= 1_000_000 }
+                answers.state.withLock { $0.targets = [done, partial] }
+            }
+            if point.kinds != "answer" {
+                try fs.arm(point.kinds, point.pattern, count: point.count, after: point.after, minUnsynced: point.minUnsynced)
+            }
             let work = Task.detached {
                 var failure: String? = nil
                 do {
@@ -141,7 +243,7 @@ final class Answers: Sendable {
                     $0.error = failure
                 }
             }
-            var frozeAt: String? = nil
+            var frozeAt: PowerCutFS.Frozen? = nil
             var grace = 20
             while frozeAt == nil && grace > 0 {
                 frozeAt = try fs.waitFrozen(timeout: 0.1)
@@ -149,43 +251,62 @@ final class Answers: Sendable {
             }
             // The moment of the cut: dld dies with everything not yet durable.
             if let pid = daemon.pid { kill(pid, SIGKILL) }
-            // Cuts before an operation leave unsynced data as zeros in a size kept; cuts after one
-            // leave files as they were at their last sync, except that with an odd count every
-            // other unsynced write reached the disk anyway: all are what a power cut may leave.
-            try fs.cut(zeros: !point.after, some: point.after && point.count % 2 == 1)
+            // What a cut may leave varies with the point (see `CutPoint.cutMode`); an undo that
+            // failed throws here (the disk would not be what the model says).
+            let cutError = Result { try fs.cut(point.cutMode) }
             daemon.crash()
             await work.value
             try fs.unmount()
-            #expect(
-                frozeAt != nil,
-                "the cut point was never reached: the workload ended first (\(answers.state.withLock { $0.error } ?? "no error"))")
+            _ = try cutError.get()
+            // The cut hit what the point names: its kind of operation on its file, inside a
+            // transaction as big as it claims; a workload that never got there fails the point.
+            guard let frozeAt else {
+                Issue.record(
+                    "the cut point was never reached: the workload ended first (\(answers.state.withLock { $0.error } ?? "no error"))")
+                return
+            }
+            if point.kinds == "answer" {
+                #expect(frozeAt.kind == "signal", "the cut froze at \(frozeAt), not at the answer")
+            } else {
+                #expect(
+                    point.kinds.split(separator: ",").contains(Substring(frozeAt.kind))
+                        && (point.pattern.map { frozeAt.path.contains($0) } ?? true),
+                    "the cut froze at \(frozeAt), not at \(point.kinds) of \(point.pattern ?? "-")")
+                #expect(frozeAt.unsynced >= point.minUnsynced, "the cut froze at \(frozeAt), outside the transaction it claims")
+            }
 
             // Before dld starts again: the table opens, and no file has its final name early.
             let rows = try Self.offlineRows(fs: fs)
-            try Self.expectFinalNamesVerified(fs: fs, rows: rows)
-            // Committed offsets survive: an unfinished job's partial file holds its committed bytes
-            // (else the download would start over; its name must be as durable as its offsets).
-            for row in rows.values where row.received > 0 && !["completed", "canceled"].contains(row.state) {
-                let partial = fs.backing + row.path.dropFirst(fs.mountpoint.count) + ".part"
-                let length = (try? FileManager.default.attributesOfItem(atPath: partial)[.size] as? Int64) ?? nil
-                #expect(
-                    (length ?? -1) >= row.received,
-                    "job \(row.id) committed \(row.received) bytes, its partial file has \(length.map(String.init) ?? "gone")")
+            try Self.expectFinalNamesVerified(fs: fs, rows: rows, work: point.work)
+            // Committed offsets survive: below each committed offset (each range's, for a download
+            // in ranges) an unfinished job's partial file holds the origin's bytes (else the
+            // download would start over, or go on from wrong bytes).
+            try Self.expectCommittedBytes(fs: fs, rows: rows)
+            if point.work == .group || point.work == .groupInto { try Self.expectGroupWhole(fs: fs, point.work) }
+            if point.work == .drop {
+                // The list leaves the drop folder only once its jobs are committed.
+                let waiting = FileManager.default.fileExists(atPath: fs.backing + "/watch/list.txt")
+                #expect(waiting || rows.count == Self.dropCount, "list.txt left the drop folder; \(rows.count) of its jobs exist")
+                if point.claim == .commandDurable {
+                    #expect(rows.count == Self.dropCount, "the cut claims the list's enqueue committed; \(rows.count) jobs exist")
+                }
             }
+            try Self.expectUserFilesUntouched(fs.backing + "/dl")
             if ProcessInfo.processInfo.environment["DLD_POWERCUT_LOG"] != nil {
-                print("frozen at", frozeAt ?? "-", rows.values.sorted { $0.id < $1.id }.map { "\($0.id) \($0.state) \($0.path)" })
+                print("frozen at", frozeAt, rows.values.sorted { $0.id < $1.id }.map { "\($0.id) \($0.state) \($0.path)" })
                 print(try runProgram("/usr/bin/find", [fs.backing + "/dl", "-ls"]).stdout)
             }
 
             // The reboot: a fresh mount, a new boot id, dld again.
             try UUID().uuidString.lowercased().write(toFile: bootFile, atomically: true, encoding: .utf8)
             try fs.mount()
-            let again = try DaemonHarness(config: Self.config, dataRoot: fs.mountpoint)
+            let again = try DaemonHarness(config: config, dataRoot: fs.mountpoint)
             again.extraEnvironment["DLD_TEST_BOOT_ID_FILE"] = bootFile
             try again.start()
             defer { again.stop() }
-            try Self.expectAnswersInEffect(point.work, answers: answers, rows: rows, daemon: again)
+            try Self.expectAnswersInEffect(point, answers: answers, rows: rows, daemon: again)
             try Self.expectEveryJobFinishes(point.work, daemon: again)
+            try Self.expectUserFilesUntouched(again.downloadDir)
             if ProcessInfo.processInfo.environment["DLD_POWERCUT_LOG"] != nil { print(daemon.log, again.log) }
         }
     }
@@ -194,10 +315,39 @@ final class Answers: Sendable {
     static func run(_ work: PowerCutWork, daemon: DaemonHarness, base: String, answers: Answers, answered: () -> Void) throws {
         switch work {
         case .big:
-            let id = try daemon.enqueue(["url": .string("\(base)/bytes/\(bigSize)?rate=12000000"), "name": "big.bin"])
+            // 6 MB/s a connection, four ranges: about a second, so that a loaded machine still
+            // makes the six WAL syncs a point waits for (at 12 MB/s one run ended before them).
+            let id = try daemon.enqueue(["url": .string("\(base)/bytes/\(bigSize)?rate=6000000"), "name": "big.bin"])
             answers.state.withLock { $0.ids.append(id) }
             answered()
             try daemon.waitForState(id, ["completed"], timeout: 60)
+        case .stream:
+            let id = try daemon.enqueue([
+                "url": .string("\(base)/bytes/\(streamSize)?rate=4000000"), "name": "stream.bin", "segments": 1,
+            ])
+            answers.state.withLock { $0.ids.append(id) }
+            answered()
+            try daemon.waitForState(id, ["completed"], timeout: 60)
+        case .cancel:
+            let ids = answers.state.withLock { $0.ids }
+            _ = try daemon.call("cancel", ["ids": .array(ids.map { .int($0) })])
+            answers.state.withLock { $0.canceled = true }
+            answered()
+        case .drop:
+            // Written aside, synced, renamed in and its folder synced: the list is the user's,
+            // durable before dld sees it.
+            let lines = (0..<dropCount).map { n in String(format: "\(base)/bytes/\(smallSize)?n=%d\n  out=d%02d.bin\n", n, n) }
+            let folder = String(daemon.downloadDir.dropLast("/dl".count)) + "/watch"
+            try Self.writeDurably(lines.joined(), to: folder + "/.list.txt")
+            guard rename(folder + "/.list.txt", folder + "/list.txt") == 0 else { throw HarnessError("rename list.txt: \(errno)") }
+            try Self.syncFolder(folder)
+            let deadline = Date().addingTimeInterval(60)
+            while (try allJobs(daemon).filter { $0["state"] == "completed" }.count) < dropCount && Date() < deadline { usleep(50_000) }
+        case .remove:
+            let ids = answers.state.withLock { $0.targets }
+            _ = try daemon.call("remove", ["ids": .array(ids.map { .int($0) }), "delete_file": true])
+            answers.state.withLock { $0.removed = true }
+            answered()
         case .small:
             let jobs = (0..<smallCount).map { n -> JSONValue in
                 .object(["url": .string("\(base)/bytes/\(smallSize)?n=\(n)"), "name": .string(String(format: "f%02d.bin", n))])
@@ -207,14 +357,15 @@ final class Answers: Sendable {
             answers.state.withLock { $0.ids += ids }
             answered()
             for id in ids { try daemon.waitForState(id, ["completed"], timeout: 60) }
-        case .group:
+        case .group, .groupInto:
             let jobs = (0..<groupCount).map { n -> JSONValue in
                 .object(["url": .string("\(base)/bytes/\(groupSize)?n=\(n)"), "name": .string("page\(n).bin")])
             }
+            let name = work == .group ? "chapter" : "volume"
             let result = try daemon.call(
                 "enqueue",
                 [
-                    "group": ["name": "chapter", "dir": .string(daemon.downloadDir + "/chapter")], "jobs": .array(jobs),
+                    "group": ["name": .string(name), "dir": .string(daemon.downloadDir + "/" + name)], "jobs": .array(jobs),
                 ])
             let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value }
             answers.state.withLock { $0.ids += ids }
@@ -244,6 +395,11 @@ final class Answers: Sendable {
         var path: String
         var sha256: String?
         var received: Int64
+        /// Where its partial file is: beside its final name, or in its group's staging folder.
+        var partialPath: String
+        /// A download in ranges: `start-done-end` per range (`SegmentLayout.encoded`); empty
+        /// for one stream of `received` bytes.
+        var segments: String
     }
 
     /// Copies the job table out of the backing folder, checks its integrity and reads its rows.
@@ -264,21 +420,100 @@ final class Answers: Sendable {
             "/usr/bin/sqlite3",
             [
                 "-separator", "\t", copy + "/jobs.sqlite",
-                "SELECT id, state, path, coalesce(sha256, ''), received FROM jobs;",
+                "SELECT id, state, path, coalesce(sha256, ''), received, coalesce(staging_path, path) || '.part', "
+                    + "coalesce(segments, '') FROM jobs;",
             ])
         #expect(listed.status == 0, "\(listed.stderr)")
         var rows: [Int64: Row] = [:]
         for line in listed.stdout.split(separator: "\n") {
             let fields = line.split(separator: "\t", omittingEmptySubsequences: false).map(String.init)
-            guard fields.count == 5, let id = Int64(fields[0]) else { continue }
+            guard fields.count == 7, let id = Int64(fields[0]) else { continue }
             rows[id] = Row(
-                id: id, state: fields[1], path: fields[2], sha256: fields[3].isEmpty ? nil : fields[3], received: Int64(fields[4]) ?? 0)
+                id: id, state: fields[1], path: fields[2], sha256: fields[3].isEmpty ? nil : fields[3], received: Int64(fields[4]) ?? 0,
+                partialPath: fields[5], segments: fields[6])
         }
         return rows
     }
 
-    /// No file is under its final name unless its job is completed with that file's digest.
-    static func expectFinalNamesVerified(fs: PowerCutFS, rows: [Int64: Row]) throws {
+    /// Below every committed offset of an unfinished job (each range's, for a download in
+    /// ranges), its partial file holds the origin's bytes: what was committed was synced
+    /// first (rule 2), under a name that was durable too. Every file here is the origin's
+    /// deterministic bytes from offset 0, whatever its URL's query.
+    static func expectCommittedBytes(fs: PowerCutFS, rows: [Int64: Row]) throws {
+        for row in rows.values where row.received > 0 && !["completed", "canceled"].contains(row.state) {
+            var ranges: [(start: Int64, done: Int64)] = [(0, row.received)]
+            if !row.segments.isEmpty {
+                ranges = row.segments.split(separator: ",").compactMap { part in
+                    let numbers = part.split(separator: "-").compactMap { Int64($0) }
+                    return numbers.count == 3 ? (numbers[0], numbers[1]) : nil
+                }
+                #expect(
+                    ranges.reduce(0) { $0 + $1.done - $1.start } == row.received,
+                    "job \(row.id): its ranges \(row.segments) do not add up to its \(row.received) bytes")
+            }
+            let partial = fs.backing + row.partialPath.dropFirst(fs.mountpoint.count)
+            guard let handle = FileHandle(forReadingAtPath: partial) else {
+                Issue.record("job \(row.id) (\(row.state)) committed \(row.received) bytes; its partial file is gone")
+                continue
+            }
+            defer { try? handle.close() }
+            for range in ranges where range.done > range.start {
+                try handle.seek(toOffset: UInt64(range.start))
+                let count = Int(range.done - range.start)
+                let onDisk = [UInt8](try handle.read(upToCount: count) ?? Data())
+                let origin = TestOrigin.bytes(from: range.start, count: count)
+                guard onDisk != origin else { continue }
+                let first = (0..<min(onDisk.count, origin.count)).first { onDisk[$0] != origin[$0] } ?? min(onDisk.count, origin.count)
+                let what =
+                    onDisk.count < count
+                    ? "ends at \(range.start + Int64(onDisk.count))" : "differs from the origin's at \(range.start + Int64(first))"
+                Issue.record("job \(row.id) (\(row.state)) committed bytes \(range.start)..<\(range.done); its partial file \(what)")
+                break
+            }
+        }
+    }
+
+    static func writeDurably(_ text: String, to path: String) throws {
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw HarnessError("open \(path): \(errno)") }
+        defer { close(fd) }
+        let bytes = Array(text.utf8)
+        guard write(fd, bytes, bytes.count) == bytes.count, fsync(fd) == 0 else { throw HarnessError("write \(path): \(errno)") }
+    }
+
+    static func syncFolder(_ folder: String) throws {
+        let fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw HarnessError("open \(folder): \(errno)") }
+        defer { close(fd) }
+        guard fsync(fd) == 0 else { throw HarnessError("fsync \(folder): \(errno)") }
+    }
+
+    /// A group's files are in its folder only once the group is recorded completed: the folder
+    /// appears whole (or, for a folder that exists, its members move in after the commit).
+    static func expectGroupWhole(fs: PowerCutFS, _ work: PowerCutWork) throws {
+        let name = work == .group ? "chapter" : "volume"
+        let folder = fs.backing + "/dl/" + name
+        let members = ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).filter { $0.hasPrefix("page") }
+        guard !members.isEmpty || (work == .group && FileManager.default.fileExists(atPath: folder)) else { return }
+        let copy = fs.root + "/copy/jobs.sqlite"
+        let closed = try runProgram("/usr/bin/sqlite3", [copy, "SELECT coalesce(closed, 'open') FROM groups WHERE name = '\(name)';"])
+        #expect(
+            closed.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "completed",
+            "\(name)/ holds \(members.sorted()) while its group is \(closed.stdout.trimmingCharacters(in: .whitespacesAndNewlines))")
+    }
+
+    /// The user's own files in `folder` are there, unchanged.
+    static func expectUserFilesUntouched(_ folder: String) throws {
+        for (name, text) in userFiles {
+            let now = try? String(contentsOfFile: folder + "/" + name, encoding: .utf8)
+            #expect(now == text, "the user's \(name) was \(now == nil ? "deleted" : "changed")")
+        }
+    }
+
+    /// No file is under its final name unless its job is completed with that file's digest
+    /// (or, after a `remove` with `delete_file` committed and its unlink not durable, it is the
+    /// removed job's complete file: deleted late, never early).
+    static func expectFinalNamesVerified(fs: PowerCutFS, rows: [Int64: Row], work: PowerCutWork? = nil) throws {
         let byPath = Dictionary(rows.values.map { ($0.path, $0) }, uniquingKeysWith: { first, _ in first })
         let root = fs.backing + "/dl"
         guard let walker = FileManager.default.enumerator(atPath: root) else { return }
@@ -286,8 +521,12 @@ final class Answers: Sendable {
             let full = root + "/" + relative
             var isDir: ObjCBool = false
             guard FileManager.default.fileExists(atPath: full, isDirectory: &isDir), !isDir.boolValue else { continue }
-            if relative.hasSuffix(".part") || relative.contains(".dld-staging-") { continue }
+            if relative.hasSuffix(".part") || relative.contains(".dld-staging-") || userFiles[relative] != nil { continue }
             let row = byPath[fs.mountpoint + "/dl/" + relative]
+            if work == .remove && relative == "kept.bin" && row == nil {
+                #expect((try sha256sum(full)) == (try originDigest(groupSize)), "the removed job's kept.bin is not its complete file")
+                continue
+            }
             #expect(
                 row?.state == "completed",
                 "\(relative) is under its final name, its job is \(row.map { "\($0.id) \($0.state)" } ?? "unknown")")
@@ -298,8 +537,26 @@ final class Answers: Sendable {
     }
 
     /// Every command answered before the cut is in effect, and no job is lost.
-    static func expectAnswersInEffect(_ work: PowerCutWork, answers: Answers, rows: [Int64: Row], daemon: DaemonHarness) throws {
+    static func expectAnswersInEffect(_ point: CutPoint, answers: Answers, rows: [Int64: Row], daemon: DaemonHarness) throws {
+        let work = point.work
         let answered = answers.state.withLock { $0 }
+        if work == .remove {
+            let left = Set(try allJobs(daemon).compactMap { $0["id"]?.int64Value })
+            #expect(Set(rows.keys) == left, "dld lists the jobs of the table")
+            let removed = answered.targets.filter { !left.contains($0) }
+            #expect(
+                removed.isEmpty || removed.count == answered.targets.count, "a remove is one transaction: \(removed) of \(answered.targets)"
+            )
+            if answered.removed || point.claim == .commandDurable {
+                #expect(
+                    removed.count == answered.targets.count,
+                    "the remove was \(answered.removed ? "answered" : "committed"); jobs \(answered.targets) are \(left.sorted()) after the cut"
+                )
+            } else if point.claim == .commandLost {
+                #expect(removed.isEmpty, "the cut claims the remove's commit lost; jobs \(removed) are gone")
+            }
+            return
+        }
         let jobs = try allJobs(daemon)
         let ids = Set(jobs.compactMap { $0["id"]?.int64Value })
         if work != .pause { #expect(!answered.ids.isEmpty || !answered.enqueued, "an answered enqueue names its jobs") }
@@ -311,6 +568,11 @@ final class Answers: Sendable {
             #expect(
                 ids.count == 10_000 || (ids.isEmpty && !answered.enqueued),
                 "\(ids.count) jobs after the cut, answered: \(answered.enqueued)")
+            if let claim = point.claim {
+                #expect(
+                    ids.count == (claim == .commandDurable ? 10_000 : 0),
+                    "the cut claims the enqueue's commit \(claim == .commandDurable ? "durable" : "lost"): \(ids.count) jobs after it")
+            }
         case .pause:
             #expect(ids.count == 2000)
             let paused = jobs.filter { $0["state"] == "paused" }.count
@@ -320,6 +582,19 @@ final class Answers: Sendable {
             } else {
                 #expect(paused == 0 || paused == unfinished, "a pause is one transaction: \(paused) of \(unfinished) paused")
             }
+            if let claim = point.claim {
+                #expect(
+                    paused == (claim == .commandDurable ? unfinished : 0),
+                    "the cut claims the pause's commit \(claim == .commandDurable ? "durable" : "lost"): \(paused) of \(unfinished) paused")
+            }
+        case .cancel:
+            let state = jobs.first?["state"]?.stringValue
+            if answered.canceled || point.claim == .commandDurable {
+                #expect(
+                    state == "canceled", "the cancel was \(answered.canceled ? "answered" : "committed") and the job is \(state ?? "gone")")
+            } else if point.claim == .commandLost {
+                #expect(state != "canceled", "the cut claims the cancel's commit lost, and the job is canceled")
+            }
         default:
             break
         }
@@ -328,25 +603,65 @@ final class Answers: Sendable {
     /// Every job resumes or completes; every completed job's file is there with its digest.
     static func expectEveryJobFinishes(_ work: PowerCutWork, daemon: DaemonHarness) throws {
         switch work {
+        case .remove:
+            // What the remove did not take completes, with its file (a completed file is deleted
+            // only with its record).
+            for job in try allJobs(daemon) {
+                guard let id = job["id"]?.int64Value else { continue }
+                let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
+                #expect(done["state"] == "completed", "\(done.serializedString())")
+                let path = done["path"]?.stringValue ?? ""
+                let size = path.hasSuffix("kept.bin") ? groupSize : streamSize
+                #expect((try? sha256sum(path)) == (try originDigest(size)), "\(path) of completed job \(id) is missing or wrong")
+            }
+        case .cancel:
+            // A canceled job stays so, its partial data gone (start-up removes what the cut
+            // left); one whose cancel was lost completes.
+            for job in try allJobs(daemon) {
+                guard let id = job["id"]?.int64Value else { continue }
+                let done = try daemon.waitForState(id, ["completed", "failed", "canceled"], timeout: 60)
+                #expect(done["state"] != "failed", "\(done.serializedString())")
+                let path = done["path"]?.stringValue ?? ""
+                if done["state"] == "canceled" {
+                    #expect(!FileManager.default.fileExists(atPath: path + ".part"), "canceled job \(id) left its partial file")
+                } else if done["state"] == "completed" {
+                    #expect((try sha256sum(path)) == (try originDigest(streamSize)), "\(path) does not hold the origin's bytes")
+                }
+            }
         case .enqueue, .pause:
             // Thousands of jobs: each resumes (queued again), checked by state.
             _ = try daemon.call("resume", ["all": true])
             let jobs = try allJobs(daemon)
             let stuck = jobs.filter { !["queued", "running", "completed"].contains($0["state"]?.stringValue ?? "") }
             #expect(stuck.isEmpty, "jobs that did not resume: \(stuck.prefix(3).map { $0.serializedString() })")
-        case .big, .small, .group:
+        case .drop:
+            // The list's jobs all exist (enqueued before the cut, or by the sweep at start) and complete.
+            let deadline = Date().addingTimeInterval(30)
+            var jobs = try allJobs(daemon)
+            while jobs.count < dropCount && Date() < deadline {
+                usleep(50_000)
+                jobs = try allJobs(daemon)
+            }
+            #expect(jobs.count == dropCount, "the dropped list's \(dropCount) jobs: \(jobs.count) exist")
+            for job in jobs {
+                guard let id = job["id"]?.int64Value else { continue }
+                let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
+                #expect(done["state"] == "completed", "\(done.serializedString())")
+            }
+        case .big, .stream, .small, .group, .groupInto:
             let jobs = try allJobs(daemon)
             for job in jobs {
                 guard let id = job["id"]?.int64Value else { continue }
                 try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
             }
             // A group's completed members are in its folder once the group is published.
-            if work == .group {
+            if work == .group || work == .groupInto {
+                let name: JSONValue = work == .group ? "chapter" : "volume"
                 let deadline = Date().addingTimeInterval(60)
-                var group = try daemon.call("status", ["group": "chapter"])
+                var group = try daemon.call("status", ["group": name])
                 while group["group"]?["state"] != "completed" && group["group"]?["state"] != "failed" && Date() < deadline {
                     usleep(20_000)
-                    group = try daemon.call("status", ["group": "chapter"])
+                    group = try daemon.call("status", ["group": name])
                 }
                 #expect(group["group"]?["state"] == "completed", "\(group.serializedString())")
             }
@@ -356,7 +671,7 @@ final class Answers: Sendable {
                 #expect(done["state"] == "completed", "\(done.serializedString())")
                 guard let path = done["path"]?.stringValue else { continue }
                 #expect(FileManager.default.fileExists(atPath: path), "\(path) of completed job \(id) is missing")
-                let size = work == .big ? bigSize : work == .small ? smallSize : groupSize
+                let size = work == .big ? bigSize : work == .stream ? streamSize : work == .small ? smallSize : groupSize
                 #expect(done["sha256"]?.stringValue == (try originDigest(size)), "job \(id)'s recorded digest")
                 if FileManager.default.fileExists(atPath: path) {
                     #expect((try sha256sum(path)) == (try originDigest(size)), "\(path) does not hold the origin's bytes")
