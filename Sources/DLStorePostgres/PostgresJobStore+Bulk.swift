@@ -47,22 +47,36 @@ extension PostgresJobStore {
             let startOver = binds.texts(BulkCommand.startOverCodes)
             let states = binds.texts(command.sources.map(\.rawValue))
             var condition = Self.condition(selection, &binds)
-            let requested = try await Self.requestOfOwners(command.stopRequest, selection, owner: owner, on: connection, logger: logger)
             if let owner { condition += " AND NOT \(OwnerRequests.elsewhere(owner: binds.text(owner)))" }
             let update =
                 "UPDATE jobs SET \(Self.assignments(command, now: at, startOver: startOver)) WHERE state = ANY(\(states)) AND \(condition) RETURNING "
-            var changed: [JobID] = []
+            var changedSet: Set<JobID> = []
             var files: [String] = []
-            if command == .cancel {
-                // What a canceled job leaves on disk goes: read back with the rows.
-                var canceled = FilesColumn.Canceled()
-                for row in try await connection.rows(binds.query(update + FilesColumn.list), logger: logger) {
-                    canceled.add(try FilesColumn.decode(row))
+            // The command here, then the requests for other workers' jobs, then the command here
+            // again: each statement reads the rows as committed when it reaches them (READ
+            // COMMITTED), so a job claimed by another worker between the two (queued at the
+            // first, running elsewhere at the second) gets a request, and one that left another
+            // worker meanwhile gets the command; in one pass it was missed by both and the
+            // answered pause was lost (`make fleet-chaos`, seed 5).
+            func applyHere() async throws {
+                if command == .cancel {
+                    // What a canceled job leaves on disk goes: read back with the rows.
+                    var canceled = FilesColumn.Canceled()
+                    for row in try await connection.rows(binds.query(update + FilesColumn.list), logger: logger) {
+                        canceled.add(try FilesColumn.decode(row))
+                    }
+                    let (ids, removed) = canceled.result
+                    changedSet.formUnion(ids)
+                    files += removed
+                } else {
+                    changedSet.formUnion(
+                        try await connection.rows(binds.query(update + "id"), logger: logger).map { try $0.decode(Int64.self) })
                 }
-                (changed, files) = canceled.result
-            } else {
-                changed = try await connection.rows(binds.query(update + "id"), logger: logger).map { try $0.decode(Int64.self) }.sorted()
             }
+            try await applyHere()
+            let requested = try await Self.requestOfOwners(command.stopRequest, selection, owner: owner, on: connection, logger: logger)
+            if owner != nil { try await applyHere() }
+            let changed = changedSet.sorted()
             let range = try await Self.recordStates(of: changed, at: now, on: connection, logger: logger)
             return (
                 BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files, requested: requested),
@@ -104,17 +118,23 @@ extension PostgresJobStore {
         let (outcome, range) = try await transaction { connection -> (BulkOutcome, (Int64, Int64)) in
             var binds = Binds()
             var condition = Self.condition(selection, &binds)
-            let requested = try await Self.requestOfOwners(.remove, selection, owner: owner, on: connection, logger: logger)
             if let owner { condition += " AND NOT \(OwnerRequests.elsewhere(owner: binds.text(owner)))" }
             var removed: [(id: JobID, group: GroupID?)] = []
             var rows: [JobFiles] = []
-            for row in try await connection.rows(
-                binds.query("DELETE FROM jobs WHERE \(condition) RETURNING \(FilesColumn.list)"), logger: logger)
-            {
-                let row = try FilesColumn.decode(row)
-                removed.append((row.id, row.groupID))
-                if row.files.fileDeleted(onRemove: deleteFiles) != nil { rows.append(row.files) }
+            // As `apply`: the delete, the requests, the delete again (a job claimed elsewhere in
+            // between gets a request, one that left another worker is deleted).
+            func deleteHere() async throws {
+                for row in try await connection.rows(
+                    binds.query("DELETE FROM jobs WHERE \(condition) RETURNING \(FilesColumn.list)"), logger: logger)
+                {
+                    let row = try FilesColumn.decode(row)
+                    removed.append((row.id, row.groupID))
+                    if row.files.fileDeleted(onRemove: deleteFiles) != nil { rows.append(row.files) }
+                }
             }
+            try await deleteHere()
+            let requested = try await Self.requestOfOwners(.remove, selection, owner: owner, on: connection, logger: logger)
+            if owner != nil { try await deleteHere() }
             removed.sort { $0.id < $1.id }
             let ids = removed.prefix(BulkOutcome.idsShown).map(\.id)
             guard !removed.isEmpty else { return (BulkOutcome(count: 0, ids: [], files: [], requested: requested), (0, 0)) }
