@@ -84,11 +84,10 @@ extension SQLiteJobStore {
     {
         let (outcome, range) = try await pool.write { db -> (BulkOutcome, (Int64, Int64)) in
             let read = try db.cachedStatement(sql: "SELECT state, worker, epoch FROM jobs WHERE id = ?")
+            // The stopped transfers' rows, each only while it is still that attempt's.
             for job in first {
-                guard let owner, let row = try Row.fetchOne(read, arguments: [job.id]), !Self.owns(row, job: job, owner: owner) else {
-                    try Self.update(job, in: db)
-                    continue
-                }
+                if let owner, let row = try Row.fetchOne(read, arguments: [job.id]), !Self.owns(row, job: job, owner: owner) { continue }
+                try Self.update(job, in: db)
             }
             let before = try Self.lastSeq(db)
             var (condition, arguments) = selection.condition(now: now)

@@ -181,7 +181,7 @@ import Testing
     func removeWithTheFileTakesAPartialPathNoOneElseUses(_ backend: Backend) async throws {
         try await withStore(backend) { store, _ in
             let jobs = try await store.insert([new(1, path: "/tmp/fence/a"), new(2, path: "/tmp/fence/b")], now: t0).map(\.job)
-            var done = jobs.map { job -> Job in
+            let done = jobs.map { job -> Job in
                 var job = job
                 job.state = .completed
                 job.attempts = 1
@@ -195,7 +195,6 @@ import Testing
             let removed = try await store.delete(.ids(done.map(\.id)), deleteFiles: true, owner: nil, now: t0)
             #expect(removed.count == 2)
             #expect(removed.files == ["/tmp/fence/a", "/tmp/fence/a.part", "/tmp/fence/a", "/tmp/fence/b"])
-            done = []
         }
     }
 
