@@ -53,10 +53,12 @@ final class Counter: Sendable {
     var value: Int { count.load(ordering: .relaxed) }
     func add(_ n: Int) { count.add(n, ordering: .relaxed) }
 
-    /// Waits up to 10 s for the count to reach `n`; a test that fails then ends instead of
-    /// hanging on a task that does not.
+    /// Waits up to a minute for the count to reach `n`; a test that fails then ends instead of
+    /// hanging on a task that does not. Not a timing: in `make test` the process's two
+    /// cooperative threads are shared with every suite, and a CI run once took more than 10 s
+    /// to let cancelled loops see their cancellation (`anIdleEngineSleeps`).
     func reaches(_ n: Int) async -> Bool {
-        let deadline = ContinuousClock.now + .seconds(10)
+        let deadline = ContinuousClock.now + .seconds(60)
         while value < n, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(10)) }
         return value >= n
     }
