@@ -231,6 +231,10 @@ public struct Job: Sendable, Equatable {
     /// A command for a job that another worker runs (a fleet sharing one table): that worker,
     /// the owner, carries it out with its own epoch; nil for most rows (`StopRequest`).
     public var stopRequest: StopRequest?
+    /// The attempt whose bytes the committed offset counts (`worker/epoch`), written by each
+    /// owned checkpoint; on a shared table a partial file is trusted only when it carries the
+    /// same tag (`PartialFile.isolate`). Nil before the first checkpoint.
+    public var partialTag: String?
     /// More URLs of the same file, with their state (`mirrors` at enqueue); empty for most.
     public var mirrors: [JobMirror] = []
     /// Why the job's own URL is no longer used (only with mirrors: the others serve the file).

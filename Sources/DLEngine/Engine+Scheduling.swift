@@ -201,6 +201,9 @@ extension Engine {
         request.unsynced = started.unsynced
         request.bootID = configuration.bootID
         request.ownsFolder = started.stagingPath != nil
+        if store.sharesQueue {
+            request.attempt = PartialAttempt(worker: configuration.worker, epoch: started.epoch, trusted: started.partialTag)
+        }
         request.options = started.options
         if started.groupID != nil { request.options.automaticName = false }
         request.netrc = currentNetrc()

@@ -73,7 +73,7 @@ public enum JobColumn: Int, TableColumns {
     case id, url, path, state, waitReason, priority, size, received, errorCode, errorMessage, attempts
     case createdAt, updatedAt, finishedAt, nextAttemptAt, key, meta, headers, overwrite, finalURL, etag
     case lastModified, acceptsRanges, checksum, expectedSize, sha256, digest, progressAt, groupID
-    case stagingPath, options, worker, leaseUntil, segments, unsynced, mirrors, pieces, epoch, stopRequest
+    case stagingPath, options, worker, leaseUntil, segments, unsynced, mirrors, pieces, epoch, stopRequest, partialTag
 
     public var name: String {
         switch self {
@@ -116,6 +116,7 @@ public enum JobColumn: Int, TableColumns {
         case .pieces: return "pieces"
         case .epoch: return "epoch"
         case .stopRequest: return "stop_request"
+        case .partialTag: return "partial_tag"
         }
     }
 
@@ -147,6 +148,7 @@ public enum JobColumn: Int, TableColumns {
         job.pieces = try row.text(.pieces)
         job.epoch = try row.int64(.epoch) ?? 0
         job.stopRequest = try row.text(.stopRequest).flatMap(StopRequest.init(rawValue:))
+        job.partialTag = try row.text(.partialTag)
         return job
     }
 }

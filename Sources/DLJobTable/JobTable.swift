@@ -488,6 +488,9 @@ public struct JobOwner: Sendable, Hashable {
     public init(_ job: Job, worker: String) {
         self.init(worker: worker, epoch: job.epoch)
     }
+
+    /// The attempt's name on its partial file and in `Job.partialTag`: `worker/epoch`.
+    public var tag: String { "\(worker)/\(epoch)" }
 }
 
 /// What a checkpoint did: whether the row was written (it was still the attempt's), and the

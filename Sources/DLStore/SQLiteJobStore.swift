@@ -229,6 +229,11 @@ public final class SQLiteJobStore: JobTable {
                     ALTER TABLE jobs ADD COLUMN stop_request TEXT;
                     """)
         }
+        migrator.registerMigration("v15-partial-tags") { db in
+            // The attempt whose bytes the committed offset counts (`Job.partialTag`), written
+            // by owned checkpoints only.
+            try db.execute(sql: "ALTER TABLE jobs ADD COLUMN partial_tag TEXT")
+        }
         return migrator
     }
 
@@ -537,13 +542,13 @@ extension SQLiteJobStore {
                     sql: """
                         UPDATE jobs SET progress_at = CASE WHEN ? > received THEN ? ELSE progress_at END,
                             received = ?, size = ?, etag = ?, last_modified = ?, accepts_ranges = ?,
-                            final_url = COALESCE(?, final_url), segments = ?
+                            final_url = COALESCE(?, final_url), segments = ?, partial_tag = COALESCE(?, partial_tag)
                         WHERE id = ? AND state = 'running' AND (? IS NULL OR (worker = ? AND epoch = ?))
                         RETURNING stop_request
                         """),
                 arguments: [
                     received, now.timeIntervalSince1970, received, size, validators.etag, validators.lastModified,
-                    validators.acceptsRanges, finalURL, segments, id, owner?.worker, owner?.worker, owner?.epoch,
+                    validators.acceptsRanges, finalURL, segments, owner?.tag, id, owner?.worker, owner?.worker, owner?.epoch,
                 ])
             guard let written else { return CheckpointAnswer(written: false) }
             let request: String? = written[0]

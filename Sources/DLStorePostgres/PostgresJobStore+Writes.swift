@@ -213,7 +213,7 @@ extension PostgresJobStore {
             UPDATE jobs SET progress_at = CASE WHEN \(received)::bigint > received THEN \(now.timeIntervalSince1970) ELSE progress_at END,
                 received = \(received), size = \(size), etag = \(text: validators.etag), last_modified = \(text: validators.lastModified),
                 accepts_ranges = \(validators.acceptsRanges), final_url = COALESCE(\(text: finalURL), final_url),
-                segments = \(text: segments)
+                segments = \(text: segments), partial_tag = COALESCE(\(text: owner?.tag), partial_tag)
             WHERE id = \(id) AND state = 'running'
                 AND (\(text: owner?.worker)::text IS NULL OR (worker = \(text: owner?.worker) AND epoch = \(owner?.epoch ?? 0)))
             RETURNING stop_request

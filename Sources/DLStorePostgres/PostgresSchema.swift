@@ -162,6 +162,15 @@ enum PostgresSchema {
                 "ALTER TABLE jobs ADD COLUMN stop_request text",
             ]
         ),
+        (
+            "v9-partial-tags",
+            [
+                // The attempt whose bytes the committed offset counts (`Job.partialTag`,
+                // `worker/epoch`), written by owned checkpoints only: a worker trusts a partial
+                // file only when the file carries the same tag.
+                "ALTER TABLE jobs ADD COLUMN partial_tag text"
+            ]
+        ),
     ]
 
     /// Applies the migrations this database lacks, in one transaction, under an advisory lock:

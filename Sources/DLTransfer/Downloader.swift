@@ -55,6 +55,9 @@ public struct TransferRequest: Sendable {
     /// The file's folder is dld's own (a group's staging folder): made again (durably) when
     /// it is missing, as after a power cut that came before its creation was synced.
     public var ownsFolder = false
+    /// On a shared table: this attempt, whose partial file gets an inode of its own
+    /// (`PartialFile.isolate`); nil for a daemon with a table of its own.
+    public var attempt: PartialAttempt?
 
     public init(
         jobID: JobID, url: String, headers: [HeaderField], path: String, overwrite: Bool,
@@ -304,8 +307,21 @@ public final class Downloader: Sendable {
             request.segmentation.count = 1
         }
         let file: PartialFile
+        var kept = false
         do {
             if request.ownsFolder { try PartialFile.makeFolders((request.partialPath as NSString).deletingLastPathComponent) }
+            if let attempt = request.attempt {
+                kept = try PartialFile.isolate(request.partialPath, for: attempt)
+                if !kept, request.offset > 0 || request.segmentLayout != nil || request.unsynced != nil {
+                    startingOver(
+                        "the partial file here is not the one the job table counts (written by \(attempt.trusted ?? "no attempt")): another machine's folder, or an older attempt's file",
+                        state: &state, progress: progress, job: request.jobID)
+                    request.offset = 0
+                    request.segmentLayout = nil
+                    request.unsynced = nil
+                    state.received = 0
+                }
+            }
             file = try PartialFile(path: request.partialPath)
         } catch {
             return .failed(error, state.checkpoint)
@@ -317,6 +333,13 @@ public final class Downloader: Sendable {
         // An encrypted file never continues (its key is gone), so its unsynced bytes are not used.
         if request.recipients.isEmpty {
             request = await continuingUnsynced(request, file: file, state: &state)
+        }
+        if kept {
+            // The carried bytes are this attempt's file now: the row names it at once, so that
+            // an attempt that ends before its first checkpoint does not cost the next one them.
+            var first = state.checkpoint
+            first.segments = request.segmentLayout
+            try? await checkpoint(first)
         }
         // What is durable: where the attempt starts, then each checkpoint committed.
         let durable = NIOLockedValueBox(state.checkpoint)

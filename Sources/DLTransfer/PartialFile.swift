@@ -194,6 +194,85 @@ public final class PartialFile {
         }
     }
 
+    /// Gives an attempt of a job on a shared table a partial file of its own inode, named
+    /// `path` as always, with the attempt's tag in its `user.dld.attempt` attribute. A stale
+    /// attempt (on another machine sharing the folder, or one this machine has not yet heard
+    /// is stale) keeps writing into the inode it opened, which no name reaches any more: it can
+    /// never write into this attempt's bytes (docs/architecture.md, "One inode per attempt").
+    ///
+    /// The bytes of the file found at `path` are carried over (their data extents copied in the
+    /// kernel) only when it carries the tag of the attempt that committed the offset
+    /// (`attempt.trusted`): bytes that another machine or an older attempt wrote, such as a
+    /// leftover in a private folder, are never trusted up to an offset someone else committed.
+    /// Where the filesystem has no user attributes, only this worker's own are. Returns whether
+    /// the bytes were carried over; false: the file is empty and the transfer starts at 0.
+    public static func isolate(_ path: String, for attempt: PartialAttempt) throws(TransferFailure) -> Bool {
+        let old = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        if old < 0 {
+            guard errno == ENOENT else { throw failure("open", path, errno) }
+            // No file yet (the usual first attempt): this attempt's own, made at its name.
+            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o644)
+            if fd >= 0 {
+                _ = dld_set_attempt(fd, attempt.tag)
+                _ = Glibc.close(fd)
+                return false
+            }
+            guard errno == EEXIST else { throw failure("create", path, errno) }
+            // Made meanwhile (by a stale attempt): replaced below like any other.
+            return try isolate(path, for: attempt, replacing: -1)
+        }
+        defer { _ = Glibc.close(old) }
+        return try isolate(path, for: attempt, replacing: old)
+    }
+
+    private static func isolate(_ path: String, for attempt: PartialAttempt, replacing old: Int32) throws(TransferFailure) -> Bool {
+        let keep = old >= 0 && attempt.trusts(attemptTag(of: old))
+        let temporary = "\(path).e\(attempt.epoch)"
+        var fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o644)
+        if fd < 0 && errno == EEXIST {
+            // Left by an attempt of this epoch that died while making it: only dld names so.
+            unlink(temporary)
+            fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o644)
+        }
+        guard fd >= 0 else { throw failure("create", temporary, errno) }
+        var failed: TransferFailure?
+        if keep {
+            // The carried bytes are synced before the name moves to them: the committed offset
+            // counts them, and the file they replace is gone from the name.
+            if dld_copy_data(old, fd) != 0 {
+                failed = failure("copy", path, errno)
+            } else if fsync(fd) != 0 {
+                failed = syncFailure(temporary, errno)
+            }
+        }
+        // A filesystem without user attributes: the tag is not written (`trusts` then asks the
+        // row's worker instead); nothing else is lost.
+        _ = dld_set_attempt(fd, attempt.tag)
+        _ = Glibc.close(fd)
+        if failed == nil, rename(temporary, path) != 0 { failed = failure("rename", path, errno) }
+        if let failed {
+            unlink(temporary)
+            throw failed
+        }
+        return keep
+    }
+
+    /// The tag of the attempt that made the file open at `fd`: nil when it has none, `.none`
+    /// inside when the filesystem keeps no user attributes.
+    static func attemptTag(of fd: Int32) -> AttemptTag {
+        var buffer = [CChar](repeating: 0, count: 512)
+        let length = buffer.withUnsafeMutableBufferPointer { dld_get_attempt(fd, $0.baseAddress, $0.count) }
+        if length < 0 { return errno == ENOTSUP || errno == EOPNOTSUPP ? .unsupported : .missing }
+        return .tag(String(decoding: buffer[..<Int(length)].map { UInt8(bitPattern: $0) }, as: UTF8.self))
+    }
+
+    /// What a partial file says of the attempt that made it.
+    enum AttemptTag: Equatable {
+        case tag(String)
+        case missing
+        case unsupported
+    }
+
     /// fsync of `folder`; 0 or the errno.
     public static func syncFolder(_ folder: String) -> Int32 {
         let dfd = open(folder.isEmpty ? "." : folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
@@ -258,6 +337,36 @@ public final class PartialFile {
                 .transient(.diskSpace), .diskFull, "cannot \(operation) \(path): \(reason); free some space, dld looks again by itself")
         }
         return TransferFailure(.permanent, .fileError, "cannot \(operation) \(path): \(reason)")
+    }
+}
+
+/// An attempt at a job on a shared table, as its partial file knows it (`PartialFile.isolate`).
+public struct PartialAttempt: Sendable, Equatable {
+    public var worker: String
+    public var epoch: Int64
+    /// The tag of the attempt whose bytes the committed offset counts (`Job.partialTag`).
+    public var trusted: String?
+
+    public init(worker: String, epoch: Int64, trusted: String?) {
+        self.worker = worker
+        self.epoch = epoch
+        self.trusted = trusted
+    }
+
+    /// `worker/epoch`, as `JobOwner.tag` writes it into the row.
+    public var tag: String { "\(worker)/\(epoch)" }
+
+    /// Whether a file with `found` holds the committed bytes: it carries the committing
+    /// attempt's tag; where attributes are not kept, it was this worker that committed them.
+    func trusts(_ found: PartialFile.AttemptTag) -> Bool {
+        guard let trusted else { return false }
+        switch found {
+        case .tag(let tag): return tag == trusted
+        case .missing: return false
+        case .unsupported:
+            guard let slash = trusted.lastIndex(of: "/") else { return false }
+            return trusted[..<slash] == worker
+        }
     }
 }
 

@@ -63,6 +63,44 @@ import Testing
         }
     }
 
+    /// Each owned checkpoint names its attempt in the row (`partial_tag`, `worker/epoch`): a
+    /// worker later trusts a partial file only when it carries that tag (items 4 and 9 of
+    /// issue 36). A stale attempt's refused checkpoint and a whole-row write leave it as it is.
+    @Test(arguments: Backend.allCases)
+    func theCheckpointNamesTheAttemptWhoseBytesItCounts(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            _ = try await store.insert([new(1)], now: t0)
+            let first = try await claim(store, "w1", lease: expired)
+            let owner = JobOwner(first, worker: "w1")
+            #expect(owner.tag == "w1/\(first.epoch)")
+            #expect(
+                try await store.checkpoint(
+                    first.id, received: 100, size: 1000, validators: Validators(), finalURL: nil, now: t0, owner: owner
+                )
+                .written)
+            #expect(try await store.fetch(first.id)?.partialTag == owner.tag)
+            #expect(try await store.requeueExpired(now: t0.addingTimeInterval(1)) == [first.id])
+            let second = try await claim(store, "w2", lease: long, at: t0.addingTimeInterval(2))
+            #expect(
+                try await !store.checkpoint(
+                    first.id, received: 200, size: 1000, validators: Validators(), finalURL: nil, now: t0, owner: owner
+                )
+                .written)
+            var row = second
+            row.partialTag = "w9/99"
+            row.options.maxSpeed = 1000
+            try await store.save([row])
+            #expect(try await store.fetch(first.id)?.partialTag == owner.tag, "only an owned checkpoint names the attempt")
+            let next = JobOwner(second, worker: "w2")
+            #expect(
+                try await store.checkpoint(
+                    first.id, received: 100, size: 1000, validators: Validators(), finalURL: nil, now: t0, owner: next
+                )
+                .written)
+            #expect(try await store.fetch(first.id)?.partialTag == "w2/\(second.epoch)")
+        }
+    }
+
     /// A row read at its claim and written whole later (`set_speed` and `change` did that, as
     /// did any owned write of a row that stays running) keeps the lease the table holds, and
     /// its worker: item 2 of issue 36, where the lease went back into the past and another

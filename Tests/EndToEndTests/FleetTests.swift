@@ -540,6 +540,42 @@ import Testing
     /// queue with one whose clock is right: leases are reckoned on PostgreSQL's clock, so it
     /// does not see the other's leases as run out and takes none of its running jobs; its
     /// `stats` shows the difference. Every job completes once, none fetched twice at once.
+    /// Item 9 of issue 36: a worker whose folder holds a leftover `.part` of a job (its own
+    /// folder, not the one the job's committed bytes went to) never trusts it up to an offset
+    /// that another machine committed: it starts over, and the file is the origin's bytes. Both
+    /// workers run on one machine here: the other machine's folder is a file of other bytes put
+    /// at the same path once the first worker is gone.
+    @Test func aLeftoverPartialOfAnotherFolderIsNeverTrusted() async throws {
+        try await withFleet { server, name, url, shared, origin in
+            let fleet = try workers(["m1", "m2"], database: url, shared: shared, maxActive: 1, lease: 3, checkpointInterval: 1)
+            try fleet[0].start()
+            let size = 3 << 20
+            let id = try fleet[0].enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?rate=1000000"), "dir": .string(shared), "name": "left.bin", "segments": 1,
+            ])
+            let deadline = Date().addingTimeInterval(60)
+            var committed: Int64 = 0
+            while committed < 512 << 10, Date() < deadline {
+                let read = try server.psql(database: name, "SELECT received FROM jobs WHERE id = \(id)")
+                committed = Int64(read.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+                usleep(100_000)
+            }
+            #expect(committed >= 512 << 10)
+            fleet[0].crash()
+            // The other machine's folder: a leftover of its own under the name, longer than the
+            // committed offset.
+            let part = shared + "/left.bin.part"
+            unlink(part)
+            #expect(FileManager.default.createFile(atPath: part, contents: Data(repeating: 0x58, count: size)))
+            try fleet[1].start()
+            defer { fleet[1].stop() }
+            let done = try fleet[1].waitForState(id, ["completed", "failed"], timeout: 120)
+            #expect(done["state"] == "completed", "\(done.serializedString())")
+            try expectOriginBytes(at: shared + "/left.bin", count: size)
+            #expect(fleet[1].log.contains("is not the one the job table counts"), "\(fleet[1].log.suffix(3000))")
+        }
+    }
+
     @Test func aWorkerWhoseClockIsAheadTakesNoRunningJob() async throws {
         try await withFleet { server, name, url, shared, origin in
             let fleet = try workers(["right", "ahead"], database: url, shared: shared, maxActive: 2, lease: 4)

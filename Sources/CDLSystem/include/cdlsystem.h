@@ -84,3 +84,16 @@ int dld_drop_watch_open(const char *folder);
 /// Whether a process has the file of `fd` (opened read-only, by its owner) open for writing:
 /// 1 yes, 0 no, -1 unknown (not the owner, or a filesystem without leases).
 int dld_open_for_writing_elsewhere(int fd);
+
+/// Copies the data extents of `in` into `out` at the same offsets (copy_file_range, or pread
+/// and pwrite where it cannot), holes left as holes, and gives `out` the size of `in`. Returns
+/// 0, or -1 with errno set.
+int dld_copy_data(int in, int out);
+
+/// Sets the extended attribute `user.dld.attempt` of the file to `tag`. Returns 0, or -1 with
+/// errno set (ENOTSUP where the filesystem has no user attributes).
+int dld_set_attempt(int fd, const char *tag);
+
+/// Reads `user.dld.attempt` into `buffer`: its length, or -1 with errno set (ENODATA when the
+/// file has none, ENOTSUP where the filesystem has no user attributes).
+long dld_get_attempt(int fd, char *buffer, size_t size);
