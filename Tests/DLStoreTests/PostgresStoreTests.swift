@@ -25,7 +25,7 @@ import Testing
         let applied = try server.psql(database: url.database ?? "", "SELECT id FROM schema_migrations ORDER BY id")
         #expect(
             applied
-                == "v1-jobs-groups-events\nv2-workers-leases\nv3-segments\nv4-unsynced-progress\nv5-mirrors\nv6-hls\nv7-pieces\nv8-epochs\n"
+                == "v1-jobs-groups-events\nv2-workers-leases\nv3-segments\nv4-unsynced-progress\nv5-mirrors\nv6-hls\nv7-pieces\nv8-epochs\nv9-partial-tags\n"
         )
         await fixture.finish()
     }
