@@ -208,10 +208,9 @@ if (api.downloads.onDeterminingFilename) {
   });
 }
 
-function createMenu() {
-  api.contextMenus.removeAll(() => {
-    api.contextMenus.create({ id: MENU_ID, title: "Download with dld", contexts: ["link"] });
-  });
+async function createMenu() {
+  await api.contextMenus.removeAll();
+  api.contextMenus.create({ id: MENU_ID, title: "Download with dld", contexts: ["link"] });
 }
 
 api.runtime.onInstalled.addListener(() => {

@@ -3,9 +3,9 @@
 // The token is never logged, nor are cookies.
 "use strict";
 
-// Firefox has `browser.*` (promises) and, in MV3, `chrome.*` with promises too; Chromium has
-// `chrome.*` only. Everything here uses `chrome.*` with promises.
-var api = globalThis.chrome && globalThis.chrome.runtime ? globalThis.chrome : globalThis.browser;
+// Firefox has `browser.*`, whose calls return promises; Chromium has `chrome.*`, whose calls
+// return promises in MV3 when given no callback. Everything here uses promises, never callbacks.
+var api = globalThis.browser && globalThis.browser.runtime ? globalThis.browser : globalThis.chrome;
 
 var DEFAULTS = {
   address: "http://127.0.0.1:6802",

@@ -33,7 +33,19 @@ function row(job) {
   return item;
 }
 
+let refreshing = false;
+
 async function refresh() {
+  if (refreshing) return; // the last one has not been answered yet
+  refreshing = true;
+  try {
+    await show();
+  } finally {
+    refreshing = false;
+  }
+}
+
+async function show() {
   const settings = await loadSettings();
   const stored = await api.storage.local.get(["recentJobs", "lastResult"]);
   const last = stored.lastResult;

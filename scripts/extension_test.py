@@ -6,7 +6,8 @@ extension loaded unpacked, through chromium-driver and Selenium.
 
 MODE `with-dld`: dld answers at ADDRESS; clicking the page's link must give an answer OK from
 dld (a job), and the browser's own download cancelled and erased (nothing in DOWNLOADS, nothing
-in the browser's list of downloads). Prints `job: ID` for the caller, who checks the job.
+in the browser's list of downloads). Prints `job: ID` for the caller, who checks the job. Then,
+with the popup's switch turned off, the same click must be the browser's own download.
 MODE `without-dld`: nothing answers at ADDRESS; the browser must download the file itself into
 DOWNLOADS. ORIGIN serves /page.html (sets the cookie and links to /files/report.bin), OTHER
 another site (/other.html) that sets a cookie of its own, which must never reach dld. The
@@ -155,6 +156,20 @@ def main():
             print(f"ok: the popup lists the job, completed: {driver.find_element(By.ID, 'jobs').text!r}")
             driver.save_screenshot(os.path.join(shots, "popup.png"))
             print(f"ok: screenshot {shots}/popup.png")
+
+            # The popup's switch off: the same click is the browser's own download.
+            driver.find_element(By.ID, "enabled").click()
+            wait(driver, "the switch stored off", lambda d: in_extension(
+                d, "return (await chrome.storage.local.get('enabled')).enabled;") is False)
+            driver.set_window_size(1280, 900)
+            driver.get(origin + "/page.html")
+            wait(driver, "the page's link", lambda d: d.find_elements(By.ID, "file"))
+            driver.find_element(By.ID, "file").click()
+            wait(driver, "the browser's own download with the switch off", lambda d: files_in(downloads) == ["report.bin"])
+            again = in_extension(driver, "return (await chrome.storage.local.get('lastResult')).lastResult || null;")
+            if again != result:
+                fail(f"with the switch off the extension still answered: {again}")
+            print("ok: with the popup's switch off, the browser downloaded the file itself")
         else:
             if result["ok"]:
                 fail(f"the extension says dld took it, with dld stopped: {result}")

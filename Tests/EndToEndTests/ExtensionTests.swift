@@ -34,8 +34,9 @@ import Testing
     /// `dlctl web --extension` prints what the options page takes and the `http_origins` line;
     /// filled in as printed, a click on the page's link gives a dld job that completes with the
     /// file's bytes (so dld sent that cookie and that referer, and no other site's cookie),
-    /// and no download of the browser's own. With dld stopped, the same click gives the
-    /// browser's own download of the file. Screenshots in .build/extension-screenshots.
+    /// and no download of the browser's own; with the popup's switch off, the browser's own
+    /// download and no job. With dld stopped, the same click gives the browser's own download
+    /// of the file. Screenshots in .build/extension-screenshots.
     @Test func aClickedDownloadGoesToDldAndStaysInTheBrowserWithoutIt() throws {
         let origins = "http_origins = [\"chrome-extension://\(Self.extensionID)\"]"
         let web = try WebDaemon(config: origins + "\n")
@@ -95,6 +96,10 @@ import Testing
         // Nobody was refused: neither the browser nor dld came without the cookie and referer,
         // or with a cookie of another site or path.
         #expect(nginx.count("/files/report.bin", status: 403, agent: "") == 0, "\(nginx.requests)")
+        // Then the popup's switch was turned off: the same click was the browser's alone.
+        #expect((try? Data(contentsOf: URL(fileURLWithPath: web.daemon.root + "/browser-1/report.bin"))) == bytes, "switch off")
+        let jobs = try web.daemon.call("list")["jobs"]?.arrayValue ?? []
+        #expect(jobs.count == 1, "one job, the first click's: \(jobs)")
         for name in ["options", "popup"] {
             let png = try Data(contentsOf: URL(fileURLWithPath: "\(shots)/\(name).png"))
             #expect(png.starts(with: [0x89, 0x50, 0x4E, 0x47]) && png.count > 5_000, "\(name): \(png.count) bytes")
