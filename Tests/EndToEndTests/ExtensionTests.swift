@@ -16,7 +16,8 @@ import Testing
 
     /// The page sets `session` for /files only (and a cookie of another path); another site
     /// (`localhost`, not `127.0.0.1`) sets one of its own. /files/ answers 403 unless the
-    /// request has the page's cookie and the page as its referer, and none of the others.
+    /// request has the page's cookie and the page as its referer, and none of the others, and
+    /// the browser's user agent (nginx reads the first of two `User-Agent` headers).
     static let site = """
         location = /page.html {
             add_header Set-Cookie "session=s3cret; Path=/files";
@@ -27,13 +28,15 @@ import Testing
             if ($http_cookie ~ "(other|elsewhere)=") { return 403; }
             if ($cookie_session != "s3cret") { return 403; }
             if ($http_referer != "http://$http_host/page.html") { return 403; }
+            if ($http_user_agent !~ "Chrome/") { return 403; }
             add_header Content-Disposition 'attachment; filename="report.bin"';
         }
         """
 
     /// `dlctl web --extension` prints what the options page takes and the `http_origins` line;
     /// filled in as printed, a click on the page's link gives a dld job that completes with the
-    /// file's bytes (so dld sent that cookie and that referer, and no other site's cookie),
+    /// file's bytes (so dld sent that cookie, that referer and the browser's user agent, and
+    /// no other site's cookie),
     /// and no download of the browser's own; with the popup's switch off, the browser's own
     /// download and no job. With dld stopped, the same click gives the browser's own download
     /// of the file. Screenshots in .build/extension-screenshots.
