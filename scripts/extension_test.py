@@ -19,6 +19,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -190,6 +191,7 @@ def main():
             fail(f"console errors: {errors}")
     finally:
         driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 if __name__ == "__main__":
