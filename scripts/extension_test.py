@@ -106,7 +106,12 @@ def main():
             box = driver.find_element(By.ID, field)
             box.clear()
             box.send_keys(value)
-        driver.find_element(By.CSS_SELECTOR, "input[name=mode][value=always]").click()
+        # The default mode, by size or type: the file is far below the size, but of a listed type.
+        driver.find_element(By.CSS_SELECTOR, "input[name=mode][value=rules]").click()
+        for field, value in (("minSizeMB", "1000"), ("types", "iso, .bin")):
+            box = driver.find_element(By.ID, field)
+            box.clear()
+            box.send_keys(value)
         if not driver.find_element(By.ID, "enabled").is_selected():
             driver.find_element(By.ID, "enabled").click()
         driver.find_element(By.ID, "save").click()
@@ -120,8 +125,8 @@ def main():
             wait(driver, "the options page saying dld cannot be reached", lambda d: "cannot be reached" in status(d))
             print(f"ok: options saved; the page says {status(driver)!r}")
         stored = in_extension(driver, "return await chrome.storage.local.get(null);")
-        if stored.get("token") != token or stored.get("mode") != "always":
-            fail(f"the options were not stored: mode {stored.get('mode')!r}")
+        if stored.get("token") != token or stored.get("mode") != "rules" or stored.get("minSizeMB") != 1000:
+            fail(f"the options were not stored: mode {stored.get('mode')!r}, size {stored.get('minSizeMB')!r}")
 
         # Another site sets a cookie: it must never reach dld (nginx refuses a request with it).
         driver.switch_to.new_window("tab")
