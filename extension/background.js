@@ -131,25 +131,24 @@ async function takeFromChromium(item) {
   return true;
 }
 
-// Firefox has no onDeterminingFilename: the download is paused while dld is asked, then
-// cancelled (dld OK) or resumed; one that cannot be resumed is started again.
+// Firefox has no onDeterminingFilename: the download goes on while dld is asked (pausing it
+// and resuming it later lost it: a download that cannot resume would have to be started again,
+// without the page's referer). dld OK: the browser's download is cancelled, its partial file
+// removed and its entry erased; one that has already finished is kept (dld has a copy too).
 async function takeFromFirefox(item) {
   const name = basename(item.filename);
   const settings = await loadSettings();
   if (!wanted(settings, item, name)) return;
-  let paused = false;
-  try {
-    await api.downloads.pause(item.id);
-    paused = true;
-  } catch (error) {
-    // not pausable: it goes on while dld is asked
-  }
   let job;
   try {
     job = await enqueueInDld(settings, { url: item.url, finalUrl: item.finalUrl, name, referrer: item.referrer });
   } catch (error) {
     await report(false, name, error.message + "; the browser keeps the download");
-    if (paused) await keepInBrowser(item, name);
+    return;
+  }
+  const [now] = await api.downloads.search({ id: item.id });
+  if (now && now.state === "complete") {
+    await report(true, name, "dld job " + job.id + " (" + job.name + "); the browser had already finished its own copy", job);
     return;
   }
   try {
@@ -164,14 +163,6 @@ async function takeFromFirefox(item) {
     // the browser's copy stays too
   }
   await report(true, name, "dld job " + job.id + ": " + job.name, job);
-}
-
-async function keepInBrowser(item, name) {
-  try {
-    await api.downloads.resume(item.id);
-  } catch (error) {
-    await api.downloads.download({ url: item.url, filename: name || undefined });
-  }
 }
 
 // The link menu: dld, or the browser when dld does not take it.
@@ -213,9 +204,11 @@ async function createMenu() {
   api.contextMenus.create({ id: MENU_ID, title: "Download with dld", contexts: ["link"] });
 }
 
-api.runtime.onInstalled.addListener(() => {
+api.runtime.onInstalled.addListener(async (details) => {
   createMenu();
   updateBadge();
+  // Freshly installed and not connected yet: the options page says how.
+  if (details.reason === "install" && !(await loadSettings()).token) api.runtime.openOptionsPage();
 });
 api.runtime.onStartup.addListener(() => updateBadge());
 api.contextMenus.onClicked.addListener((info, tab) => {
