@@ -2,7 +2,7 @@
 // Firefox (manifest.json names both). It takes the browser's downloads that the settings say
 // to take, and the link menu's "Download with dld", and enqueues them in dld. The browser's
 // own download is cancelled only once dld has answered OK; when dld cannot be reached or
-// refuses, the browser keeps (or starts again) its download: nothing is lost.
+// refuses, the browser keeps its download (a link of the menu: starts one): nothing is lost.
 "use strict";
 
 if (typeof dldCall === "undefined" && typeof importScripts === "function") importScripts("common.js");
