@@ -140,6 +140,10 @@ def main():
         result = wait(driver, "the extension's answer to the download", lambda d: (
             r := in_extension(d, "return (await chrome.storage.local.get('lastResult')).lastResult || null;")) != before and r)
         print(f"ok: the extension says: ok={result['ok']} {result['message']!r}")
+        badge = "\u2713" if mode == "with-dld" else "!"
+        wait(driver, f"the badge saying {badge}", lambda d: in_extension(d, "return await chrome.action.getBadgeText({});") == badge,
+             timeout=5)
+        print(f"ok: the toolbar badge says {badge}")
 
         if mode == "with-dld":
             if not result["ok"] or not result.get("job"):
