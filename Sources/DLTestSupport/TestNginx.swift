@@ -17,7 +17,10 @@ public final class TestNginx: @unchecked Sendable {
 
     /// Starts nginx serving `root`. `limitRate`: bytes per second for each response whose path
     /// ends in one of `slowExtensions` (nginx's `limit_rate`), to keep a download going.
-    public init(serving root: String, in parent: String, limitRate: Int? = nil, slowExtensions: [String] = ["ts", "m4s"]) throws {
+    /// `serverConfig`: more directives inside the `server` block (`location`s of a test's own).
+    public init(
+        serving root: String, in parent: String, limitRate: Int? = nil, slowExtensions: [String] = ["ts", "m4s"], serverConfig: String = ""
+    ) throws {
         self.root = root
         folder = parent + "/nginx-\(UUID().uuidString.prefix(8))"
         try FileManager.default.createDirectory(atPath: folder + "/tmp", withIntermediateDirectories: true)
@@ -41,6 +44,7 @@ public final class TestNginx: @unchecked Sendable {
                 uwsgi_temp_path \(folder)/tmp/uwsgi;
                 scgi_temp_path \(folder)/tmp/scgi;
                 types {
+                    text/html html;
                     application/vnd.apple.mpegurl m3u8;
                     video/mp2t ts;
                     video/iso.segment m4s;
@@ -51,6 +55,7 @@ public final class TestNginx: @unchecked Sendable {
                     listen 127.0.0.1:\(port);
                     root \(root);
                     \(slow)
+                    \(serverConfig)
                 }
             }
             """

@@ -869,6 +869,9 @@ public final class Downloader: Sendable {
             basic = Data("\(credentials.login):\(credentials.password)".utf8).base64EncodedString()
         }
         let hasOwnAuthorization = request.headers.contains { $0.name.lowercased() == "authorization" }
+        // A job's own User-Agent (a browser's, sent by the extension; aria2's `user-agent`)
+        // replaces dld's: two would be one header too many.
+        let hasOwnUserAgent = request.headers.contains { $0.name.lowercased() == "user-agent" }
         let tls = tlsSettings(request)
         while true {
             let parsed = URL(string: current)
@@ -879,7 +882,7 @@ public final class Downloader: Sendable {
             let client = try client(for: tls, proxy: proxy, http1Only: bulk)
             var http = HTTPClientRequest(url: current)
             http.method = .GET
-            http.headers.add(name: "User-Agent", value: configuration.userAgent)
+            if !hasOwnUserAgent { http.headers.add(name: "User-Agent", value: configuration.userAgent) }
             // Credentials are for the host they were given for: a redirect to another host
             // does not carry them, and the job's credential headers (given for its URL) never
             // go to a mirror on another host; a URL's own user info goes to that URL's host.
