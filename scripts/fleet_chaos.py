@@ -506,7 +506,7 @@ class Worker:
         # Found through XDG_CONFIG_HOME, not --config: under libfaketime's preload, dld was once
         # seen starting with none of its arguments.
         config = self.dir / "config" / "dld" / "config.toml"
-        config.parent.mkdir(parents=True)
+        config.parent.mkdir(parents=True, exist_ok=True)  # a second duplicate reuses the folder
         config.write_text(
             f'database = "postgresql://dld@{PG_IP}:5432/chaos?sslmode=disable"\n'
             f'worker_name = "{worker_name}"\n'
