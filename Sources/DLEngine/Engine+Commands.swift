@@ -100,7 +100,7 @@ extension Engine {
     }
 
     public func pause(_ selection: JobSelection) async throws(DLError) -> BulkOutcome {
-        try await bulk(.pause, selection, noOp: [.paused], stopping: .pause)
+        try await bulk(.pause, selection, stopping: .pause)
     }
 
     public func resume(_ selection: JobSelection) async throws(DLError) -> BulkOutcome {
@@ -115,7 +115,7 @@ extension Engine {
                     try await settle(group.id)
                 }
             }
-            return try await bulkInQueue(.resume, selection, noOp: [.queued, .running], stopping: nil)
+            return try await bulkInQueue(.resume, selection, stopping: nil)
         }
     }
 
@@ -130,7 +130,7 @@ extension Engine {
                     recording = (group, recipe)
                 }
             }
-            let outcome = try await bulkInQueue(.cancel, selection, noOp: [.canceled], stopping: .cancel)
+            let outcome = try await bulkInQueue(.cancel, selection, stopping: .cancel)
             if let (group, recipe) = recording, try await publishStoppedRecording(group, recipe) {
                 try await schedule()
                 try await flush()
@@ -153,11 +153,9 @@ extension Engine {
         }
     }
 
-    private func bulk(_ command: BulkCommand, _ selection: JobSelection, noOp: Set<JobState>, stopping: StopIntent?) async throws(DLError)
-        -> BulkOutcome
-    {
+    private func bulk(_ command: BulkCommand, _ selection: JobSelection, stopping: StopIntent?) async throws(DLError) -> BulkOutcome {
         try await serial { () async throws(DLError) in
-            try await bulkInQueue(command, selection, noOp: noOp, stopping: stopping)
+            try await bulkInQueue(command, selection, stopping: stopping)
         }
     }
 
@@ -165,12 +163,11 @@ extension Engine {
     /// job must exist and accept the command, or nothing changes; with `all` or a group, the
     /// jobs that accept it change. Transfers of the jobs it stops are stopped first (their
     /// last checkpoints commit with the command). Runs inside `serial`.
-    private func bulkInQueue(_ command: BulkCommand, _ selection: JobSelection, noOp: Set<JobState>, stopping: StopIntent?)
-        async throws(DLError) -> BulkOutcome
+    private func bulkInQueue(_ command: BulkCommand, _ selection: JobSelection, stopping: StopIntent?) async throws(DLError)
+        -> BulkOutcome
     {
         try requireAccepting()
-        let refused = Set(JobState.allCases).subtracting(command.sources).subtracting(noOp)
-        let rows = try await rowSelection(selection, refusing: refused, verb: command.event.verb)
+        let rows = try await rowSelection(selection, refusing: command.refusedStates, verb: command.event.verb)
         var first: [Job] = []
         if let stopping {
             first = await stopTransfers(in: rows, intent: stopping)

@@ -270,6 +270,9 @@ public actor Engine {
             throw error
         } catch let StoreError.pathInUse(path, other) {
             throw DLError(.destinationExists, "job \(other) already downloads to \(path)")
+        } catch let StoreError.refused(id, state, verb) {
+            throw DLError(
+                .invalidState, "job \(id): cannot \(verb) a job that is \(state.rawValue) (it became so meanwhile; nothing changed)")
         } catch {
             logger.error("job table error", metadata: ["error": "\(error)"])
             throw DLError(.storageError, "the job table could not be written: \(Self.storageText(error))")

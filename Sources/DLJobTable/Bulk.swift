@@ -28,6 +28,18 @@ public enum BulkCommand: Sendable, CaseIterable {
     /// a single transition can never disagree on where they apply.
     public var sources: [JobState] { JobState.allCases.filter { StateMachine.allows(event, from: $0) } }
 
+    /// States the command leaves alone without refusing: the job is already as wanted.
+    public var noOpStates: Set<JobState> {
+        switch self {
+        case .pause: return [.paused]
+        case .resume: return [.queued, .running]
+        case .cancel: return [.canceled]
+        }
+    }
+
+    /// States in which a job named by id refuses the command (`invalid_state`): nothing changes.
+    public var refusedStates: Set<JobState> { Set(JobState.allCases).subtracting(sources).subtracting(noOpStates) }
+
     /// Failures after which the partial file cannot be trusted: a resume starts over from zero
     /// (`JobErrorCode.startOver`, which `StateMachine` applies too), in a stable order for SQL.
     public static let startOverCodes = JobErrorCode.startOver.map(\.rawValue).sorted()

@@ -91,7 +91,9 @@ public protocol JobTable: Sendable {
     /// before the command, each only while it is still that attempt's (worker and epoch).
     /// With `owner`, a pause or cancel of a job `running` under another worker is recorded as
     /// its `stopRequest` instead (counted in `requested`), and a resume withdraws a pending
-    /// pause; nil: a daemon that does not claim, every row changes here.
+    /// pause; nil: a daemon that does not claim, every row changes here. With `.ids`, a job in
+    /// one of `command.refusedStates` (moved there by another worker after the engine's check)
+    /// throws `StoreError.refused` and the transaction changes nothing.
     func apply(_ command: BulkCommand, to selection: RowSelection, first: [Job], owner: String?, now: Date) async throws -> BulkOutcome
     /// Deletes the selected rows with one `job.removed` event each; returns the files to
     /// delete after the commit (partial files, and with `deleteFiles` the completed files,
@@ -560,5 +562,17 @@ public enum JobOwnership {
         guard state == JobState.running.rawValue else { return false }
         guard let worker else { return true }
         return worker == owner && epoch == job.epoch
+    }
+
+    /// Whether a command that waits for the owner (`request`, the row's `stop_request`: a pause,
+    /// cancel or remove sent to another worker and answered `requested`) forbids writing `job`,
+    /// the owner's outcome of its attempt. An attempt that ended waiting for a retry, or queued
+    /// again, has not finished the job: written, it would drop the answered command and the job
+    /// would run again. The write is refused as if the attempt were lost; the row stays the
+    /// owner's, whose next lease turn carries the command out (`requeueOrphans`), or whichever
+    /// worker sees its lease run out. A completion or a failure is the job's last word: nothing
+    /// is left to stop, and the command has no effect.
+    public static func overtakes(request: String?, job: Job) -> Bool {
+        request != nil && (job.state == .waiting || job.state == .queued)
     }
 }

@@ -83,4 +83,7 @@ public struct InsertOutcome: Sendable, Equatable {
 public enum StoreError: Error, Sendable, Equatable {
     /// Another unfinished job already writes to this path.
     case pathInUse(path: String, by: JobID)
+    /// A job named by id no longer accepts a bulk command (`verb`): another worker moved it
+    /// after the engine's check (it completed there, say). The transaction is rolled back.
+    case refused(id: JobID, state: JobState, verb: String)
 }

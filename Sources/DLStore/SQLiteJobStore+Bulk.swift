@@ -121,6 +121,7 @@ extension SQLiteJobStore {
             } else {
                 changed = try JobID.fetchAll(db, sql: update + "id", arguments: arguments).sorted()
             }
+            if case .ids(let ids) = selection, let refused = try Self.refused(ids, command, in: db) { throw refused }
             try Self.recordStates(of: changed, at: now, in: db)
             return (
                 BulkOutcome(count: changed.count, ids: Array(changed.prefix(BulkOutcome.idsShown)), files: files, requested: requested),
@@ -129,6 +130,20 @@ extension SQLiteJobStore {
         }
         publishEvents(after: range.0, through: range.1)
         return outcome
+    }
+
+    /// With explicit ids every job must accept the command, as the engine checked before the
+    /// transaction; one that another worker moved since into a state that refuses it makes the
+    /// whole command fail (`StoreError.refused`, the transaction rolled back), as on one daemon.
+    static func refused(_ ids: [JobID], _ command: BulkCommand, in db: Database) throws -> StoreError? {
+        let states = command.refusedStates.map { "'\($0.rawValue)'" }.sorted().joined(separator: ",")
+        let found = try Row.fetchOne(
+            db,
+            sql:
+                "SELECT id, state FROM jobs WHERE id IN (\(ids.map(String.init).joined(separator: ","))) AND state IN (\(states)) ORDER BY id LIMIT 1"
+        )
+        guard let found, let state = JobState(rawValue: found["state"]) else { return nil }
+        return StoreError.refused(id: found["id"], state: state, verb: command.event.verb)
     }
 
     /// Deletes the selected job records in one transaction, with one `job.removed` event each.

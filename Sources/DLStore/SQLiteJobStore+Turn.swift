@@ -319,14 +319,14 @@ extension SQLiteJobStore {
         let (events, lost) = try await pool.write { db -> ([StoredEvent], Set<JobID>) in
             var events: [StoredEvent] = []
             var lost: Set<JobID> = []
-            let read = try db.cachedStatement(sql: "SELECT state, worker, epoch FROM jobs WHERE id = ?")
+            let read = try db.cachedStatement(sql: "SELECT state, worker, epoch, stop_request FROM jobs WHERE id = ?")
             for job in jobs {
                 guard let row = try Row.fetchOne(read, arguments: [job.id]) else {
                     lost.insert(job.id)
                     continue
                 }
                 let state: String = row["state"]
-                guard Self.owns(row, job: job, owner: owner) else {
+                guard Self.owns(row, job: job, owner: owner), !JobOwnership.overtakes(request: row["stop_request"], job: job) else {
                     lost.insert(job.id)
                     continue
                 }

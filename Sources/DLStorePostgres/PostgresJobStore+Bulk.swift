@@ -76,6 +76,19 @@ extension PostgresJobStore {
             try await applyHere()
             let requested = try await Self.requestOfOwners(command.stopRequest, selection, owner: owner, on: connection, logger: logger)
             if owner != nil { try await applyHere() }
+            // With explicit ids every job must accept the command, as the engine checked before
+            // the transaction; one that another worker moved since (it completed there) makes
+            // the whole command fail, rolled back, as on one daemon: an answer of count 0 for a
+            // job named by id said the pause was done when nothing was (`make fleet-chaos`).
+            if case .ids(let ids) = selection,
+                let row = try await connection.rows(
+                    "SELECT id, state FROM jobs WHERE id = ANY(\(ids)) AND state = ANY(\(command.refusedStates.map(\.rawValue).sorted())) ORDER BY id LIMIT 1",
+                    logger: logger
+                ).first
+            {
+                let (id, state) = try row.decode((Int64, String).self)
+                throw StoreError.refused(id: id, state: JobState(rawValue: state) ?? .failed, verb: command.event.verb)
+            }
             let changed = changedSet.sorted()
             let range = try await Self.recordStates(of: changed, at: now, on: connection, logger: logger)
             return (

@@ -157,7 +157,8 @@ extension PostgresJobStore {
             var owned: [Job] = []
             for job in jobs {
                 guard let row = stored[job.id],
-                    JobOwnership.owns(state: row.state, worker: row.worker, epoch: row.epoch, job: job, owner: owner)
+                    JobOwnership.owns(state: row.state, worker: row.worker, epoch: row.epoch, job: job, owner: owner),
+                    !JobOwnership.overtakes(request: row.request, job: job)
                 else {
                     lost.insert(job.id)
                     continue
@@ -205,15 +206,15 @@ extension PostgresJobStore {
     /// The rows' state, worker and epoch, locked in id order, as every saver takes them: a
     /// claim, a command or another worker's save that comes after sees them as written here.
     static func owners(of ids: [JobID], on connection: PostgresConnection, logger: Logger) async throws
-        -> [JobID: (state: String, worker: String?, epoch: Int64)]
+        -> [JobID: (state: String, worker: String?, epoch: Int64, request: String?)]
     {
-        var stored: [JobID: (state: String, worker: String?, epoch: Int64)] = [:]
+        var stored: [JobID: (state: String, worker: String?, epoch: Int64, request: String?)] = [:]
         guard !ids.isEmpty else { return stored }
         for row in try await connection.rows(
-            "SELECT id, state, worker, epoch FROM jobs WHERE id = ANY(\(ids)) ORDER BY id FOR UPDATE", logger: logger)
+            "SELECT id, state, worker, epoch, stop_request FROM jobs WHERE id = ANY(\(ids)) ORDER BY id FOR UPDATE", logger: logger)
         {
-            let (id, state, worker, epoch) = try row.decode((Int64, String, String?, Int64).self)
-            stored[id] = (state, worker, epoch)
+            let (id, state, worker, epoch, request) = try row.decode((Int64, String, String?, Int64, String?).self)
+            stored[id] = (state, worker, epoch, request)
         }
         return stored
     }

@@ -47,11 +47,18 @@ import Testing
                     #expect(after == expected, "\(command) from \(state) (\(code))")
                 }
             }
-            // A state the command does not apply to is left alone.
+            // A state the command does not apply to is left alone: one where the job is already
+            // as wanted without a word, one that refuses it with `refused` (named by id).
             for state in JobState.allCases where !command.sources.contains(state) {
                 n += 1
                 let before = try await row(store, n, state)
-                #expect(try await store.apply(command, to: .ids([before.id]), now: now).count == 0)
+                if command.noOpStates.contains(state) {
+                    #expect(try await store.apply(command, to: .ids([before.id]), now: now).count == 0)
+                } else {
+                    await #expect(throws: StoreError.refused(id: before.id, state: state, verb: command.event.verb)) {
+                        try await store.apply(command, to: .ids([before.id]), now: now)
+                    }
+                }
                 #expect(try await store.fetch(before.id) == before)
             }
         }

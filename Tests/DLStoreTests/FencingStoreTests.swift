@@ -101,6 +101,61 @@ import Testing
         }
     }
 
+    /// An attempt that ends waiting for a retry (or queued again) while a command waits for its
+    /// worker never drops the command: its outcome is refused, the row stays the owner's with
+    /// the request, and the owner's settling write (paused) goes in. A completion is written
+    /// over a pending command: the job is done, nothing is left to stop.
+    @Test(arguments: Backend.allCases)
+    func anAttemptsEndNeverDropsACommandThatWaitsForIt(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            _ = try await store.insert([new(1), new(2)], now: t0)
+            let first = try await claim(store, "w2", lease: long)
+            let second = try await claim(store, "w2", lease: long)
+            for job in [first, second] {
+                #expect(try await store.apply(.pause, to: .ids([job.id]), first: [], owner: "w1", now: t0).requested == 1)
+            }
+            var retry = first
+            retry.state = .waiting
+            retry.waitReason = .retry
+            retry.nextAttemptAt = t0.addingTimeInterval(5)
+            #expect(try await store.saveOwned([retry], owner: "w2", publish: true).lost == [first.id])
+            var row = try #require(try await store.fetch(first.id))
+            #expect(row.state == .running && row.worker == "w2" && row.stopRequest == .pause)
+            var settled = first
+            settled.state = .paused
+            #expect(try await store.saveOwned([settled], owner: "w2", publish: true).lost.isEmpty)
+            row = try #require(try await store.fetch(first.id))
+            #expect(row.state == .paused && row.stopRequest == nil)
+
+            var done = second
+            done.state = .completed
+            done.finishedAt = t0
+            #expect(try await store.saveOwned([done], owner: "w2", publish: true).lost.isEmpty)
+            #expect(try await store.fetch(second.id)?.state == .completed)
+        }
+    }
+
+    /// With explicit ids, a job that ended meanwhile (another worker completed it after the
+    /// engine's check) makes the whole command fail and change nothing: an answer of `count: 0`
+    /// for a job named by id said a pause was done when nothing was (`make fleet-chaos`).
+    @Test(arguments: Backend.allCases)
+    func aCommandForAJobThatEndedMeanwhileChangesNothing(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            let jobs = try await store.insert([new(1), new(2)], now: t0).map(\.job)
+            var done = try await claim(store, "w2", lease: long)
+            done.state = .completed
+            done.finishedAt = t0
+            #expect(try await store.saveOwned([done], owner: "w2", publish: true).lost.isEmpty)
+            let other = try #require(jobs.first { $0.id != done.id })
+            await #expect(throws: StoreError.refused(id: done.id, state: .completed, verb: "pause")) {
+                try await store.apply(.pause, to: .ids([other.id, done.id]), first: [], owner: "w1", now: t0)
+            }
+            #expect(try await store.fetch(other.id)?.state == .queued, "nothing changed")
+            let alone = try await store.apply(.pause, to: .ids([other.id]), first: [], owner: "w1", now: t0)
+            #expect(alone.count == 1)
+        }
+    }
+
     /// A row read at its claim and written whole later (`set_speed` and `change` did that, as
     /// did any owned write of a row that stays running) keeps the lease the table holds, and
     /// its worker: item 2 of issue 36, where the lease went back into the past and another
