@@ -277,6 +277,21 @@ import Testing
                 + logs.joined(separator: "\n----\n"))
     }
 
+    /// The answer of `sql` (trimmed), asked every 20 ms until `done` holds of it or `timeout`
+    /// has passed; the last answer either way.
+    private func poll(_ server: PostgresServer, _ name: String, _ sql: String, timeout: TimeInterval = 60, until done: (String) -> Bool)
+        throws -> String
+    {
+        let deadline = Date().addingTimeInterval(timeout)
+        var answer = ""
+        repeat {
+            answer = try server.psql(database: name, sql).trimmingCharacters(in: .whitespacesAndNewlines)
+            if done(answer) { break }
+            usleep(20_000)
+        } while Date() < deadline
+        return answer
+    }
+
     /// Enqueues `count` files of `size` bytes at `rate` (one stream each) through `worker`,
     /// into `shared`; returns their URIs.
     private func enqueueFiles(_ worker: DaemonHarness, origin: TestOrigin, shared: String, prefix: String, count: Int, size: Int, rate: Int)
@@ -298,13 +313,8 @@ import Testing
         _ server: PostgresServer, _ name: String, origin: TestOrigin, shared: String, files: [(name: String, size: Int)],
         sourceLocation: SourceLocation = #_sourceLocation
     ) throws {
-        let deadline = Date().addingTimeInterval(300)
-        var counts = ""
-        while Date() < deadline {
-            counts = try server.psql(database: name, "SELECT state || ':' || count(*) FROM jobs GROUP BY state ORDER BY state")
-                .trimmingCharacters(in: .whitespacesAndNewlines)
-            if counts == "completed:\(files.count)" { break }
-            usleep(200_000)
+        let counts = try poll(server, name, "SELECT state || ':' || count(*) FROM jobs GROUP BY state ORDER BY state", timeout: 300) {
+            $0 == "completed:\(files.count)"
         }
         #expect(counts == "completed:\(files.count)", "\(counts)", sourceLocation: sourceLocation)
         let events = try server.psql(
@@ -396,6 +406,45 @@ import Testing
     /// PostgreSQL restarts while a bulk command runs: the `pause` of every job either is
     /// answered (then every job that was not finished is paused) or fails with the reason,
     /// never half done; after a `resume` of all, every job completes once.
+    /// One worker cut off from PostgreSQL while the others go on (issue 40: in the outage test
+    /// the server went away for every worker, so a fence that came too late could never be seen
+    /// beside another worker's attempt). Its connections go through a relay that is then
+    /// stopped: nothing is closed and nothing answers, as in a network cut. Its leases run out on
+    /// the server's clock and the other worker takes its jobs; the cut worker must have stopped
+    /// every transfer before (`fenceAt` of the lease): no file is streamed by two transfers at
+    /// once, and every job completes once with the origin's bytes once the cut heals.
+    @Test func aWorkerCutOffAloneStopsBeforeItsJobsAreTaken() async throws {
+        try await withFleet { server, name, url, shared, origin in
+            let relay = try PostgresRelay(socket: "\(server.socketFolder)/.s.PGSQL.\(server.port)")
+            defer { relay.stop() }
+            let lease = 4
+            let through = "postgresql://\(server.user)@127.0.0.1:\(relay.port)/\(name)?sslmode=disable"
+            // The kept worker has free slots when the cut one's leases run out: it takes their
+            // jobs at once, so a cut worker still streaming then (a fence after the lease) would
+            // show as a file streamed twice.
+            let fleet =
+                try workers(["cut"], database: through, shared: shared, maxActive: 2, lease: lease)
+                + workers(["kept"], database: url, shared: shared, maxActive: 4, lease: lease)
+            defer { for worker in fleet { worker.stop() } }
+            try fleet[0].start()
+            let size = 3 << 20
+            let uris = try enqueueFiles(fleet[0], origin: origin, shared: shared, prefix: "r", count: 4, size: size, rate: 400_000)
+            _ = try waitForLeases([fleet[0]]) { $0["active"] == 2 }
+            try fleet[1].start()
+            _ = try waitForLeases([fleet[1]]) { $0["active"] == 2 }
+            relay.cut()
+            #expect(fleet[0].waitForLog("this worker is fenced", timeout: Double(lease) * 5), "\(fleet[0].log.suffix(3000))")
+            // The kept worker takes the cut one's jobs once their leases have run out, and runs
+            // them beside its own while the cut lasts.
+            let taken = try poll(server, name, "SELECT count(*) FROM jobs WHERE worker LIKE '%/cut' AND state = 'running'") { $0 == "0" }
+            #expect(taken == "0", "the cut worker still holds running jobs")
+            _ = try waitForLeases([fleet[1]]) { $0["active"] == 4 }
+            relay.heal()
+            try expectAllCompleteOnce(
+                server, name, origin: origin, shared: shared, files: uris.indices.map { (name: "r\($0).bin", size: size) })
+        }
+    }
+
     @Test func postgresRestartDuringABulkCommand() async throws {
         let server = try PostgresServer.start()
         defer { server.stop() }
@@ -407,7 +456,23 @@ import Testing
             _ = try enqueueFiles(fleet[0], origin: origin, shared: shared, prefix: "d", count: 300, size: size, rate: 2_000_000)
             _ = try waitForLeases(fleet) { ($0["active"]?.int64Value ?? 0) > 0 }
 
+            // A session holds a queued row locked: the pause (one statement over every row)
+            // waits for it inside its transaction, and the server is halted while it waits. The
+            // restart then cuts the command off mid-way, which a halt before it was sent or
+            // after it was answered would not (issue 40: nothing showed the two overlapped).
+            let holder = try PostgresSession(server, database: name)
+            defer { holder.close() }
+            holder.send("BEGIN; SELECT id FROM jobs WHERE state = 'queued' ORDER BY id LIMIT 1 FOR UPDATE;")
+            let held = try poll(
+                server, name,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dld-test-holder' AND state = 'idle in transaction'"
+            ) { $0 == "1" }
+            #expect(held == "1", "the row was never held")
             let pause = Background { try fleet[1].call("pause", ["all": true]) }
+            let waiting = try poll(
+                server, name, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%state = ''paused''%'"
+            ) { $0 != "0" }
+            #expect(waiting != "0", "the pause never waited on the held row")
             server.halt()
             try server.restart()
             let outcome = pause.wait()
@@ -553,14 +618,8 @@ import Testing
             let id = try fleet[0].enqueue([
                 "url": .string("\(origin.baseURL)/bytes/\(size)?rate=1000000"), "dir": .string(shared), "name": "left.bin", "segments": 1,
             ])
-            let deadline = Date().addingTimeInterval(60)
-            var committed: Int64 = 0
-            while committed < 512 << 10, Date() < deadline {
-                let read = try server.psql(database: name, "SELECT received FROM jobs WHERE id = \(id)")
-                committed = Int64(read.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
-                usleep(100_000)
-            }
-            #expect(committed >= 512 << 10)
+            let committed = try poll(server, name, "SELECT received FROM jobs WHERE id = \(id)") { (Int64($0) ?? 0) >= 512 << 10 }
+            #expect((Int64(committed) ?? 0) >= 512 << 10, "committed: \(committed)")
             fleet[0].crash()
             // The other machine's folder: a leftover of its own under the name, longer than the
             // committed offset.
@@ -600,6 +659,69 @@ import Testing
             let whole = origin.requests.filter { $0.uri.contains("file=e") && $0.header("range") == nil }.count
             #expect(whole == 2, "\(origin.requests.map(\.uri))")
         }
+    }
+}
+
+/// A `psql` session of its own, kept open: what it is sent runs in it (a transaction that
+/// holds row locks, for one), until `close`.
+final class PostgresSession: @unchecked Sendable {
+    let process = Process()
+    let input = Pipe()
+
+    init(_ server: PostgresServer, database: String) throws {
+        process.executableURL = URL(fileURLWithPath: server.binDir + "/psql")
+        process.arguments = ["-h", server.socketFolder, "-p", "\(server.port)", "-U", server.user, "-d", database, "-X", "-q"]
+        process.environment = ProcessInfo.processInfo.environment.merging(["PGAPPNAME": "dld-test-holder"]) { $1 }
+        process.standardInput = input
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+    }
+
+    func send(_ sql: String) { input.fileHandleForWriting.write(Data((sql + "\n").utf8)) }
+
+    func close() {
+        try? input.fileHandleForWriting.close()
+        process.waitUntilExit()
+    }
+}
+
+/// scripts/pg_relay.py: a TCP port relayed to PostgreSQL's socket, which `cut` stops (SIGSTOP:
+/// nothing closed, nothing answered) and `heal` lets go on.
+final class PostgresRelay: @unchecked Sendable {
+    let process = Process()
+    let port: Int
+
+    init(socket: String) throws {
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+            .appendingPathComponent("scripts/pg_relay.py").path
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = [script, socket]
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        var line = Data()
+        while !line.contains(UInt8(ascii: "\n")) {
+            let more = output.fileHandleForReading.availableData
+            guard !more.isEmpty else { break }
+            line += more
+        }
+        let words = String(decoding: line, as: UTF8.self).split(whereSeparator: \.isWhitespace)
+        guard words.count == 2, words[0] == "ready", let port = Int(words[1]) else {
+            process.terminate()
+            throw HarnessError("pg_relay.py did not start: \(String(decoding: line, as: UTF8.self))")
+        }
+        self.port = port
+    }
+
+    func cut() { kill(process.processIdentifier, SIGSTOP) }
+    func heal() { kill(process.processIdentifier, SIGCONT) }
+
+    /// SIGKILL: the test process passes an ignored SIGTERM on to its children, and the relay
+    /// then stayed (the test hung in `waitUntilExit`).
+    func stop() {
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
     }
 }
 
