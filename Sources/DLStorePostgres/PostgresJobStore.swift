@@ -163,9 +163,9 @@ public final class PostgresJobStore: JobTable {
                 let value = try await body(connection)
                 do {
                     try await connection.run("COMMIT", logger: logger)
-                } catch let error as PSQLError where error.serverInfo == nil {
-                    // The COMMIT was sent and no answer came (the server restarted, a partition):
-                    // it may have committed. The caller must not take the failure for "nothing
+                } catch  where Self.unanswered(error) {
+                    // The COMMIT was sent and no answer came (the server restarted, a partition,
+                    // the connection closed under it): it may have committed. The caller must not take the failure for "nothing
                     // changed" (in doubt: a completion is read again, a client is told).
                     throw PostgresStoreError(
                         "PostgreSQL: the connection was lost while committing, so the change may have been made all the same (\(PostgresStoreError(describing: error))); look before trying again"
@@ -177,6 +177,15 @@ public final class PostgresJobStore: JobTable {
                 throw error
             }
         }
+    }
+
+    /// Whether a statement's failure says the server never answered it (as opposed to an
+    /// error the server sent): the connection closed (`ConnectionLost`), or postgres-nio gave up
+    /// without a server message. A COMMIT that failed so may have committed.
+    static func unanswered(_ error: any Error) -> Bool {
+        if error is ConnectionLost { return true }
+        if let error = error as? PSQLError { return error.serverInfo == nil }
+        return false
     }
 
     /// The rows of one statement.

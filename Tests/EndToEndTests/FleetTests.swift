@@ -445,6 +445,42 @@ import Testing
         }
     }
 
+    /// Item 7 of issue 36: a completion whose COMMIT reached the server but whose answer was
+    /// lost (the relay drops it and closes the connection, as a restart or a cut at that moment
+    /// does). The worker was told the commit failed; the row says completed. It must read the
+    /// row again once the table answers and link the file: it was left a complete `.part` under
+    /// a completed row for good. The file appears with the origin's bytes, the job completes
+    /// once, and nothing is fetched again.
+    @Test func aCompletionWhoseCommitAnswerWasLostIsLinked() async throws {
+        try await withFleet { server, name, url, shared, origin in
+            let relay = try PostgresRelay(socket: "\(server.socketFolder)/.s.PGSQL.\(server.port)", word: "completed")
+            defer { relay.stop() }
+            let through = "postgresql://\(server.user)@127.0.0.1:\(relay.port)/\(name)?sslmode=disable"
+            let worker = try workers(["doubt"], database: through, shared: shared, maxActive: 1, lease: 4)[0]
+            try worker.start()
+            defer { worker.stop() }
+            let size = 1 << 20
+            let id = try worker.enqueue([
+                "url": .string("\(origin.baseURL)/bytes/\(size)?rate=250000"), "dir": .string(shared), "name": "doubt.bin", "segments": 1,
+            ])
+            _ = try worker.waitForJob(id) { $0["state"] == "running" }
+            relay.cutCommitAnswer()
+            #expect(worker.waitForLog("may have been made", timeout: 60), "the commit's answer was never cut: \(worker.log.suffix(3000))")
+            #expect(worker.waitForLog("completions whose commit was cut off had committed", timeout: 60), "\(worker.log.suffix(3000))")
+            let path = shared + "/doubt.bin"
+            let deadline = Date().addingTimeInterval(30)
+            while !FileManager.default.fileExists(atPath: path), Date() < deadline { usleep(50_000) }
+            try expectOriginBytes(at: path, count: size)
+            #expect(!FileManager.default.fileExists(atPath: path + ".part"))
+            let events = try poll(
+                server, name, "SELECT count(*) FROM events WHERE kind = 'job.state' AND state = 'completed' AND job_id = \(id)"
+            ) { $0 == "1" }
+            #expect(events == "1")
+            #expect(try server.psql(database: name, "SELECT state FROM jobs WHERE id = \(id)").hasPrefix("completed"))
+            #expect(origin.requests.count == 1, "\(origin.requests.map(\.uri))")
+        }
+    }
+
     @Test func postgresRestartDuringABulkCommand() async throws {
         let server = try PostgresServer.start()
         defer { server.stop() }
@@ -687,16 +723,17 @@ final class PostgresSession: @unchecked Sendable {
 }
 
 /// scripts/pg_relay.py: a TCP port relayed to PostgreSQL's socket, which `cut` stops (SIGSTOP:
-/// nothing closed, nothing answered) and `heal` lets go on.
+/// nothing closed, nothing answered) and `heal` lets go on; with `word`, `cutCommitAnswer`
+/// arms the loss of one COMMIT's answer (of the next transaction that sends `word`).
 final class PostgresRelay: @unchecked Sendable {
     let process = Process()
     let port: Int
 
-    init(socket: String) throws {
+    init(socket: String, word: String? = nil) throws {
         let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("scripts/pg_relay.py").path
         process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = [script, socket]
+        process.arguments = [script, socket] + (word.map { [$0] } ?? [])
         let output = Pipe()
         process.standardOutput = output
         try process.run()
@@ -715,6 +752,7 @@ final class PostgresRelay: @unchecked Sendable {
     }
 
     func cut() { kill(process.processIdentifier, SIGSTOP) }
+    func cutCommitAnswer() { kill(process.processIdentifier, SIGUSR1) }
     func heal() { kill(process.processIdentifier, SIGCONT) }
 
     /// SIGKILL: the test process passes an ignored SIGTERM on to its children, and the relay
