@@ -84,10 +84,12 @@ outcome's window never ends, since it may still take effect):
     undone_setting       after a set_speed (or change) answered ok, the row's max_speed (or
                          url) differs from what it set, with no later set_speed (change)
                          sent: a stale row written over it.
-    stream_after_stop    the origin streamed a job's path after a pause (until the next
-                         resume sent), a cancel or a remove was answered, plus one lease
-                         (a worker cut off from the table may stream until it fences itself
-                         at 80 % of a lease; none of those bytes are recorded).
+    stream_after_stop    the origin streamed a job's path, for more than FENCE_MARGIN in all,
+                         after a pause (until the next resume sent), a cancel or a remove was
+                         answered, plus one lease (a worker cut off from the table may stream
+                         until it fences itself at 80 % of a lease; none of those bytes are
+                         recorded). A command its owner carried out (`requested`) counts from
+                         its answer too.
     unfinished           a job is not completed, canceled, failed or deleted once everything
                          healed and the bounded wait ran out.
     duplicate_worker     the second daemon with w1's id was neither refused nor fenced.
@@ -950,8 +952,10 @@ def max_speed_of(options: str | None) -> int | None:
     return int(value) if value else 0
 
 
-def check(history: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rules of the module's docstring, over a history; returns the violations."""
+def check(history: dict[str, Any], files: bool = True) -> list[dict[str, Any]]:
+    """The rules of the module's docstring, over a history; returns the violations. Without
+    `files`, the downloaded files (removed after a run) are not looked at again: the file
+    violations recorded in the history stand."""
     violations: list[dict[str, Any]] = []
     lease = history["lease"]
 
@@ -1047,10 +1051,14 @@ def check(history: dict[str, Any]) -> list[dict[str, Any]]:
             overlapping = lambda method: any(o is not c and o["sent"] < t and end_of(o) > c["sent"] for o in cmds(job, method))
             # A command for a job that another worker runs goes to that worker (its answer counts
             # it in `requested`): pending at its answer, it must take effect after.
-            if (c.get("result") or {}).get("requested", 0) > 0 and state == "running":
+            # Its owner may act before the answer comes back: the job was running at the send, at
+            # the answer, or left `running` in between.
+            ran = state == "running" or state_at(job, c["sent"]) == "running" or any(
+                c["sent"] <= r["at"] <= t and r["old_state"] == "running" for r in audit.get(job, []))
+            if (c.get("result") or {}).get("requested", 0) > 0 and ran:
                 ends = {"pause": ("paused", "canceled", "completed", "failed"), "cancel": ("canceled", "completed"),
                         "remove": ("completed",)}[c["method"]]
-                settled = any(r["at"] > t and (r["op"] == "delete" or r["new_state"] in ends) for r in audit.get(job, []))
+                settled = any(r["at"] > c["sent"] and (r["op"] == "delete" or r["new_state"] in ends) for r in audit.get(job, []))
                 withdrawn = c["method"] == "pause" and any(o["sent"] > c["sent"] for o in cmds(job, "resume"))
                 if not settled and not withdrawn:
                     violation(f"lost_{c['method']}", job, f"{c['method']} sent at {rel:.2f}s to {c['worker']} went to the job's "
@@ -1119,7 +1127,10 @@ def check(history: dict[str, Any]) -> list[dict[str, Any]]:
                 stops.append((c, c["answered"] + lease, until))
         for c, since, until in stops:
             for q in requests:
-                if any(a < until and b > since for a, b in q["active"]):
+                # As for two streams: FENCE_MARGIN for the socket to close (a worker resumed
+                # from SIGSTOP read once before its fence stopped the transfer: 0 s of activity).
+                after = sum(max(0.0, min(b, until) - max(a, since)) for a, b in q["active"])
+                if after > FENCE_MARGIN:
                     violation("stream_after_stop", job, f"{c['method']} answered at {c['answered'] - history['started']:.2f}s, "
                               f"but {q['worker']} streamed {path} until {q['progress_at'] - history['started']:.2f}s")
                     break
@@ -1131,6 +1142,8 @@ def check(history: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         if row["state"] not in STOPPED_STATES:
             violation("unfinished", job, f"still {row['state']} (worker {row['worker']}, {row['received']}/{row['size']} bytes)")
+        elif not files:
+            continue
         elif row["state"] == "completed":
             problem = check_file(Path(row["path"]), info["path"], info["size"])
             if problem:
@@ -1139,6 +1152,8 @@ def check(history: dict[str, Any]) -> list[dict[str, Any]]:
             for leftover in (Path(row["path"]), Path(row["path"] + ".part")):
                 if leftover.exists():
                     violation("canceled_file", job, f"{leftover} exists")
+    if not files:
+        violations += [v for v in history.get("violations", []) if v["kind"] in ("bad_file", "canceled_file")]
     for fault in history["faults"]:
         if fault["kind"] == "duplicate" and fault.get("outcome") == "running":
             violation("duplicate_worker", None, f"a second daemon with w1's worker id ran, not fenced, at "
@@ -1229,12 +1244,23 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command")
     origin = sub.add_parser("origin", help="(internal) serve the origin in its namespace")
     origin.add_argument("--folder", required=True)
+    again = sub.add_parser("check", help="check saved histories again (the rules as they are now; files as recorded)")
+    again.add_argument("histories", nargs="+")
     parser.add_argument("--dld", default=".build/debug/dld", help="the dld binary")
     parser.add_argument("--out", default=".build/fleet-chaos", help="where run folders go")
     args = parser.parse_args()
     if args.command == "origin":
         serve_origin(Path(args.folder))
         return 0
+    if args.command == "check":
+        found = 0
+        for path in args.histories:
+            violations = check(json.loads(Path(path).read_text()), files=False)
+            found += len(violations)
+            print(f"{path}: {len(violations)} violation(s)")
+            for v in violations:
+                print(f"  {v['kind']:<18} job {v['job']}: {v['detail']}")
+        return 1 if found else 0
     if os.geteuid() != 0:
         print("fleet_chaos.py needs root (network namespaces, nftables)", file=sys.stderr)
         return 2
