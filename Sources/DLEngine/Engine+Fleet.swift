@@ -174,7 +174,12 @@ extension Engine {
     func leaseTurn() async {
         do {
             try await serial { () async throws(DLError) in
-                guard accepting else { return }
+                // Without the worker lock another daemon may be this worker now (it took the
+                // lock while this one was cut off): renewing "its" leases and queueing again the
+                // jobs it runs and this one does not was each requeueing the other's jobs
+                // (`make fleet-chaos`). Nothing is written as this worker until the lock is held
+                // again (`workerLockRegained` runs a turn then).
+                guard accepting, !leases.lockLost else { return }
                 await measureTableClock()
                 let sent = ContinuousClock.now
                 let at = leaseNow()

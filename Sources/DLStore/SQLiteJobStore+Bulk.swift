@@ -87,7 +87,7 @@ extension SQLiteJobStore {
             // The stopped transfers' rows, each only while it is still that attempt's.
             for job in first {
                 if let owner, let row = try Row.fetchOne(read, arguments: [job.id]), !Self.owns(row, job: job, owner: owner) { continue }
-                try Self.update(job, in: db)
+                try Self.update(job, in: db, owned: owner != nil)
             }
             let before = try Self.lastSeq(db)
             var (condition, arguments) = selection.condition(now: now)

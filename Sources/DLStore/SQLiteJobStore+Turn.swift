@@ -65,7 +65,7 @@ extension SQLiteJobStore {
                                 continue
                             }
                         }
-                        try Self.update(job, in: db)
+                        try Self.update(job, in: db, owned: owned.contains(job.id))
                         if state != job.state.rawValue {
                             outcome.events.append(
                                 try Self.record(
@@ -330,7 +330,7 @@ extension SQLiteJobStore {
                     lost.insert(job.id)
                     continue
                 }
-                try Self.update(job, in: db)
+                try Self.update(job, in: db, owned: true)
                 if state != job.state.rawValue {
                     events.append(
                         try Self.record(.jobState, job: job, groupID: job.groupID, state: job.state.rawValue, at: job.updatedAt, in: db))

@@ -436,7 +436,23 @@ public final class SQLiteJobStore: JobTable {
     /// `running` keeps those the table has (only claims and renewals write leases: a row read at
     /// its claim and written back later would move its lease into the past, and another worker
     /// would take a job that still runs).
-    static func update(_ job: Job, in db: Database) throws {
+    ///
+    /// `owned`: the write of a worker's own attempt (its outcome, a stopped transfer's row), which
+    /// leaves the URL, headers and options as the table has them: only `revise` changes those
+    /// (`set_speed`, `change`), and a row the owner read at its claim would undo a revision
+    /// made since (`make fleet-chaos` saw a set_speed undone by the owner's pause 7 ms later).
+    static func update(_ job: Job, in db: Database, owned: Bool = false) throws {
+        if owned {
+            var revised = job
+            guard
+                let stored = try Row.fetchOne(
+                    db.cachedStatement(sql: "SELECT url, headers, options FROM jobs WHERE id = ?"), arguments: [job.id])
+            else { return }
+            revised.url = stored["url"]
+            revised.headers = ColumnCoding.headers(from: stored["headers"] ?? "[]")
+            revised.options = ColumnCoding.options(from: stored["options"])
+            return try update(revised, in: db)
+        }
         try db.cachedStatement(
             sql: """
                 UPDATE jobs SET url = ?, path = ?, state = ?, wait_reason = ?, priority = ?, size = ?,

@@ -38,7 +38,7 @@ extension PostgresJobStore {
                     stored[job.id].map { JobOwnership.owns(state: $0.state, worker: $0.worker, epoch: $0.epoch, job: job, owner: owner) }
                         ?? false
                 }
-                try await Self.update(mine, on: connection, logger: logger)
+                try await Self.update(mine, on: connection, logger: logger, owned: true)
             } else {
                 try await Self.update(first, on: connection, logger: logger)
             }

@@ -165,7 +165,7 @@ extension PostgresJobStore {
                 }
                 owned.append(job)
             }
-            try await Self.update(owned, on: connection, logger: logger)
+            try await Self.update(owned, on: connection, logger: logger, owned: true)
             var changes: [StoredEvent] = []
             var state = stored.mapValues(\.state)
             for job in owned where state[job.id] != job.state.rawValue {

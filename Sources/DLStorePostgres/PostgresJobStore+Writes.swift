@@ -180,12 +180,15 @@ extension PostgresJobStore {
     /// Writes whole rows (all but id, created_at, group_id and host, as the SQLite store), many
     /// a statement. A row given twice is written twice, in order: a statement never holds the
     /// same id twice (PostgreSQL would apply only one of them).
-    static func update(_ jobs: [Job], on connection: PostgresConnection, logger: Logger) async throws {
+    /// `owned`: the writes of a worker's own attempts, which leave the URL, headers and options
+    /// as the table has them (only `revise` changes those; see the SQLite store's `update`).
+    static func update(_ jobs: [Job], on connection: PostgresConnection, logger: Logger, owned: Bool = false) async throws {
         guard !jobs.isEmpty else { return }
         let set = UpdateRecord.set
+        let revised: Set<String> = owned ? ["url", "headers", "options"] : []
         // A worker holds a job only while it runs it; only claims and renewals write leases.
         let assignments =
-            (set.columns.dropFirst().map { "\($0.name) = r.\($0.name)" }
+            (set.columns.dropFirst().filter { !revised.contains($0.name) }.map { "\($0.name) = r.\($0.name)" }
             + ["worker", "lease_until", "stop_request"].map { "\($0) = CASE WHEN r.state = 'running' THEN j.\($0) END" })
             .joined(separator: ", ")
         var start = 0

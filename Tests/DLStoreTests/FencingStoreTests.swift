@@ -156,6 +156,31 @@ import Testing
         }
     }
 
+    /// An owner's whole-row writes (its attempt's outcome, a stopped transfer's row in a bulk
+    /// command) keep a revision made since its claim (`set_speed`, `change`: `revise`): `make
+    /// fleet-chaos` saw a set_speed answered, then undone 7 ms later by the owner's pause.
+    @Test(arguments: Backend.allCases)
+    func anOwnersWriteKeepsARevisionMadeSinceItsClaim(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            _ = try await store.insert([new(1), new(2)], now: t0)
+            let first = try await claim(store, "w2", lease: long)
+            let second = try await claim(store, "w2", lease: long)
+            var options = JobOptions()
+            options.maxSpeed = 1000
+            for job in [first, second] {
+                _ = try await store.revise(job.id, JobRevision(url: job.url + "?v=2", options: options), expecting: nil, now: t0)
+            }
+            var paused = first
+            paused.state = .paused
+            #expect(try await store.saveOwned([paused], owner: "w2", publish: true).lost.isEmpty)
+            var row = try #require(try await store.fetch(first.id))
+            #expect(row.state == .paused && row.options.maxSpeed == 1000 && row.url == first.url + "?v=2")
+            _ = try await store.apply(.pause, to: .ids([second.id]), first: [second], owner: "w2", now: t0)
+            row = try #require(try await store.fetch(second.id))
+            #expect(row.state == .paused && row.options.maxSpeed == 1000 && row.url == second.url + "?v=2")
+        }
+    }
+
     /// A row read at its claim and written whole later (`set_speed` and `change` did that, as
     /// did any owned write of a row that stays running) keeps the lease the table holds, and
     /// its worker: item 2 of issue 36, where the lease went back into the past and another
