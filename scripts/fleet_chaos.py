@@ -92,7 +92,9 @@ outcome's window never ends, since it may still take effect):
                          its answer too.
     unfinished           a job is not completed, canceled, failed or deleted once everything
                          healed and the bounded wait ran out.
-    duplicate_worker     the second daemon with w1's id was neither refused nor fenced.
+    duplicate_worker     the second daemon with w1's id was neither refused nor fenced, and
+                         w1 was not fenced either (the second may take the worker lock first
+                         while w1 is cut off from the server: then w1 must be fenced).
 
 Run as root (namespaces, nftables): `make fleet-chaos` (FLEET_CHAOS_SEEDS seeds of
 FLEET_CHAOS_SECONDS), `make fleet-chaos FLEET_CHAOS_SHORT=1` (one seed, about a minute),
@@ -842,6 +844,13 @@ class Chaos:
             fenced = ok == "ok" and bool((stats.get("lease") or {}).get("fenced"))
             entry["outcome"] = "fenced" if fenced else "running"
             entry["stats"] = stats if ok == "ok" else str(stats)
+            if not fenced:
+                # It may have taken the worker lock first, while w1 was cut off from the server
+                # (a restart): then w1 must be the one fenced, and only one of the two runs.
+                ok1, first = rpc(self.workers["w1"].socket, "stats", None, timeout=5)
+                if ok1 == "ok" and (first.get("lease") or {}).get("fenced"):
+                    entry["outcome"] = "took_over"
+                    entry["first_stats"] = first
             self.dup.stop()
         entry["healed"] = time.time()
 
