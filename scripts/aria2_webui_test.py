@@ -289,13 +289,27 @@ def main():
             fail(f"the page shows {slow} removed, dld says {dld.state(gids[slow])}")
         print(f"ok: removed the active download after the page asked {asked!r}; it shows Removed, dld says canceled")
 
+        # Restart a finished one: the page reads its options (getOption) and URIs (getFiles),
+        # removes its result and adds its URI again with those options; its file is there, so
+        # it is added under a free name (aria2's auto-file-renaming), not refused.
+        again = f"{small} (2)"
+        click(driver, "button[ng-click='restart(download)']", within=small)
+        wait(driver, "the restarted download listed under a free name", lambda d: row(d, again) is not None)
+        wait(driver, "the restarted download complete", lambda d: status_of(d, again) == "Complete")
+        wait(driver, "the restarted download's old result gone", lambda d: row(d, small) is None)
+        restarted = row(driver, again)["gid"]
+        if dld.state(gids[small]) != "job_not_found" or dld.state(restarted) != "completed":
+            fail(f"restarted: dld says {dld.state(gids[small])} for the old GID, {dld.state(restarted)} for the new")
+        print(f"ok: restarted a finished download from the page; it finished again as {again!r}; dld agrees")
+        print(f"restarted: {restarted}")
+
         # Remove a finished one: aria2's `removeDownloadResult`, dld's `remove`.
-        click(driver, "button[ng-click='remove(download)']", within=small)
+        click(driver, "button[ng-click='remove(download)']", within=again)
         accept_confirm(driver)
-        wait(driver, "the removed result gone from the page", lambda d: row(d, small) is None)
+        wait(driver, "the removed result gone from the page", lambda d: row(d, again) is None)
         time.sleep(1.5)  # two refreshes: the page's list comes from dld again
-        if row(driver, small) is not None or dld.state(gids[small]) != "job_not_found":
-            fail(f"the removed result: page {row(driver, small)}, dld {dld.state(gids[small])}")
+        if row(driver, again) is not None or dld.state(restarted) != "job_not_found":
+            fail(f"the removed result: page {row(driver, again)}, dld {dld.state(restarted)}")
         print("ok: removed a finished download's result; gone from the page and from dld")
         shot(driver, shots, "4-finished")
 
@@ -326,6 +340,10 @@ def main():
             fail(f"the browser's console has errors since the page connected: {errors}")
         print("ok: no errors in the browser's console since the page connected (the Google font and the favicon "
               "it links are not vendored)")
+    except SystemExit:
+        # What the page showed when a step failed.
+        driver.save_screenshot(os.path.join(shots, "failed.png"))
+        raise
     finally:
         driver.quit()
 
