@@ -250,6 +250,15 @@ def main():
         if dld.state(gids[big]) != "running":
             fail(f"the page shows {big} active, dld says {dld.state(gids[big])}")
         print(f"ok: the big download is active and its bar moves ({first:.0f} % → {row(driver, big)['progress']:.0f} %); dld says running")
+        # A click on the row opens its details (tellStatus's fields as the page shows them).
+        click(driver, ".title", within=big)
+        details = wait(driver, "the big download's details", lambda d: d.execute_script(
+            "const r = [...document.querySelectorAll('div.download[data-gid]')].find(d => d.dataset.gid === arguments[0]);"
+            "const g = r && r.querySelector('.download-gid'), f = r && r.querySelector('.download-files');"
+            "return g && g.offsetParent && f ? {gid: g.textContent.trim(), files: f.textContent.trim()} : null;", gids[big]))
+        if details["gid"] != gids[big] or not details["files"].startswith(big + " ("):
+            fail(f"the details of {big} say {details}")
+        print(f"ok: its details show its GID and its file {details['files']!r}")
         shot(driver, shots, "2-active")
 
         click(driver, "button[ng-click='pause(download)']", within=big)

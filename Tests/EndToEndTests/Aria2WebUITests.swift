@@ -29,7 +29,8 @@ import Testing
     /// port and `aria2_secret`, as for aria2 (`http_origins` names the page's origin): the
     /// page adds three URIs and lists them; one is seen active with its bar moving, paused,
     /// resumed and complete (its file is the origin's bytes), another removed while active
-    /// (Removed), a finished one's result removed, then Purge Completed empties the page.
+    /// (Removed), a finished one restarted (added again under a free name, as aria2 does) and
+    /// its result removed, then Purge Completed empties the page.
     /// After each click dld's own `status` and `list` (on its socket) must agree with the page;
     /// the page raises no error alert and its console stays clean once it is connected.
     /// Screenshots in .build/aria2-webui-screenshots.
@@ -72,7 +73,11 @@ import Testing
             try expectOriginBytes(at: web.daemon.downloadDir + "/2000000", count: 2_000_000)
             // Purged: dld's table is empty (the files stay), and the removed download left no file.
             #expect(try web.daemon.call("list")["jobs"] == [], "after Purge Completed")
-            #expect(FileManager.default.fileExists(atPath: web.daemon.downloadDir + "/150000"))
+            // The restarted one was fetched again beside the first file.
+            for name in ["150000", "150000 (2)"] {
+                try expectOriginBytes(at: web.daemon.downloadDir + "/" + name, count: 150_000)
+            }
+            #expect(run.stdout.contains("\nrestarted: "), "\(run.stdout)")
             let left = try FileManager.default.contentsOfDirectory(atPath: web.daemon.downloadDir)
             #expect(!left.contains { $0.hasPrefix("8000000") }, "the removed download's file: \(left)")
             #expect(!web.daemon.log.contains(secret), "the secret is not logged")
