@@ -17,6 +17,13 @@ extension Aria2RPC {
         try Self.noPosition(params, 2)
         var request = try Aria2Options.enqueueParams(params.object(1) ?? [:], metalink: false)
         request["url"] = .string(url)
+        // aria2's auto-file-renaming is true by default: a taken name gets a free one (dld's
+        // own default is to refuse), unless allow-overwrite replaces the file. A front-end's
+        // "restart" adds a finished download's URI again with its options. An HLS playlist
+        // (a group of segments) takes no on_exists.
+        if request["on_exists"] == nil, request["overwrite"] != true, !HLSRequest.looksLikePlaylist(url) {
+            request["on_exists"] = "rename"
+        }
         if uris.count > 1 { request["mirrors"] = .array(uris.dropFirst().map { .string($0) }) }
         guard let first = Self.jobIDs(try await dld(.enqueue, request)).first else { throw Aria2Error("dld created no download") }
         return .string(Aria2GID.gid(first))

@@ -148,6 +148,33 @@ extension Aria2RPC {
         }
     }
 
+    /// aria2's auto-file-renaming is true by default: a URI whose file exists already is added
+    /// under a free name, not refused. webui-aria2's "restart" of a finished download removes
+    /// its result, then adds its URI again with the options getOption gave (allow-overwrite
+    /// false among them): refused, the download was gone. auto-file-renaming=false still
+    /// refuses, allow-overwrite=true replaces.
+    @Test func aTakenNameIsRenamedAsByAria2() async throws {
+        try await DispatcherFixture.with { f in
+            let aria2 = f.aria2()
+            try Data("old".utf8).write(to: URL(fileURLWithPath: f.downloads + "/a.bin"))
+            let restarted = try #require(
+                await aria2.result("aria2.addUri", [["http://127.0.0.1:9/a.bin"], ["pause": "true", "allow-overwrite": "false"]])
+                    .stringValue)
+            let files = try await aria2.result("aria2.tellStatus", [.string(restarted), ["files"]])["files"]
+            #expect(files?[0]?["path"] == .string(f.downloads + "/a (2).bin"), "\(files?.serializedString() ?? "")")
+            let plain = try #require(await aria2.result("aria2.addUri", [["http://127.0.0.1:9/a.bin"], ["pause": "true"]]).stringValue)
+            let next = try await aria2.result("aria2.tellStatus", [.string(plain), ["files"]])["files"]?[0]?["path"]
+            #expect(next == .string(f.downloads + "/a (3).bin"), "a name another download will take is taken too")
+            let refused = await aria2.errorMessage("aria2.addUri", [["http://127.0.0.1:9/a.bin"], ["auto-file-renaming": "false"]])
+            #expect(refused?.contains("exists already") == true, "\(refused ?? "")")
+            let replacing = try #require(
+                await aria2.result("aria2.addUri", [["http://127.0.0.1:9/a.bin"], ["pause": "true", "allow-overwrite": "true"]])
+                    .stringValue)
+            let same = try await aria2.result("aria2.tellStatus", [.string(replacing), ["files"]])["files"]?[0]?["path"]
+            #expect(same == .string(f.downloads + "/a.bin"))
+        }
+    }
+
     /// What dld does not do is refused by name, never pretended.
     @Test func refusals() async throws {
         try await DispatcherFixture.with { f in

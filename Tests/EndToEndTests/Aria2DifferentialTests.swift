@@ -157,6 +157,15 @@ final class Aria2c {
                         of: $0.1, with: "G")
                 }.map { $0.map { .string($0) } ?? .null }, "remove of a complete download")
 
+            // The same URI again, its file there (a front-end's "restart"): both take it and
+            // finish it under another name (aria2's auto-file-renaming, true by default).
+            let again = try each("aria2.addUri", [[url]])
+            let regids = try again.map { try #require($0["result"]?.stringValue, "\($0.serializedString())") }
+            let redone = try wait(regids, for: "complete")
+            same(
+                zip(redone, complete).map { .bool($0.0["files"]?[0]?["path"] != $0.1["files"]?[0]?["path"]) },
+                "a URI whose file exists, added again, finished under another name")
+
             // A 404: an error with aria2's code for it.
             let missing = try each("aria2.addUri", [[.string("\(origin.baseURL)/status/404")]])
             let failed = try wait(missing.compactMap { $0["result"]?.stringValue }, for: "error")
