@@ -100,6 +100,9 @@ extension PostgresJobStore {
                 if let file = row.files.partial { files.append(file) }
             }
             // The rest: a pending pause or cancel is carried out, every other job is queued again.
+            // Not a row whose remove was committed after the DELETE above looked (this UPDATE
+            // waited for its lock and reads the row as that command left it): queued, it would
+            // lose an answered remove; the next turn deletes it.
             var canceled = FilesColumn.Canceled()
             var handed: [JobID] = []
             for row in try await connection.rows(
@@ -107,7 +110,7 @@ extension PostgresJobStore {
                 UPDATE jobs SET state = \(unescaped: OwnerRequests.expiredState),
                     finished_at = CASE WHEN stop_request = 'cancel' THEN \(at) ELSE finished_at END,
                     worker = NULL, lease_until = NULL, stop_request = NULL, epoch = epoch + 1, updated_at = \(at)
-                WHERE \(unescaped: expired) RETURNING \(unescaped: FilesColumn.list)
+                WHERE \(unescaped: expired) AND stop_request IS DISTINCT FROM 'remove' RETURNING \(unescaped: FilesColumn.list)
                 """,
                 logger: logger)
             {

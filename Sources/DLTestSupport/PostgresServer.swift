@@ -342,3 +342,27 @@ public struct PostgresServerError: Error, Sendable, CustomStringConvertible {
     public let description: String
     public init(_ description: String) { self.description = description }
 }
+
+/// A `psql` session of its own, kept open: what it is sent runs in it (a transaction that
+/// holds row locks, for one), until `close`.
+public final class PostgresSession: @unchecked Sendable {
+    let process = Process()
+    let input = Pipe()
+
+    public init(_ server: PostgresServer, database: String) throws {
+        process.executableURL = URL(fileURLWithPath: server.binDir + "/psql")
+        process.arguments = ["-h", server.socketFolder, "-p", "\(server.port)", "-U", server.user, "-d", database, "-X", "-q"]
+        process.environment = ProcessInfo.processInfo.environment.merging(["PGAPPNAME": "dld-test-holder"]) { $1 }
+        process.standardInput = input
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+    }
+
+    public func send(_ sql: String) { input.fileHandleForWriting.write(Data((sql + "\n").utf8)) }
+
+    public func close() {
+        try? input.fileHandleForWriting.close()
+        process.waitUntilExit()
+    }
+}

@@ -51,6 +51,13 @@ final class StoreFixture: @unchecked Sendable {
         return try? PostgresURL.parse(server.url(database: database), defaultUser: "dld")
     }
 
+    /// A `psql` session of its own on this test's database, kept open (a transaction that
+    /// holds row locks while the store works, for one).
+    func session() throws -> PostgresSession {
+        guard let server, let database else { throw PostgresServerError("not a PostgreSQL test") }
+        return try PostgresSession(server, database: database)
+    }
+
     /// Runs SQL on this test's PostgreSQL database with `psql` (what another program, or a
     /// fault, does to the table); returns what it printed.
     func psql(_ sql: String) throws -> String {

@@ -2,6 +2,7 @@ import DLCore
 import DLJobTable
 import DLStore
 import DLStorePostgres
+import DLTestSupport
 import Foundation
 import Synchronization
 import Testing
@@ -335,6 +336,48 @@ import Testing
             #expect(
                 try await store.requeueExpired(now: Date().addingTimeInterval(-7200)) == [claimed.id],
                 "a lease renewed into the past ran out")
+        }
+    }
+
+    /// A remove recorded for a job's owner while the lease turn waits for that row's lock is
+    /// carried out, never dropped. The turn deletes the expired rows that wait for a remove,
+    /// then queues the rest; a remove committed between the two was read by the second, which
+    /// queued the job and cleared the request (fleet chaos seed 359364: a remove answered
+    /// `requested`, and the job was canceled later instead of removed).
+    @Test func aRemoveRecordedWhileLeasesExpireIsCarriedOut() async throws {
+        try await withStore(.postgres) { store, fixture in
+            _ = try await store.insert([new(1)], now: t0)
+            let claimed = try await claim(store, "w1", lease: expired, at: Date())
+            // Another worker's remove holds the row, as its transaction does before it writes.
+            let holder = try fixture.session()
+            defer { holder.close() }
+            holder.send("BEGIN; SELECT id FROM jobs WHERE id = \(claimed.id) FOR UPDATE;")
+            func poll(_ sql: String, until done: (String) -> Bool) throws -> String {
+                var value = ""
+                let deadline = Date().addingTimeInterval(20)
+                repeat {
+                    value = try fixture.psql(sql).trimmingCharacters(in: .whitespacesAndNewlines)
+                    if done(value) { break }
+                    usleep(20_000)
+                } while Date() < deadline
+                return value
+            }
+            let held = try poll(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dld-test-holder' AND state = 'idle in transaction'"
+            ) { $0 == "1" }
+            #expect(held == "1", "the row was never held")
+            let expiring = Task { try await store.expireLeases(now: Date()) }
+            let waiting = try poll("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%lease_until%'") {
+                $0 != "0"
+            }
+            #expect(waiting != "0", "the lease turn never waited for the row")
+            holder.send("UPDATE jobs SET stop_request = 'remove' WHERE id = \(claimed.id); COMMIT;")
+            _ = try await expiring.value
+            let row = try fixture.psql("SELECT state || ':' || coalesce(stop_request, '-') FROM jobs WHERE id = \(claimed.id)")
+            #expect(row.trimmingCharacters(in: .whitespacesAndNewlines) == "running:remove", "the remove was dropped: \(row)")
+            let next = try await store.expireLeases(now: Date())
+            #expect(next.ids == [claimed.id])
+            #expect(try fixture.psql("SELECT count(*) FROM jobs").trimmingCharacters(in: .whitespacesAndNewlines) == "0")
         }
     }
 

@@ -698,30 +698,6 @@ import Testing
     }
 }
 
-/// A `psql` session of its own, kept open: what it is sent runs in it (a transaction that
-/// holds row locks, for one), until `close`.
-final class PostgresSession: @unchecked Sendable {
-    let process = Process()
-    let input = Pipe()
-
-    init(_ server: PostgresServer, database: String) throws {
-        process.executableURL = URL(fileURLWithPath: server.binDir + "/psql")
-        process.arguments = ["-h", server.socketFolder, "-p", "\(server.port)", "-U", server.user, "-d", database, "-X", "-q"]
-        process.environment = ProcessInfo.processInfo.environment.merging(["PGAPPNAME": "dld-test-holder"]) { $1 }
-        process.standardInput = input
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-    }
-
-    func send(_ sql: String) { input.fileHandleForWriting.write(Data((sql + "\n").utf8)) }
-
-    func close() {
-        try? input.fileHandleForWriting.close()
-        process.waitUntilExit()
-    }
-}
-
 /// scripts/pg_relay.py: a TCP port relayed to PostgreSQL's socket, which `cut` stops (SIGSTOP:
 /// nothing closed, nothing answered) and `heal` lets go on; with `word`, `cutCommitAnswer`
 /// arms the loss of one COMMIT's answer (of the next transaction that sends `word`).
