@@ -1,6 +1,9 @@
 // The popup: the switch that turns the taking of downloads off, the last answer of dld, and
-// dld's jobs (those not finished, and the last ones this extension sent) with their progress,
-// read with `list` and `status` in one batch every second while the popup is open.
+// dld's jobs (those not finished, and the last ones this extension sent) with their progress.
+// The jobs are read with `list` and `status` in one batch on `POST /rpc`; then dld's `/ws`
+// (subscribed) moves the progress bars as `job.progress` comes and asks for the list again on
+// each `job.state`. Without the WebSocket (an older dld, a socket that closed), the batch is
+// asked every second.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -34,6 +37,8 @@ function row(job) {
 }
 
 let refreshing = false;
+const shown = new Map(); // id → the job as last drawn
+const live = { socket: null, soon: null };
 
 async function refresh() {
   if (refreshing) return; // the last one has not been answered yet
@@ -75,6 +80,8 @@ async function show() {
     for (const job of result.jobs || [result]) if (job && job.id != null) byId.set(job.id, job);
   }
   const jobs = [...byId.values()].sort((a, b) => b.id - a.id);
+  shown.clear();
+  for (const job of jobs) shown.set(job.id, job);
   $("jobs").replaceChildren(...jobs.map(row));
   const running = jobs.filter((job) => job.state === "running").length;
   $("summary").textContent = jobs.length === 0 ? "no jobs" : running + " running, " + jobs.length + " shown";
@@ -82,8 +89,64 @@ async function show() {
 
 $("enabled").addEventListener("change", () => api.storage.local.set({ enabled: $("enabled").checked }));
 
+// A running job's counters from `job.progress`: its row drawn again, nothing asked of dld.
+function progress(params) {
+  const job = shown.get(params.id);
+  if (!job) return;
+  Object.assign(job, { state: "running", received: params.received, size: params.size, speed: params.speed });
+  job.progress = params.size > 0 ? params.received / params.size : null;
+  const item = $("jobs").querySelector(`li[data-id="${Number(params.id)}"]`);
+  if (item) item.replaceWith(row(job));
+}
+
+function refreshSoon() {
+  if (live.soon) return;
+  live.soon = setTimeout(() => {
+    live.soon = null;
+    refresh();
+  }, 200);
+}
+
+// dld's /ws, the token sent as the subprotocol `dld.token.<token>` beside `dld` (a browser's
+// WebSocket can send no Authorization header; docs/protocol.md). `data-live="ws"` on the body
+// says the popup is live (the end-to-end test reads it).
+function connect(settings) {
+  const base = baseAddress(settings.address);
+  if (!/^https?:\/\/[^/]+$/.test(base) || !settings.token) return;
+  let socket;
+  try {
+    socket = new WebSocket(base.replace(/^http/, "ws") + "/ws", ["dld", "dld.token." + settings.token]);
+  } catch (error) {
+    return;
+  }
+  socket.addEventListener("open", () => {
+    live.socket = socket;
+    document.body.dataset.live = "ws";
+    socket.send(JSON.stringify({ jsonrpc: "2.0", id: "events", method: "subscribe", params: {} }));
+  });
+  socket.addEventListener("message", (event) => {
+    let message;
+    try {
+      message = JSON.parse(event.data);
+    } catch (error) {
+      return;
+    }
+    if (message.id === "events") return refresh();
+    if (message.method === "job.progress") return progress(message.params || {});
+    if (message.method === "job.state") refreshSoon();
+  });
+  socket.addEventListener("close", () => {
+    if (live.socket === socket) live.socket = null;
+    delete document.body.dataset.live;
+    setTimeout(() => connect(settings), 2000);
+  });
+}
+
 loadSettings().then((settings) => {
   $("enabled").checked = !!settings.enabled;
+  connect(settings);
 });
 refresh();
-setInterval(refresh, 1000);
+setInterval(() => {
+  if (!live.socket) refresh();
+}, 1000);

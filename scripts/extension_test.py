@@ -166,6 +166,24 @@ def main():
             print(f"ok: the popup lists the job, completed: {driver.find_element(By.ID, 'jobs').text!r}")
             driver.save_screenshot(os.path.join(shots, "popup.png"))
             print(f"ok: screenshot {shots}/popup.png")
+            # Live from /ws (the token as its subprotocol): the popup asks for nothing while its
+            # socket is open, so a job enqueued elsewhere shows only if its job.state came.
+            wait(driver, "the popup live on dld's /ws", lambda d: d.execute_script("return document.body.dataset.live;") == "ws",
+                 timeout=20)
+            added = driver.execute_async_script(
+                "const done = arguments[arguments.length - 1];"
+                "loadSettings().then((s) => dldCall(s, 'enqueue', {url: 'http://127.0.0.1:9/popup-live.bin', paused: true}))"
+                ".then((r) => done(r.job.id), (e) => done('error: ' + e));")
+            if not isinstance(added, int):
+                fail(f"enqueue from the popup's page: {added}")
+            wait(driver, "the popup listing the job enqueued elsewhere", lambda d: d.execute_script(
+                f"return !!document.querySelector(`#jobs li[data-id='{added}']`);"), timeout=20)
+            print("ok: the popup is live on /ws: a job enqueued elsewhere appeared with no poll")
+            removed = driver.execute_async_script(
+                "const done = arguments[arguments.length - 1];"
+                f"loadSettings().then((s) => dldCall(s, 'remove', {{id: {added}}})).then((r) => done(r.count), (e) => done('error: ' + e));")
+            if removed != 1:
+                fail(f"remove of the popup's job: {removed}")
 
             # The popup's switch off: the same click is the browser's own download.
             driver.find_element(By.ID, "enabled").click()

@@ -322,7 +322,9 @@ public final class HTTPListener: Sendable {
                 // The gate goes before the HTTP decoder does: the decoder hands the bytes it
                 // read past the request (the first frames) on as bytes, not HTTP parts, and
                 // the gate must not be there to receive them.
-                return channel.pipeline.removeHandler(name: Self.gateName).map { HTTPHeaders() }.recover { _ in HTTPHeaders() }
+                let offered = HTTPRequestHandler.offeredProtocols(head).contains { $0 == HTTPRequestHandler.webSocketProtocol }
+                let answer = HTTPHeaders(offered ? [("Sec-WebSocket-Protocol", HTTPRequestHandler.webSocketProtocol)] : [])
+                return channel.pipeline.removeHandler(name: Self.gateName).map { answer }.recover { _ in answer }
             },
             upgradePipelineHandler: { [self] channel, head in
                 channel.eventLoop.makeCompletedFuture {
@@ -331,11 +333,8 @@ public final class HTTPListener: Sendable {
                         NIOWebSocketFrameAggregator(
                             minNonFinalFragmentSize: 1, maxAccumulatedFrameCount: 1024, maxAccumulatedFrameSize: self.settings.maxBodyBytes)
                     )
-                    if Self.path(of: head) == "/jsonrpc" {
-                        try channel.pipeline.syncOperations.addHandler(Aria2WebSocketHandler(listener: self))
-                    } else {
-                        try channel.pipeline.syncOperations.addHandler(WebSocketHandler(listener: self))
-                    }
+                    let service: WebSocketHandler.Service = Self.path(of: head) == "/jsonrpc" ? .aria2 : .dld
+                    try channel.pipeline.syncOperations.addHandler(WebSocketHandler(listener: self, service: service))
                 }
             })
         var limits = NIOHTTPDecoderLimitConfiguration()

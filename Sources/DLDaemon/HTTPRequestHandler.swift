@@ -160,12 +160,19 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
 
     enum Credential { case none, wrong, valid }
 
-    /// `Authorization: Bearer …`, else the cookie `/login` sets.
+    /// `Authorization: Bearer …`; on a WebSocket upgrade, the subprotocol `dld.token.<token>`
+    /// (a browser's WebSocket can send no header of its own, docs/protocol.md); else the cookie
+    /// `/login` sets.
     static func credential(_ head: HTTPRequestHead, token: String) -> Credential {
         if let authorization = head.headers.first(name: "authorization") {
             let parts = authorization.split(separator: " ", maxSplits: 1)
             guard parts.count == 2, parts[0].lowercased() == "bearer" else { return .wrong }
             return HTTPToken.matches(parts[1].drop { $0 == " " }, token) ? .valid : .wrong
+        }
+        if head.headers.contains(name: "sec-websocket-key"),
+            let offered = offeredProtocols(head).first(where: { $0.hasPrefix(tokenProtocolPrefix) })
+        {
+            return HTTPToken.matches(offered.dropFirst(tokenProtocolPrefix.count), token) ? .valid : .wrong
         }
         var sawCookie = false
         for header in head.headers[canonicalForm: "cookie"] {
@@ -177,6 +184,16 @@ final class HTTPRequestHandler: ChannelInboundHandler, RemovableChannelHandler {
             }
         }
         return sawCookie ? .wrong : .none
+    }
+
+    /// The subprotocol that carries the token, and the one dld answers with when offered (a
+    /// browser fails an upgrade whose answer names none of the subprotocols it offered).
+    static let tokenProtocolPrefix = "dld.token."
+    static let webSocketProtocol = "dld"
+
+    /// The subprotocols a WebSocket upgrade offers (`Sec-WebSocket-Protocol`, comma-separated).
+    static func offeredProtocols(_ head: HTTPRequestHead) -> [Substring] {
+        head.headers[canonicalForm: "sec-websocket-protocol"]
     }
 
     /// `GET /login?token=…`: sets the cookie and sends the browser to `/`.

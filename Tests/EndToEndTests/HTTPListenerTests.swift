@@ -436,15 +436,18 @@ struct WebDaemon {
 final class RawWebSocket {
     let connection: RawConnection
     private var buffer = Data()
+    /// The head of dld's 101 answer.
+    private(set) var head = ""
 
     /// Connects and upgrades; throws with the response when dld refuses.
-    init(port: Int, token: String?, origin: String? = nil, path: String = "/ws") throws {
+    init(port: Int, token: String?, origin: String? = nil, path: String = "/ws", protocols: [String] = []) throws {
         connection = try RawConnection(port: port)
         var request =
             "GET \(path) HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
             + "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
         if let token { request += "Authorization: Bearer \(token)\r\n" }
         if let origin { request += "Origin: \(origin)\r\n" }
+        if !protocols.isEmpty { request += "Sec-WebSocket-Protocol: \(protocols.joined(separator: ", "))\r\n" }
         connection.send(request + "\r\n")
         while buffer.firstRange(of: Data("\r\n\r\n".utf8)) == nil {
             let part = connection.receive()
@@ -452,7 +455,7 @@ final class RawWebSocket {
             buffer.append(part)
         }
         let end = buffer.firstRange(of: Data("\r\n\r\n".utf8))?.upperBound ?? buffer.endIndex
-        let head = String(decoding: buffer[..<end], as: UTF8.self)
+        head = String(decoding: buffer[..<end], as: UTF8.self)
         guard head.hasPrefix("HTTP/1.1 101") else { throw HarnessError("upgrade refused: \(head)") }
         buffer = Data(buffer[end...])
     }
@@ -544,6 +547,36 @@ extension HTTPListenerTests {
         #expect(throws: HarnessError.self) { try RawWebSocket(port: web.port, token: try web.token, origin: "http://evil.example") }
         #expect(throws: HarnessError.self) { try RawWebSocket(port: web.port, token: String(repeating: "0", count: 64)) }
         _ = try RawWebSocket(port: web.port, token: try web.token, origin: "http://127.0.0.1:\(web.port)")
+    }
+
+    /// A browser's WebSocket sends the token as the subprotocol `dld.token.<token>` beside
+    /// `dld`, which dld answers with (the extension's popup does so); a wrong one is refused as
+    /// a wrong token, and the subprotocol is no credential outside an upgrade.
+    @Test func theTokenAsASubprotocol() throws {
+        let web = try WebDaemon(config: "http_origins = [\"chrome-extension://abcdefghijklmnop\"]\n")
+        defer { web.daemon.stop() }
+        let token = try web.token
+        let socket = try RawWebSocket(
+            port: web.port, token: nil, origin: "chrome-extension://abcdefghijklmnop", protocols: ["dld", "dld.token.\(token)"])
+        #expect(socket.head.lowercased().contains("sec-websocket-protocol: dld\r\n"), "\(socket.head)")
+        #expect(!socket.head.contains(token))
+        socket.send(#"{"jsonrpc":"2.0","id":1,"method":"version"}"#)
+        #expect(try socket.receiveJSON()["result"]?["protocol"] != nil)
+        // Offered alone, the token still admits a client that needs no subprotocol back.
+        _ = try RawWebSocket(port: web.port, token: nil, protocols: ["dld.token.\(token)"])
+        let wrong = String(repeating: "0", count: 64)
+        #expect(throws: HarnessError.self) { try RawWebSocket(port: web.port, token: nil, protocols: ["dld", "dld.token.\(wrong)"]) }
+        #expect(throws: HarnessError.self) { try RawWebSocket(port: web.port, token: nil, protocols: ["dld"]) }
+        #expect(
+            throws: HarnessError.self,
+            "a foreign origin stays refused"
+        ) {
+            try RawWebSocket(port: web.port, token: nil, origin: "http://evil.example", protocols: ["dld", "dld.token.\(token)"])
+        }
+        let post = try web.request(
+            "POST", "/rpc", body: Data(#"{"jsonrpc":"2.0","id":1,"method":"version"}"#.utf8),
+            headers: [("Content-Type", "application/json"), ("Sec-WebSocket-Protocol", "dld.token.\(token)")], auth: false)
+        #expect(post.status == 401)
     }
 }
 
