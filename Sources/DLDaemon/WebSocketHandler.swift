@@ -5,33 +5,46 @@ import NIOCore
 import NIOHTTP1
 import NIOWebSocket
 
-/// `GET /ws` after the upgrade: each text message is a request line of the socket, answered
-/// in order by the socket's dispatcher; `subscribe` turns the connection into the socket's
-/// event stream (`Dispatcher.stream`), one notification per text message.
+/// A WebSocket of the HTTP listener after its upgrade. The frames are handled here for both
+/// services: text messages answered one at a time in order (at most `maxPending` waiting),
+/// binary ones refused, pings answered, a quiet connection pinged and then closed. What a
+/// message means is the service's:
+/// - `GET /ws`: each text message is a request line of the socket, answered by the socket's
+///   dispatcher; `subscribe` turns the connection into the socket's event stream
+///   (`Dispatcher.stream`), one notification per text message.
+/// - `/jsonrpc`: aria2's JSON-RPC (WebSocketHandler+Aria2.swift).
 final class WebSocketHandler: ChannelInboundHandler {
     typealias InboundIn = WebSocketFrame
     typealias OutboundOut = WebSocketFrame
 
+    enum Service { case dld, aria2 }
+
     let listener: HTTPListener
+    let service: Service
     /// Messages waiting for the one being answered (a client may send several at once).
     private var pending: [Data] = []
-    private var busy = false
+    /// A message is being answered.
+    var busy = false
+    /// `/ws` after `subscribe`: the connection only streams, as on the socket.
     private var subscribed = false
-    private var stream: Task<Void, Never>?
+    /// What pushes to the client: the event stream of `/ws`, aria2's notifications.
+    var pushing: Task<Void, Never>?
     /// A ping was sent for a quiet connection and nothing came back yet.
     private var awaitingPong = false
 
     /// Messages a client may have waiting; more is flooding, and the connection is closed.
     static let maxPending = 64
 
-    init(listener: HTTPListener) { self.listener = listener }
+    init(listener: HTTPListener, service: Service) {
+        self.listener = listener
+        self.service = service
+    }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let frame = unwrapInboundIn(data)
         awaitingPong = false
         switch frame.opcode {
         case .text:
-            // Once subscribed the connection only streams, as on the socket.
             guard !subscribed else { return }
             guard pending.count < Self.maxPending else { return close(context, .policyViolation) }
             pending.append(Data(frame.unmaskedData.readableBytesView))
@@ -51,10 +64,17 @@ final class WebSocketHandler: ChannelInboundHandler {
     }
 
     /// Answers the next waiting message once the one before is answered.
-    private func next(_ context: ChannelHandlerContext) {
+    func next(_ context: ChannelHandlerContext) {
         guard !busy, !pending.isEmpty else { return }
         busy = true
-        let line = pending.removeFirst()
+        let message = pending.removeFirst()
+        switch service {
+        case .dld: answer(context, line: message)
+        case .aria2: answerAria2(context, body: message)
+        }
+    }
+
+    private func answer(_ context: ChannelHandlerContext, line: Data) {
         let dispatcher = listener.dispatcher
         let promise = context.eventLoop.makePromise(of: Dispatcher.Reply.self)
         promise.completeWithTask { await dispatcher.handle(line: line) }
@@ -79,7 +99,7 @@ final class WebSocketHandler: ChannelInboundHandler {
         let channel = context.channel
         let dispatcher = listener.dispatcher
         let hub = listener.hub
-        stream = Task { await WebSocketHandler.stream(subscription, of: dispatcher, from: hub, to: channel) }
+        pushing = Task { await WebSocketHandler.stream(subscription, of: dispatcher, from: hub, to: channel) }
     }
 
     /// Each message is written and waited for: a client that reads slowly holds the stream
@@ -98,13 +118,16 @@ final class WebSocketHandler: ChannelInboundHandler {
             channel.close(promise: nil)
             return
         }
-        if overflowed {
-            let close = WebSocketFrame(fin: true, opcode: .connectionClose, data: closeData(.policyViolation))
-            channel.writeAndFlush(close).whenComplete { _ in channel.close(promise: nil) }
-        }
+        if overflowed { closeForFallingBehind(channel) }
     }
 
-    private func send(_ context: ChannelHandlerContext, _ data: Data) {
+    /// A subscriber the hub cut off for falling behind: closed with 1008.
+    static func closeForFallingBehind(_ channel: any Channel) {
+        let close = WebSocketFrame(fin: true, opcode: .connectionClose, data: closeData(.policyViolation))
+        channel.writeAndFlush(close).whenComplete { _ in channel.close(promise: nil) }
+    }
+
+    func send(_ context: ChannelHandlerContext, _ data: Data) {
         context.writeAndFlush(wrapOutboundOut(WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(bytes: data))), promise: nil)
     }
 
@@ -119,12 +142,13 @@ final class WebSocketHandler: ChannelInboundHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        stream?.cancel()
+        pushing?.cancel()
         context.fireChannelInactive()
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        listener.logger.debug("WebSocket ended with an error", metadata: ["error": "\(error)"])
+        listener.logger.debug(
+            "WebSocket ended with an error", metadata: ["error": "\(error)", "path": "\(service == .dld ? "/ws" : "/jsonrpc")"])
         context.close(promise: nil)
     }
 
