@@ -185,6 +185,7 @@ public final class ControlServer: Sendable {
                             let reply = await dispatcher.handle(line: Data(line.readableBytesView))
                             idle?.busy.withLock { $0 = false }
                             if let response = reply.data {
+                                Self.markReply()
                                 try await outbound.write(Self.line(response))
                             }
                             // A request of thousands of jobs leaves megabytes of freed parse
@@ -241,6 +242,20 @@ public final class ControlServer: Sendable {
             logger.warning("connection refused: peer credentials unreadable", metadata: ["error": "\(error)"])
             return false
         }
+    }
+
+    /// DLD_TEST_REPLY_MARK: for tests only, a file written (one byte) right before each reply
+    /// is written, so that the power-cut tests' filesystem can freeze at the very moment a
+    /// command is answered: whatever dld commits after it is lost with the cut.
+    private static let replyMark = ProcessInfo.processInfo.environment["DLD_TEST_REPLY_MARK"].flatMap { $0.isEmpty ? nil : $0 }
+
+    private static func markReply() {
+        guard let replyMark else { return }
+        let fd = open(replyMark, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return }
+        var byte = UInt8(ascii: "r")
+        _ = pwrite(fd, &byte, 1, 0)
+        close(fd)
     }
 
     /// Requests from this size on (about 2000 jobs) are followed by `malloc_trim`.

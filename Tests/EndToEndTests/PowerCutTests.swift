@@ -27,6 +27,12 @@ enum PowerCutWork: String, Sendable, CaseIterable {
     case groupInto
     /// An input list dropped into the drop folder (`watch_dir`): enqueued, then moved to `added/`.
     case drop
+    /// `resume` of every job of a queue of 500 paused ones.
+    case resume
+    /// `change` of a running single-stream download's headers.
+    case change
+    /// `set_speed` of a running single-stream download.
+    case setSpeed = "set_speed"
 }
 
 /// Where a cut point claims to fall relative to its workload's command: before the command's
@@ -82,7 +88,7 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
     /// A command's commit: lost if cut before its sync, durable after.
     static func commit(_ after: Bool) -> CutClaim? { after ? .commandDurable : .commandLost }
 
-    /// 79 cut points; `short` picks (count, or -count for "before") a few of each workload.
+    /// 84 cut points; `short` picks (count, or -count for "before") a few of each workload.
     static let all: [CutPoint] = [
         // A big download in ranges: its checkpoints' fdatasync, the commits of their offsets, and writes.
         at(.big, "fdatasync", ".part", [1, 3], short: [-1, 3]),
@@ -121,8 +127,11 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         // A dropped input list: its enqueue is committed before it moves into added/ (a journal
         // commit makes the move durable).
         at(.drop, "rename", "/added/", [1], mode: .names, claim: { _ in .commandDurable }),
-        // The moment a command is answered: what it changed must be durable by then.
-        [PowerCutWork.big, .small, .enqueue, .pause, .cancel, .remove].map {
+        // A resume of 500 paused jobs: its commit (nothing else writes the table meanwhile).
+        at(.resume, "fdatasync", "jobs.sqlite-wal", [1], minUnsynced: 64 << 10, claim: commit),
+        // The moment a command is answered: what it changed must be durable by then. (Not
+        // `queue`: a paused queue is not kept across a restart, by design.)
+        [PowerCutWork.big, .small, .enqueue, .pause, .cancel, .remove, .resume, .change, .setSpeed].map {
             CutPoint(work: $0, kinds: "answer", pattern: nil, count: 1, after: true, short: $0 == .enqueue || $0 == .pause)
         },
     ].flatMap { $0 }
@@ -151,6 +160,11 @@ final class Answers: Sendable {
         var paused = false
         var canceled = false
         var removed = false
+        var resumed = false
+        /// `change` or `set_speed` was answered.
+        var changed = false
+        /// The workload's command was answered (an `answer` point cuts only then).
+        var answered = false
         var finished = false
         var error: String?
     }
@@ -164,6 +178,13 @@ final class Answers: Sendable {
 /// every answered command is still in effect and no job is lost; the job table passes
 /// `PRAGMA integrity_check` and every job resumes or completes.
 @Suite(.serialized) struct PowerCutTests {
+    static let resumeCount = 500
+    /// The rate `set_speed` gives the download (above the origin's, so it ends as soon).
+    static let changedSpeed: Int64 = 3_000_000
+
+    /// The file dld writes right before each reply (DLD_TEST_REPLY_MARK), at the mount's top.
+    static let replyMark = "reply-mark"
+
     static let config = """
         retry_base = 0.05
         retry_max_delay = 0.2
@@ -197,6 +218,8 @@ final class Answers: Sendable {
             let config = Self.config + (point.work == .drop ? "\nwatch_dir = \"\(fs.mountpoint)/watch\"\n" : "")
             let daemon = try DaemonHarness(config: config, dataRoot: fs.mountpoint)
             daemon.extraEnvironment["DLD_TEST_BOOT_ID_FILE"] = bootFile
+            // dld writes this file right before each reply: an `answer` point freezes there.
+            daemon.extraEnvironment["DLD_TEST_REPLY_MARK"] = fs.mountpoint + "/" + Self.replyMark
             try daemon.start()
 
             // The workload's setup, before the cut point is armed.
@@ -216,6 +239,21 @@ final class Answers: Sendable {
                 answers.state.withLock { $0.ids.append(id) }
                 try daemon.waitForJob(id, timeout: 30) { ($0["received"]?.int64Value ?? 0) >= 1_000_000 }
             }
+            if point.work == .resume {
+                let jobs = (0..<Self.resumeCount).map { n -> JSONValue in
+                    .object(["url": .string("\(base)/bytes/4096?n=\(n)"), "name": .string("r\(n).bin"), "paused": true])
+                }
+                let result = try daemon.call("enqueue", ["jobs": .array(jobs)])
+                answers.state.withLock { $0.ids = (result["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value } }
+            }
+            if point.work == .change || point.work == .setSpeed {
+                // A single-stream download with offsets committed, then the command.
+                let id = try daemon.enqueue([
+                    "url": .string("\(base)/bytes/\(Self.streamSize)?rate=2000000"), "name": "changed.bin", "segments": 1,
+                ])
+                answers.state.withLock { $0.ids.append(id) }
+                try daemon.waitForJob(id, timeout: 30) { ($0["received"]?.int64Value ?? 0) >= 1_000_000 }
+            }
             if point.work == .remove {
                 // A completed file (the user's now) and a download with committed offsets.
                 let done = try daemon.enqueue(["url": .string("\(base)/bytes/\(Self.groupSize)"), "name": "kept.bin"])
@@ -226,14 +264,18 @@ final class Answers: Sendable {
                 try daemon.waitForJob(partial, timeout: 30) { ($0["received"]?.int64Value ?? 0) >= 1_000_000 }
                 answers.state.withLock { $0.targets = [done, partial] }
             }
-            if point.kinds != "answer" {
+            if point.kinds == "answer" {
+                // The moment dld writes the workload's reply (the first reply from now on): what
+                // it commits after that is lost with the cut.
+                try fs.arm("write", Self.replyMark, count: 1, after: true)
+            } else {
                 try fs.arm(point.kinds, point.pattern, count: point.count, after: point.after, minUnsynced: point.minUnsynced)
             }
             let work = Task.detached {
                 var failure: String? = nil
                 do {
                     try Self.run(point.work, daemon: daemon, base: base, answers: answers) {
-                        if point.kinds == "answer" { fs.freeze() }
+                        answers.state.withLock { $0.answered = true }
                     }
                 } catch {
                     failure = "\(error)"
@@ -248,6 +290,13 @@ final class Answers: Sendable {
             while frozeAt == nil && grace > 0 {
                 frozeAt = try fs.waitFrozen(timeout: 0.1)
                 if answers.state.withLock({ $0.finished }) { grace -= 1 }
+            }
+            if point.kinds == "answer", frozeAt != nil {
+                // Frozen as dld wrote its reply: the harness reads the reply before the cut
+                // (nothing of the filesystem is needed for it to arrive).
+                let deadline = Date().addingTimeInterval(30)
+                while !answers.state.withLock({ $0.answered || $0.finished }) && Date() < deadline { usleep(10_000) }
+                #expect(answers.state.withLock { $0.answered }, "frozen at the reply, but the reply never came")
             }
             // The moment of the cut: dld dies with everything not yet durable.
             if let pid = daemon.pid { kill(pid, SIGKILL) }
@@ -266,7 +315,7 @@ final class Answers: Sendable {
                 return
             }
             if point.kinds == "answer" {
-                #expect(frozeAt.kind == "signal", "the cut froze at \(frozeAt), not at the answer")
+                #expect(frozeAt.kind == "write" && frozeAt.path.hasSuffix(Self.replyMark), "the cut froze at \(frozeAt), not at the answer")
             } else {
                 #expect(
                     point.kinds.split(separator: ",").contains(Substring(frozeAt.kind))
@@ -384,6 +433,20 @@ final class Answers: Sendable {
         case .pause:
             _ = try daemon.call("pause", ["all": true])
             answers.state.withLock { $0.paused = true }
+            answered()
+        case .resume:
+            _ = try daemon.call("resume", ["all": true])
+            answers.state.withLock { $0.resumed = true }
+            answered()
+        case .change:
+            let id = answers.state.withLock { $0.ids[0] }
+            _ = try daemon.call("change", ["id": .int(id), "headers": ["X-Changed": "yes"]])
+            answers.state.withLock { $0.changed = true }
+            answered()
+        case .setSpeed:
+            let id = answers.state.withLock { $0.ids[0] }
+            _ = try daemon.call("set_speed", ["id": .int(id), "max_speed": .int(Self.changedSpeed)])
+            answers.state.withLock { $0.changed = true }
             answered()
         }
     }
@@ -587,6 +650,22 @@ final class Answers: Sendable {
                     paused == (claim == .commandDurable ? unfinished : 0),
                     "the cut claims the pause's commit \(claim == .commandDurable ? "durable" : "lost"): \(paused) of \(unfinished) paused")
             }
+        case .resume:
+            #expect(ids.count == resumeCount)
+            let paused = jobs.filter { $0["state"] == "paused" }.count
+            if answered.resumed || point.claim == .commandDurable {
+                #expect(paused == 0, "the resume was \(answered.resumed ? "answered" : "committed"); \(paused) jobs are paused")
+            } else {
+                #expect(paused == 0 || paused == resumeCount, "a resume is one transaction: \(paused) of \(resumeCount) paused")
+            }
+            if point.claim == .commandLost { #expect(paused == resumeCount, "the cut claims the resume's commit lost; \(paused) paused") }
+        case .change, .setSpeed:
+            let job = try #require(jobs.first)
+            let headers = (job["headers"]?.arrayValue ?? []).compactMap { $0["name"]?.stringValue }
+            let inEffect = work == .change ? headers.contains("X-Changed") : job["max_speed"]?.int64Value == changedSpeed
+            if answered.changed {
+                #expect(inEffect, "the \(work.rawValue) was answered and is not in effect: \(job.serializedString())")
+            }
         case .cancel:
             let state = jobs.first?["state"]?.stringValue
             if answered.canceled || point.claim == .commandDurable {
@@ -627,6 +706,20 @@ final class Answers: Sendable {
                 } else if done["state"] == "completed" {
                     #expect((try sha256sum(path)) == (try originDigest(streamSize)), "\(path) does not hold the origin's bytes")
                 }
+            }
+        case .resume:
+            for job in try allJobs(daemon) {
+                guard let id = job["id"]?.int64Value else { continue }
+                if job["state"] == "paused" { _ = try daemon.call("resume", ["id": .int(id)]) }
+                let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
+                #expect(done["state"] == "completed", "\(done.serializedString())")
+            }
+        case .change, .setSpeed:
+            for job in try allJobs(daemon) {
+                guard let id = job["id"]?.int64Value else { continue }
+                let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
+                #expect(done["state"] == "completed", "\(done.serializedString())")
+                #expect((try sha256sum(done["path"]?.stringValue ?? "")) == (try originDigest(streamSize)), "job \(id)'s file")
             }
         case .enqueue, .pause:
             // Thousands of jobs: each resumes (queued again), checked by state.
