@@ -357,7 +357,8 @@ struct WebDaemon {
 
 /// The listener under mutated requests (as the socket's JSON-RPC is fuzzed): valid requests of
 /// every kind — the page, /login, POST /rpc with a body and with chunks, a WebSocket upgrade
-/// and frames — with bytes flipped, inserted, removed and repeated, and lines cut or doubled.
+/// and frames, aria2's /jsonrpc (POST, a multicall, GET with base64 params, a WebSocket) — with
+/// bytes flipped, inserted, removed and repeated, and lines cut or doubled.
 /// Each connection gets an HTTP answer or is closed, and dld stays up and answers both
 /// transports after. The seed is in every failure message (replay with `DLD_TEST_SEED`).
 @Suite(.serialized) struct HTTPListenerFuzzTests {
@@ -370,8 +371,30 @@ struct WebDaemon {
         let frame: [UInt8] =
             [0x81, 0x80 | 10, 1, 2, 3, 4]
             + Array("{\"id\":1}\n ".utf8.prefix(10)).enumerated().map { $0.element ^ [1, 2, 3, 4][$0.offset % 4] }
+        // aria2's JSON-RPC: a call, a multicall, a GET with base64 params, and a WebSocket.
+        let secret = "\"token:\(token)\""
+        let aria2 = #"{"jsonrpc":"2.0","id":"a","method":"aria2.tellActive","params":[\#(secret),["gid","status"]]}"#
+        let multicall =
+            #"{"jsonrpc":"2.0","id":"m","method":"system.multicall","params":[[{"methodName":"aria2.getGlobalStat","params":[\#(secret)]},"#
+            + #"{"methodName":"aria2.tellWaiting","params":[\#(secret),-1,2]}]]}"#
+        let params = Data("[\(secret)]".utf8).base64EncodedString()
+        let aria2Frame: [UInt8] = {
+            let payload = Array(aria2.utf8)
+            return [0x81, 0x80 | 126, UInt8(payload.count >> 8), UInt8(payload.count & 0xff), 9, 8, 7, 6]
+                + payload.enumerated().map { $0.element ^ [9, 8, 7, 6][$0.offset % 4] }
+        }()
         let seeds: [Data] = [
             Data("GET / HTTP/1.1\r\nHost: \(host)\r\nCookie: dld_token=\(token)\r\nConnection: close\r\n\r\n".utf8),
+            Data(
+                ("POST /jsonrpc HTTP/1.1\r\nHost: \(host)\r\nContent-Type: application/json\r\nContent-Length: \(aria2.utf8.count)\r\n"
+                    + "Connection: close\r\n\r\n\(aria2)").utf8),
+            Data(
+                ("POST /jsonrpc HTTP/1.1\r\nHost: \(host)\r\nContent-Length: \(multicall.utf8.count)\r\nConnection: close\r\n\r\n"
+                    + multicall).utf8),
+            Data("GET /jsonrpc?method=aria2.getVersion&id=g&params=\(params) HTTP/1.1\r\nHost: \(host)\r\nConnection: close\r\n\r\n".utf8),
+            Data(
+                ("GET /jsonrpc HTTP/1.1\r\nHost: \(host)\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                    + "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n").utf8) + Data(aria2Frame),
             Data("GET /login?token=\(token) HTTP/1.1\r\nHost: \(host)\r\nConnection: close\r\n\r\n".utf8),
             Data("GET /metrics HTTP/1.1\r\nHost: \(host)\r\nAuthorization: Bearer \(token)\r\nConnection: close\r\n\r\n".utf8),
             Data(
