@@ -40,6 +40,8 @@
 //   quit                              unmount and exit
 //
 // Usage: powercutfs BACKING TRASH MOUNTPOINT (TRASH on the same filesystem as BACKING).
+// POWERCUTFS_REFUSE=noreplace[,link] makes it a filesystem without RENAME_NOREPLACE (and
+// without hard links), so that dld takes its fallbacks.
 #define FUSE_USE_VERSION 35
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -148,6 +150,10 @@ static int injected(const char *kind, const char *path) {
 // Every operation runs under `big`, entered here: it waits while frozen, and fails with EIO
 // once the power is cut. Returns 0 to go on (holding `big`), or a negative errno (not holding).
 static FILE *trace;  // POWERCUTFS_TRACE=FILE: every operation, one a line
+// POWERCUTFS_REFUSE=noreplace: a filesystem without renameat2's RENAME_NOREPLACE (EINVAL, as
+// some network and FUSE filesystems answer); noreplace,link: without hard links too (EPERM, as
+// vfat answers). Refused calls change nothing and count as no operation.
+static int refuse_noreplace, refuse_link;
 
 static int enter(const char *kind, const char *path, int faults) {
     pthread_mutex_lock(&big);
@@ -539,6 +545,7 @@ static int pc_mkdir(const char *path, mode_t mode) { return make_name("mkdir", p
 static int pc_symlink(const char *target, const char *path) { return make_name("symlink", path, target, 0); }
 
 static int pc_link(const char *from, const char *to) {
+    if (refuse_link) return -EPERM;
     ENTER("link", to);
     char a[PATH_MAX], b[PATH_MAX];
     real_path(a, from);
@@ -621,6 +628,7 @@ static int is_empty_dir(int dirfd, const char *name) {
 }
 
 static int pc_rename(const char *from, const char *to, unsigned int flags) {
+    if (refuse_noreplace && (flags & RENAME_NOREPLACE)) return -EINVAL;
     ENTER("rename", to);
     int rc = 0;
     char n1[NAME_MAX + 1], n2[NAME_MAX + 1];
@@ -1018,6 +1026,11 @@ int main(int argc, char **argv) {
     if (trash_fd < 0) {
         perror("powercutfs: trash folder");
         return 66;
+    }
+    const char *refuse = getenv("POWERCUTFS_REFUSE");
+    if (refuse) {
+        refuse_noreplace = strstr(refuse, "noreplace") != NULL;
+        refuse_link = strstr(refuse, "link") != NULL;
     }
     if (getenv("POWERCUTFS_TRACE")) {
         trace = fopen(getenv("POWERCUTFS_TRACE"), "a");

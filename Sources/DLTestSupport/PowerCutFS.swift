@@ -20,6 +20,9 @@ public final class PowerCutFS: @unchecked Sendable {
     private var errors: Pipe?
     /// One command and its answer at a time (the workload freezes while the test waits).
     private let lock = NSLock()
+    /// What the filesystem refuses, on every mount (`POWERCUTFS_REFUSE`): `"noreplace"`, a
+    /// filesystem without RENAME_NOREPLACE; `"noreplace,link"`, without hard links too.
+    public var refusing: String?
 
     /// Under a new temp folder; `folders` are made in the backing folder before the first
     /// mount, so that they exist durably (as if made and synced before the test).
@@ -85,6 +88,7 @@ public final class PowerCutFS: @unchecked Sendable {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: try Self.binary())
         process.arguments = [backing, trash, mountpoint]
+        if let refusing { process.environment = ProcessInfo.processInfo.environment.merging(["POWERCUTFS_REFUSE": refusing]) { $1 } }
         let stdin = Pipe()
         let stdout = Pipe()
         let stderr = Pipe()

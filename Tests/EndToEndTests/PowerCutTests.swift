@@ -12,6 +12,10 @@ enum PowerCutWork: String, Sendable, CaseIterable {
     case stream
     /// A batch of small files in one folder, published in batches.
     case small
+    /// The same on a filesystem without RENAME_NOREPLACE: published with link(2) and unlink.
+    case smallLink = "small-link"
+    /// The same without hard links either: published by a check and a plain rename.
+    case smallRename = "small-rename"
     /// A group whose folder appears whole, in one rename.
     case group
     /// One `enqueue` of 10 000 jobs (paused).
@@ -29,6 +33,11 @@ enum PowerCutWork: String, Sendable, CaseIterable {
     case drop
     /// `resume` of every job of a queue of 500 paused ones.
     case resume
+    /// A single-stream download paused with committed offsets, then resumed: its transfer
+    /// continues from the committed offset (`Range`).
+    case streamResume = "stream-resume"
+    /// A download paused right after its enqueue, before its first checkpoint.
+    case pausedEarly = "paused-early"
     /// `change` of a running single-stream download's headers.
     case change
     /// `set_speed` of a running single-stream download.
@@ -63,7 +72,7 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
     var claim: CutClaim? = nil
 
     var testDescription: String {
-        if kinds == "answer" { return "\(work.rawValue): right after the answer" }
+        if kinds == "answer" { return "\(work.rawValue): right after the \(count == 1 ? "" : "second ")answer" }
         let inside = minUnsynced > 0 ? " past \(minUnsynced >> 10) KiB unsynced" : ""
         let left = mode.map { " (\($0.rawValue))" } ?? ""
         return "\(work.rawValue): \(after ? "after" : "before") \(kinds) #\(count)\(pattern.map { " of *\($0)*" } ?? "")\(inside)\(left)"
@@ -88,7 +97,7 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
     /// A command's commit: lost if cut before its sync, durable after.
     static func commit(_ after: Bool) -> CutClaim? { after ? .commandDurable : .commandLost }
 
-    /// 84 cut points; `short` picks (count, or -count for "before") a few of each workload.
+    /// 107 cut points; `short` picks (count, or -count for "before") a few of each workload.
     static let all: [CutPoint] = [
         // A big download in ranges: its checkpoints' fdatasync, the commits of their offsets, and writes.
         at(.big, "fdatasync", ".part", [1, 3], short: [-1, 3]),
@@ -103,6 +112,14 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         at(.small, "rename", "/dl/", [1, 12, 30], short: [1, -12]),
         at(.small, "fsyncdir", "/dl", [1, 4], short: [-1]),
         at(.small, "fdatasync", "jobs.sqlite-wal", [2], short: []),
+        // The fallbacks of filesystems without RENAME_NOREPLACE: link(2), then the partial
+        // name's unlink (a journal commit too, that makes the link durable and not the
+        // unlink's folder sync, or both); without hard links, a plain rename.
+        at(.smallLink, "link", "/dl/", [1, 12], short: []),
+        at(.smallLink, "unlink", ".part", [1, 12], mode: .names),
+        at(.smallLink, "fsyncdir", "/dl", [1]),
+        at(.smallRename, "rename", "/dl/", [1, 12]),
+        at(.smallRename, "fsyncdir", "/dl", [1]),
         // A group: members staged, then the folder renamed into place and its parent synced.
         at(.group, "rename", "dld-staging", [2, 6], short: [6]),
         at(.group, "rename", "/chapter", [1], short: [-1, 1]),
@@ -127,6 +144,11 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         // A dropped input list: its enqueue is committed before it moves into added/ (a journal
         // commit makes the move durable).
         at(.drop, "rename", "/added/", [1], mode: .names, claim: { _ in .commandDurable }),
+        // A single-stream download resumed from its committed offset: its checkpoints.
+        at(.streamResume, "fdatasync", ".part", [1, 3]),
+        at(.streamResume, "fdatasync", "jobs.sqlite-wal", [2]),
+        // A download paused before its first checkpoint: the pause's answer (the second).
+        [CutPoint(work: .pausedEarly, kinds: "answer", pattern: nil, count: 2, after: true)],
         // A resume of 500 paused jobs: its commit (nothing else writes the table meanwhile).
         at(.resume, "fdatasync", "jobs.sqlite-wal", [1], minUnsynced: 64 << 10, claim: commit),
         // The moment a command is answered: what it changed must be durable by then. (Not
@@ -209,6 +231,7 @@ final class Answers: Sendable {
     @Test(arguments: CutPoint.chosen) func powerCut(at point: CutPoint) async throws {
         try await withOrigin { origin in
             let fs = try PowerCutFS(folders: ["state", "dl", "watch/added", "watch/failed"])
+            fs.refusing = point.work == .smallLink ? "noreplace" : point.work == .smallRename ? "noreplace,link" : nil
             try FileManager.default.createDirectory(atPath: fs.backing + "/dl/volume", withIntermediateDirectories: true)
             for (name, text) in Self.userFiles { try text.write(toFile: fs.backing + "/dl/" + name, atomically: false, encoding: .utf8) }
             try fs.mount()
@@ -246,6 +269,16 @@ final class Answers: Sendable {
                 let result = try daemon.call("enqueue", ["jobs": .array(jobs)])
                 answers.state.withLock { $0.ids = (result["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value } }
             }
+            if point.work == .streamResume {
+                // Committed offsets, then a pause: the cut comes in the resumed transfer.
+                let id = try daemon.enqueue([
+                    "url": .string("\(base)/bytes/\(Self.streamSize)?rate=2000000"), "name": "resumed.bin", "segments": 1,
+                ])
+                answers.state.withLock { $0.ids.append(id) }
+                try daemon.waitForJob(id, timeout: 30) { ($0["received"]?.int64Value ?? 0) >= 1_000_000 }
+                _ = try daemon.call("pause", ["id": .int(id)])
+                try daemon.waitForState(id, ["paused"], timeout: 30)
+            }
             if point.work == .change || point.work == .setSpeed {
                 // A single-stream download with offsets committed, then the command.
                 let id = try daemon.enqueue([
@@ -267,7 +300,7 @@ final class Answers: Sendable {
             if point.kinds == "answer" {
                 // The moment dld writes the workload's reply (the first reply from now on): what
                 // it commits after that is lost with the cut.
-                try fs.arm("write", Self.replyMark, count: 1, after: true)
+                try fs.arm("write", Self.replyMark, count: point.count, after: true)
             } else {
                 try fs.arm(point.kinds, point.pattern, count: point.count, after: point.after, minUnsynced: point.minUnsynced)
             }
@@ -377,6 +410,19 @@ final class Answers: Sendable {
             answers.state.withLock { $0.ids.append(id) }
             answered()
             try daemon.waitForState(id, ["completed"], timeout: 60)
+        case .streamResume:
+            let id = answers.state.withLock { $0.ids[0] }
+            _ = try daemon.call("resume", ["id": .int(id)])
+            answered()
+            try daemon.waitForState(id, ["completed"], timeout: 60)
+        case .pausedEarly:
+            let id = try daemon.enqueue([
+                "url": .string("\(base)/bytes/\(streamSize)?rate=1000000"), "name": "early.bin", "segments": 1,
+            ])
+            answers.state.withLock { $0.ids.append(id) }
+            _ = try daemon.call("pause", ["id": .int(id)])
+            answers.state.withLock { $0.paused = true }
+            answered()
         case .cancel:
             let ids = answers.state.withLock { $0.ids }
             _ = try daemon.call("cancel", ["ids": .array(ids.map { .int($0) })])
@@ -397,7 +443,7 @@ final class Answers: Sendable {
             _ = try daemon.call("remove", ["ids": .array(ids.map { .int($0) }), "delete_file": true])
             answers.state.withLock { $0.removed = true }
             answered()
-        case .small:
+        case .small, .smallLink, .smallRename:
             let jobs = (0..<smallCount).map { n -> JSONValue in
                 .object(["url": .string("\(base)/bytes/\(smallSize)?n=\(n)"), "name": .string(String(format: "f%02d.bin", n))])
             }
@@ -659,6 +705,9 @@ final class Answers: Sendable {
                 #expect(paused == 0 || paused == resumeCount, "a resume is one transaction: \(paused) of \(resumeCount) paused")
             }
             if point.claim == .commandLost { #expect(paused == resumeCount, "the cut claims the resume's commit lost; \(paused) paused") }
+        case .pausedEarly:
+            let state = jobs.first?["state"]?.stringValue
+            if answered.paused { #expect(state == "paused", "the pause was answered and the job is \(state ?? "gone")") }
         case .change, .setSpeed:
             let job = try #require(jobs.first)
             let headers = (job["headers"]?.arrayValue ?? []).compactMap { $0["name"]?.stringValue }
@@ -741,7 +790,13 @@ final class Answers: Sendable {
                 let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
                 #expect(done["state"] == "completed", "\(done.serializedString())")
             }
-        case .big, .stream, .small, .group, .groupInto:
+        case .pausedEarly:
+            for job in try allJobs(daemon) {
+                guard let id = job["id"]?.int64Value else { continue }
+                if job["state"] == "paused" { _ = try daemon.call("resume", ["id": .int(id)]) }
+            }
+            fallthrough
+        case .big, .stream, .streamResume, .small, .smallLink, .smallRename, .group, .groupInto:
             let jobs = try allJobs(daemon)
             for job in jobs {
                 guard let id = job["id"]?.int64Value else { continue }
@@ -764,7 +819,11 @@ final class Answers: Sendable {
                 #expect(done["state"] == "completed", "\(done.serializedString())")
                 guard let path = done["path"]?.stringValue else { continue }
                 #expect(FileManager.default.fileExists(atPath: path), "\(path) of completed job \(id) is missing")
-                let size = work == .big ? bigSize : work == .stream ? streamSize : work == .small ? smallSize : groupSize
+                let size =
+                    work == .big
+                    ? bigSize
+                    : [.stream, .streamResume, .pausedEarly].contains(work)
+                        ? streamSize : [.small, .smallLink, .smallRename].contains(work) ? smallSize : groupSize
                 #expect(done["sha256"]?.stringValue == (try originDigest(size)), "job \(id)'s recorded digest")
                 if FileManager.default.fileExists(atPath: path) {
                     #expect((try sha256sum(path)) == (try originDigest(size)), "\(path) does not hold the origin's bytes")
