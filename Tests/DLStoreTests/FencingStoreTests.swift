@@ -352,24 +352,26 @@ import Testing
             let holder = try fixture.session()
             defer { holder.close() }
             holder.send("BEGIN; SELECT id FROM jobs WHERE id = \(claimed.id) FOR UPDATE;")
-            func poll(_ sql: String, until done: (String) -> Bool) throws -> String {
+            // Polls with an await between reads, so that the lease turn's task gets a thread
+            // (in `make test` the other suites may hold all but one of them for minutes).
+            func poll(_ sql: String, until done: (String) -> Bool) async throws -> String {
                 var value = ""
-                let deadline = Date().addingTimeInterval(20)
+                let deadline = Date().addingTimeInterval(300)
                 repeat {
                     value = try fixture.psql(sql).trimmingCharacters(in: .whitespacesAndNewlines)
                     if done(value) { break }
-                    usleep(20_000)
+                    try await Task.sleep(for: .milliseconds(20))
                 } while Date() < deadline
                 return value
             }
-            let held = try poll(
+            let held = try await poll(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dld-test-holder' AND state = 'idle in transaction'"
             ) { $0 == "1" }
             #expect(held == "1", "the row was never held")
             let expiring = Task { try await store.expireLeases(now: Date()) }
-            let waiting = try poll("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%lease_until%'") {
-                $0 != "0"
-            }
+            let waiting = try await poll(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%lease_until%'"
+            ) { $0 != "0" }
             #expect(waiting != "0", "the lease turn never waited for the row")
             holder.send("UPDATE jobs SET stop_request = 'remove' WHERE id = \(claimed.id); COMMIT;")
             _ = try await expiring.value
