@@ -442,39 +442,48 @@ public final class SQLiteJobStore: JobTable {
     /// (`set_speed`, `change`), and a row the owner read at its claim would undo a revision
     /// made since (`make fleet-chaos` saw a set_speed undone by the owner's pause 7 ms later).
     static func update(_ job: Job, in db: Database, owned: Bool = false) throws {
-        if owned {
-            var revised = job
-            guard
-                let stored = try Row.fetchOne(
-                    db.cachedStatement(sql: "SELECT url, headers, options FROM jobs WHERE id = ?"), arguments: [job.id])
-            else { return }
-            revised.url = stored["url"]
-            revised.headers = ColumnCoding.headers(from: stored["headers"] ?? "[]")
-            revised.options = ColumnCoding.options(from: stored["options"])
-            return try update(revised, in: db)
+        let values: [(any DatabaseValueConvertible)?] = [
+            job.url, job.path, job.state.rawValue, job.waitReason?.rawValue, job.priority, job.size,
+            job.received, job.error?.code, job.error?.message, job.attempts, job.updatedAt.timeIntervalSince1970,
+            job.finishedAt?.timeIntervalSince1970, job.nextAttemptAt?.timeIntervalSince1970, job.key, job.meta,
+            ColumnCoding.encodeHeaders(job.headers), job.overwrite, job.finalURL, job.validators.etag,
+            job.validators.lastModified, job.validators.acceptsRanges, job.checksum?.description, job.expectedSize,
+            job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.stagingPath, ColumnCoding.encodeOptions(job.options),
+            job.segments, job.unsynced?.encoded, ColumnCoding.mirrors(job),
+        ]
+        let written = owned ? WholeRow.owned : WholeRow.all
+        var arguments: [(any DatabaseValueConvertible)?] = written.positions.map { values[$0] }
+        arguments.append(job.id)
+        try db.cachedStatement(sql: written.sql).execute(arguments: StatementArguments(arguments))
+    }
+
+    /// The whole-row UPDATE: the columns `update` writes, in the order of its values (the
+    /// state's number used again for the lease columns); `owned` leaves out the ones only
+    /// `revise` changes.
+    struct WholeRow {
+        static let columns = [
+            "url", "path", "state", "wait_reason", "priority", "size", "received", "error_code", "error_message", "attempts",
+            "updated_at", "finished_at", "next_attempt_at", "key", "meta", "headers", "overwrite", "final_url", "etag",
+            "last_modified", "accepts_ranges", "checksum", "expected_size", "sha256", "digest", "progress_at", "staging_path",
+            "options", "segments", "unsynced", "mirrors",
+        ]
+        static let all = WholeRow(leaving: [])
+        static let owned = WholeRow(leaving: ["url", "headers", "options"])
+
+        /// The indices into `update`'s values that are bound, in order (the id comes last).
+        let positions: [Int]
+        let sql: String
+
+        init(leaving kept: Set<String>) {
+            positions = Self.columns.indices.filter { !kept.contains(Self.columns[$0]) }
+            let names = positions.map { Self.columns[$0] }
+            let state = "?\((names.firstIndex(of: "state") ?? 0) + 1)"
+            let assignments =
+                names.map { "\($0) = ?" }
+                + ["worker", "lease_until", "stop_request"].map { "\($0) = CASE WHEN \(state) = 'running' THEN \($0) END" }
+            // The id's `?` takes the number after the largest before it: the last value's + 1.
+            sql = "UPDATE jobs SET \(assignments.joined(separator: ", ")) WHERE id = ?"
         }
-        try db.cachedStatement(
-            sql: """
-                UPDATE jobs SET url = ?, path = ?, state = ?, wait_reason = ?, priority = ?, size = ?,
-                    received = ?, error_code = ?, error_message = ?, attempts = ?, updated_at = ?,
-                    finished_at = ?, next_attempt_at = ?, key = ?, meta = ?, headers = ?, overwrite = ?,
-                    final_url = ?, etag = ?, last_modified = ?, accepts_ranges = ?, checksum = ?, expected_size = ?,
-                    sha256 = ?, digest = ?, progress_at = ?, staging_path = ?, options = ?,
-                    worker = CASE WHEN ?3 = 'running' THEN worker END, lease_until = CASE WHEN ?3 = 'running' THEN lease_until END,
-                    stop_request = CASE WHEN ?3 = 'running' THEN stop_request END,
-                    segments = ?, unsynced = ?, mirrors = ?
-                WHERE id = ?
-                """
-        ).execute(
-            arguments: [
-                job.url, job.path, job.state.rawValue, job.waitReason?.rawValue, job.priority, job.size,
-                job.received, job.error?.code, job.error?.message, job.attempts, job.updatedAt.timeIntervalSince1970,
-                job.finishedAt?.timeIntervalSince1970, job.nextAttemptAt?.timeIntervalSince1970, job.key, job.meta,
-                ColumnCoding.encodeHeaders(job.headers), job.overwrite, job.finalURL, job.validators.etag,
-                job.validators.lastModified, job.validators.acceptsRanges, job.checksum?.description, job.expectedSize,
-                job.sha256, job.digest, job.progressAt?.timeIntervalSince1970, job.stagingPath, ColumnCoding.encodeOptions(job.options),
-                job.segments, job.unsynced?.encoded, ColumnCoding.mirrors(job), job.id,
-            ])
     }
 
     /// The cells of a stepped statement's current row, read with SQLite's C API: GRDB's
