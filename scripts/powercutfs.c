@@ -13,13 +13,16 @@
 // On `cut` (a power cut) every record not made durable is undone, newest first, and every
 // operation still waiting gets EIO. Attribute changes (chmod, chown, times) are not undone.
 // syncfs(2) and sync_file_range(2) never reach a FUSE server (the kernel answers them for a
-// FUSE mount), so they make nothing durable here, as they promise nothing on their own.
+// FUSE mount), so on their own they make nothing durable here. The test shim
+// (scripts/powercutfs_shim.c, LD_PRELOADed into dld) turns a syncfs of this mount into an
+// fsync of SYNCFS_NAME at its top, which this filesystem takes as syncfs: every file's data
+// and every name made durable (operation kind `syncfs`).
 //
 // The harness drives it on stdin, one command a line, one answer line on stdout:
 //   arm KINDS SUBSTR N before|after [MIN]
 //                                     freeze at the N-th operation of one of KINDS (comma-separated:
 //                                     write, truncate, fsync, fdatasync, fsyncdir, create, mkdir,
-//                                     unlink, rmdir, rename, link, symlink; `*` any) whose path
+//                                     unlink, rmdir, rename, link, symlink, syncfs; `*` any) whose path
 //                                     contains SUBSTR (`-`: any), before or after applying it; with
 //                                     MIN, only operations on a file with at least MIN bytes
 //                                     written since its last sync count (inside a big transaction)
@@ -811,7 +814,32 @@ static int pc_release(const char *path, struct fuse_file_info *fi) {
     return 0;
 }
 
+// The file whose fsync stands for a syncfs of the whole filesystem (see the top).
+#define SYNCFS_NAME "/.powercutfs-syncfs"
+
+// syncfs: every record is durable (the data of every file, every name), as after a syncfs
+// that wrote the whole filesystem and its journal.
+static void all_synced(void) {
+    for (size_t k = 0; k < record_count; k++) {
+        struct record *r = &records[k];
+        if (!r->live) continue;
+        if (r->kind >= R_NAME_NEW) name_durable(r);
+        else retire(r);
+    }
+    for (int h = 0; h < BUCKETS; h++)
+        for (struct inode *i = inodes[h]; i; i = i->next) {
+            i->synced_last = i->unsynced;
+            i->unsynced = 0;
+        }
+}
+
 static int pc_fsync(const char *path, int datasync, struct fuse_file_info *fi) {
+    if (path && strcmp(path, SYNCFS_NAME) == 0) {
+        int entered = enter("syncfs", path, 1);
+        if (entered != 0) return entered;
+        all_synced();
+        LEAVE("syncfs", path, 0);
+    }
     const char *kind = datasync ? "fdatasync" : "fsync";
     int entered = enter(kind, path, 0);
     if (entered != 0) return entered;

@@ -48,18 +48,40 @@ public final class PowerCutFS: @unchecked Sendable {
     }
 
     /// The source, beside this package's other scripts.
-    static var source: String {
+    static var source: String { script("powercutfs.c") }
+
+    static func script(_ name: String) -> String {
         let here = URL(fileURLWithPath: #filePath)
         return here.deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-            .appendingPathComponent("scripts/powercutfs.c").path
+            .appendingPathComponent("scripts/" + name).path
     }
 
     /// Compiles powercutfs into .build when it is missing or older than its source.
     public static func binary() throws -> String {
-        let source = source
+        try compiled(source, as: "powercutfs", flags: "$(pkg-config --cflags --libs fuse3) -lpthread")
+    }
+
+    /// The shim that makes dld's `syncfs` of the mount a syncfs powercutfs honours
+    /// (scripts/powercutfs_shim.c), compiled into .build like powercutfs.
+    public static func shim() throws -> String {
+        try compiled(script("powercutfs_shim.c"), as: "powercutfs_shim.so", flags: "-shared -fPIC -ldl")
+    }
+
+    /// What dld's environment needs for the shim: preloaded, and told the mount. The file whose
+    /// fsync stands for a syncfs is made in the backing folder (there before any cut).
+    public func syncfsShimEnvironment() throws -> [String: String] {
+        let marker = backing + "/.powercutfs-syncfs"
+        if !FileManager.default.fileExists(atPath: marker) {
+            guard FileManager.default.createFile(atPath: marker, contents: nil) else { throw HarnessError("cannot create \(marker)") }
+        }
+        return ["LD_PRELOAD": try Self.shim(), "POWERCUTFS_SHIM_ROOT": mountpoint]
+    }
+
+    /// `source` compiled with `cc` into .build/powercutfs/`name` when that is missing or older.
+    static func compiled(_ source: String, as name: String, flags: String) throws -> String {
         let build = URL(fileURLWithPath: source).deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent(".build/powercutfs").path
-        let binary = build + "/powercutfs"
+        let binary = build + "/" + name
         let files = FileManager.default
         if let built = (try? files.attributesOfItem(atPath: binary))?[.modificationDate] as? Date,
             let written = (try? files.attributesOfItem(atPath: source))?[.modificationDate] as? Date, built >= written
@@ -68,12 +90,11 @@ public final class PowerCutFS: @unchecked Sendable {
         }
         try files.createDirectory(atPath: build, withIntermediateDirectories: true)
         // Built aside, then renamed: two test processes may build it at once.
-        let partial = build + "/powercutfs.\(getpid())"
-        let result = try runProgram(
-            "/bin/sh", ["-c", "cc -O2 -Wall -o \"$1\" \"$2\" $(pkg-config --cflags --libs fuse3) -lpthread", "sh", partial, source])
+        let partial = binary + ".\(getpid())"
+        let result = try runProgram("/bin/sh", ["-c", "cc -O2 -Wall -o \"$1\" \"$2\" \(flags)", "sh", partial, source])
         guard result.status == 0, rename(partial, binary) == 0 else {
             throw HarnessError(
-                "cannot build powercutfs from \(source) (it needs cc, pkg-config and libfuse3-dev: run scripts/deps.sh as root):\n\(result.stderr)"
+                "cannot build \(name) from \(source) (it needs cc, pkg-config and libfuse3-dev: run scripts/deps.sh as root):\n\(result.stderr)"
             )
         }
         return binary

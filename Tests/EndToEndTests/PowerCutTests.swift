@@ -42,6 +42,14 @@ enum PowerCutWork: String, Sendable, CaseIterable {
     case change
     /// `set_speed` of a running single-stream download.
     case setSpeed = "set_speed"
+    /// The small batch where dld's `syncfs` is honoured (scripts/powercutfs_shim.c): a batch
+    /// of finished files is synced with one `syncfs` of the filesystem.
+    case smallSyncfs = "small-syncfs"
+    /// One single-stream download encrypted to an age recipient (`encrypt_to`).
+    case encrypted
+    /// `get` with `pin` of a URL not cached: a job downloads it into the cache folder, then
+    /// the cache's index records the entry ready and pinned.
+    case get
 }
 
 /// Where a cut point claims to fall relative to its workload's command: before the command's
@@ -97,7 +105,7 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
     /// A command's commit: lost if cut before its sync, durable after.
     static func commit(_ after: Bool) -> CutClaim? { after ? .commandDurable : .commandLost }
 
-    /// 107 cut points; `short` picks (count, or -count for "before") a few of each workload.
+    /// 128 cut points; `short` picks (count, or -count for "before") a few of each workload.
     static let all: [CutPoint] = [
         // A big download in ranges: its checkpoints' fdatasync, the commits of their offsets, and writes.
         at(.big, "fdatasync", ".part", [1, 3], short: [-1, 3]),
@@ -120,6 +128,19 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         at(.smallLink, "fsyncdir", "/dl", [1]),
         at(.smallRename, "rename", "/dl/", [1, 12]),
         at(.smallRename, "fsyncdir", "/dl", [1]),
+        // The same where `syncfs` is honoured: a batch synced by one `syncfs`, then renamed.
+        at(.smallSyncfs, "syncfs", nil, [1]),
+        at(.smallSyncfs, "rename", "/dl/", [12, 30], short: [-12]),
+        // An encrypted download: its checkpoints (ciphertext synced, the plaintext's count
+        // committed), a torn write, and its publish (start-up links a complete `.age.part`,
+        // known by its encrypted size).
+        at(.encrypted, "fdatasync", ".part", [1, 3]),
+        at(.encrypted, "write", ".part", [60], mode: .torn),
+        at(.encrypted, "rename", "/dl/", [1]),
+        // `get` with `pin` of a URL not cached: its job's publish into the cache folder, and
+        // the index's commits (the new generation first, the entry ready and pinned last).
+        at(.get, "rename", "/cache/files/", [1]),
+        at(.get, "fdatasync", "index.sqlite-wal", [1, 3]),
         // A group: members staged, then the folder renamed into place and its parent synced.
         at(.group, "rename", "dld-staging", [2, 6], short: [6]),
         at(.group, "rename", "/chapter", [1], short: [-1, 1]),
@@ -153,7 +174,7 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         at(.resume, "fdatasync", "jobs.sqlite-wal", [1], minUnsynced: 64 << 10, claim: commit),
         // The moment a command is answered: what it changed must be durable by then. (Not
         // `queue`: a paused queue is not kept across a restart, by design.)
-        [PowerCutWork.big, .small, .enqueue, .pause, .cancel, .remove, .resume, .change, .setSpeed].map {
+        [PowerCutWork.big, .small, .enqueue, .pause, .cancel, .remove, .resume, .change, .setSpeed, .get].map {
             CutPoint(work: $0, kinds: "answer", pattern: nil, count: 1, after: true, short: $0 == .enqueue || $0 == .pause)
         },
     ].flatMap { $0 }
@@ -185,6 +206,12 @@ final class Answers: Sendable {
         var resumed = false
         /// `change` or `set_speed` was answered.
         var changed = false
+        /// `get`'s answer: the path and digest of the cached copy.
+        var cached: (path: String, sha256: String)?
+        /// The URL `get` asked for (set before it asks).
+        var getURL: String?
+        /// The age identity an encrypted download is for (its files decrypt with it).
+        var identity: AgeTool.Identity?
         /// The workload's command was answered (an `answer` point cuts only then).
         var answered = false
         var finished = false
@@ -233,14 +260,24 @@ final class Answers: Sendable {
             let fs = try PowerCutFS(folders: ["state", "dl", "watch/added", "watch/failed"])
             fs.refusing = point.work == .smallLink ? "noreplace" : point.work == .smallRename ? "noreplace,link" : nil
             try FileManager.default.createDirectory(atPath: fs.backing + "/dl/volume", withIntermediateDirectories: true)
+            // The cache's folder exists, as ~/.cache does; dld makes `files/` in it.
+            try FileManager.default.createDirectory(atPath: fs.backing + "/cache", withIntermediateDirectories: true)
             for (name, text) in Self.userFiles { try text.write(toFile: fs.backing + "/dl/" + name, atomically: false, encoding: .utf8) }
             try fs.mount()
             defer { try? fs.unmount() }
             let bootFile = fs.root + "/boot_id"
             try UUID().uuidString.lowercased().write(toFile: bootFile, atomically: true, encoding: .utf8)
-            let config = Self.config + (point.work == .drop ? "\nwatch_dir = \"\(fs.mountpoint)/watch\"\n" : "")
+            // With syncfs, no checkpoint syncs the paced files meanwhile: the batch's syncfs is
+            // what makes their data durable.
+            let config =
+                (point.work == .smallSyncfs ? Self.config.replacingOccurrences(of: "checkpoint_interval = 0.1", with: "checkpoint_interval = 60") : Self.config)
+                + (point.work == .drop ? "\nwatch_dir = \"\(fs.mountpoint)/watch\"\n" : "")
+                + "\ncache_dir = \"\(fs.mountpoint)/cache\"\n" + (point.work == .smallSyncfs ? "max_per_host = \(Self.smallCount)\n" : "")
+            // dld's `syncfs` of the mount honoured, for the workload that proves that path.
+            let shim = point.work == .smallSyncfs ? try fs.syncfsShimEnvironment() : [:]
             let daemon = try DaemonHarness(config: config, dataRoot: fs.mountpoint)
             daemon.extraEnvironment["DLD_TEST_BOOT_ID_FILE"] = bootFile
+            daemon.extraEnvironment.merge(shim) { $1 }
             // dld writes this file right before each reply: an `answer` point freezes there.
             daemon.extraEnvironment["DLD_TEST_REPLY_MARK"] = fs.mountpoint + "/" + Self.replyMark
             try daemon.start()
@@ -248,6 +285,10 @@ final class Answers: Sendable {
             // The workload's setup, before the cut point is armed.
             let base = origin.baseURL
             let answers = Answers()
+            if point.work == .encrypted {
+                let identity = try AgeTool.keygen(in: fs.root)
+                answers.state.withLock { $0.identity = identity }
+            }
             if point.work == .pause {
                 let jobs = (0..<2000).map { n -> JSONValue in
                     .object(["url": .string("\(base)/bytes/4096?rate=512&n=\(n)"), "name": .string("p\(n).bin")])
@@ -359,12 +400,14 @@ final class Answers: Sendable {
 
             // Before dld starts again: the table opens, and no file has its final name early.
             let rows = try Self.offlineRows(fs: fs)
-            try Self.expectFinalNamesVerified(fs: fs, rows: rows, work: point.work)
+            let identity = answers.state.withLock { $0.identity }
+            try Self.expectFinalNamesVerified(fs: fs, rows: rows, work: point.work, identity: identity)
             // Committed offsets survive: below each committed offset (each range's, for a download
             // in ranges) an unfinished job's partial file holds the origin's bytes (else the
             // download would start over, or go on from wrong bytes).
             try Self.expectCommittedBytes(fs: fs, rows: rows)
             if point.work == .group || point.work == .groupInto { try Self.expectGroupWhole(fs: fs, point.work) }
+            if point.work == .get { try Self.expectCacheIndex(fs: fs, answers: answers) }
             if point.work == .drop {
                 // The list leaves the drop folder only once its jobs are committed.
                 let waiting = FileManager.default.fileExists(atPath: fs.backing + "/watch/list.txt")
@@ -384,10 +427,11 @@ final class Answers: Sendable {
             try fs.mount()
             let again = try DaemonHarness(config: config, dataRoot: fs.mountpoint)
             again.extraEnvironment["DLD_TEST_BOOT_ID_FILE"] = bootFile
+            again.extraEnvironment.merge(shim) { $1 }
             try again.start()
             defer { again.stop() }
             try Self.expectAnswersInEffect(point, answers: answers, rows: rows, daemon: again)
-            try Self.expectEveryJobFinishes(point.work, daemon: again)
+            try Self.expectEveryJobFinishes(point.work, daemon: again, identity: identity)
             try Self.expectUserFilesUntouched(again.downloadDir)
             if ProcessInfo.processInfo.environment["DLD_POWERCUT_LOG"] != nil { print(daemon.log, again.log) }
         }
@@ -443,9 +487,28 @@ final class Answers: Sendable {
             _ = try daemon.call("remove", ["ids": .array(ids.map { .int($0) }), "delete_file": true])
             answers.state.withLock { $0.removed = true }
             answered()
-        case .small, .smallLink, .smallRename:
+        case .encrypted:
+            let recipient = answers.state.withLock { $0.identity?.recipient } ?? ""
+            let id = try daemon.enqueue([
+                "url": .string("\(base)/bytes/\(streamSize)?rate=4000000"), "name": "secret.bin", "segments": 1,
+                "encrypt_to": [.string(recipient)],
+            ])
+            answers.state.withLock { $0.ids.append(id) }
+            answered()
+            try daemon.waitForState(id, ["completed"], timeout: 60)
+        case .get:
+            let url = "\(base)/bytes/\(streamSize)?rate=4000000"
+            answers.state.withLock { $0.getURL = url }
+            let got = try daemon.call("get", ["url": .string(url), "pin": true])
+            let path = got["path"]?.stringValue ?? ""
+            answers.state.withLock { $0.cached = (path, got["sha256"]?.stringValue ?? "") }
+            answered()
+        case .small, .smallLink, .smallRename, .smallSyncfs:
+            // With syncfs, all the files at once for about a second: they finish together, so
+            // that they are published in batches of many (one file alone gets its `fdatasync`).
+            let pace = work == .smallSyncfs ? "&rate=\(smallSize)" : ""
             let jobs = (0..<smallCount).map { n -> JSONValue in
-                .object(["url": .string("\(base)/bytes/\(smallSize)?n=\(n)"), "name": .string(String(format: "f%02d.bin", n))])
+                .object(["url": .string("\(base)/bytes/\(smallSize)?n=\(n)\(pace)"), "name": .string(String(format: "f%02d.bin", n))])
             }
             let result = try daemon.call("enqueue", ["jobs": .array(jobs)])
             let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value }
@@ -550,6 +613,10 @@ final class Answers: Sendable {
     /// deterministic bytes from offset 0, whatever its URL's query.
     static func expectCommittedBytes(fs: PowerCutFS, rows: [Int64: Row]) throws {
         for row in rows.values where row.received > 0 && !["completed", "canceled"].contains(row.state) {
+            if row.path.hasSuffix(".age") {
+                try expectCiphertextOnly(fs: fs, row: row)
+                continue
+            }
             var ranges: [(start: Int64, done: Int64)] = [(0, row.received)]
             if !row.segments.isEmpty {
                 ranges = row.segments.split(separator: ",").compactMap { part in
@@ -579,6 +646,66 @@ final class Answers: Sendable {
                 Issue.record("job \(row.id) (\(row.state)) committed bytes \(range.start)..<\(range.done); its partial file \(what)")
                 break
             }
+        }
+    }
+
+    /// An encrypted job's partial file holds ciphertext only, whatever the cut left: an age
+    /// header at byte 0 (or zeros, where the cut lost the header's write), and none of the
+    /// origin's bytes. Its `received` counts plaintext that no new attempt can continue (the
+    /// key was in the dead attempt's memory), so no bytes are compared with the origin's.
+    static func expectCiphertextOnly(fs: PowerCutFS, row: Row) throws {
+        let partial = fs.backing + row.partialPath.dropFirst(fs.mountpoint.count)
+        guard let data = FileManager.default.contents(atPath: partial), !data.isEmpty else { return }
+        let header = Data("age-encryption.org/v1\n".utf8)
+        let start = data.prefix(header.count)
+        #expect(start == header.prefix(start.count) || start.allSatisfy { $0 == 0 }, "job \(row.id)'s encrypted partial file starts with \(Array(start))")
+        for offset in [0, 1 << 20, 3 << 20] where offset + 4096 <= streamSize {
+            let probe = Data(TestOrigin.bytes(from: Int64(offset), count: 64))
+            #expect(data.range(of: probe) == nil, "job \(row.id)'s encrypted partial file holds the plaintext of byte \(offset)")
+        }
+    }
+
+    /// The URL cache's index after a cut, before dld starts: it opens and passes
+    /// `integrity_check`; every entry it holds ready names a file with the entry's size and
+    /// digest; an answered `get` with `pin` is there, ready and pinned, with the file it named.
+    static func expectCacheIndex(fs: PowerCutFS, answers: Answers) throws {
+        let copy = fs.root + "/cache-copy"
+        try? FileManager.default.removeItem(atPath: copy)
+        try FileManager.default.createDirectory(atPath: copy, withIntermediateDirectories: true)
+        for suffix in ["", "-wal"] {
+            let source = fs.backing + "/cache/index.sqlite" + suffix
+            if FileManager.default.fileExists(atPath: source) {
+                try FileManager.default.copyItem(atPath: source, toPath: copy + "/index.sqlite" + suffix)
+            }
+        }
+        let cached = answers.state.withLock { $0.cached }
+        guard FileManager.default.fileExists(atPath: copy + "/index.sqlite") else {
+            #expect(cached == nil, "get was answered with \(cached?.path ?? "-"); the cache's index is gone")
+            return
+        }
+        let check = try runProgram("/usr/bin/sqlite3", [copy + "/index.sqlite", "PRAGMA integrity_check;"])
+        #expect(check.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "the cache index: \(check.stdout) \(check.stderr)")
+        let listed = try runProgram(
+            "/usr/bin/sqlite3",
+            ["-separator", "\t", copy + "/index.sqlite", "SELECT path, ready, bytes, coalesce(sha256, ''), pinned FROM cache_entries;"])
+        #expect(listed.status == 0, "\(listed.stderr)")
+        var entries: [String: (ready: Bool, bytes: Int64, sha256: String, pinned: Bool)] = [:]
+        for line in listed.stdout.split(separator: "\n") {
+            let fields = line.split(separator: "\t", omittingEmptySubsequences: false).map(String.init)
+            guard fields.count == 5 else { continue }
+            entries[fields[0]] = (fields[1] == "1", Int64(fields[2]) ?? -1, fields[3], fields[4] == "1")
+        }
+        for (path, entry) in entries where entry.ready {
+            let file = fs.backing + path.dropFirst(fs.mountpoint.count)
+            let size = (try? FileManager.default.attributesOfItem(atPath: file))?[.size] as? Int64
+            #expect(size == entry.bytes, "the cache holds \(path) ready with \(entry.bytes) bytes; the file has \(size.map(String.init) ?? "gone")")
+            if size == entry.bytes { #expect((try sha256sum(file)) == entry.sha256, "the cache's \(path) does not match its entry's digest") }
+        }
+        if let cached {
+            let entry = entries[cached.path]
+            #expect(
+                entry?.ready == true && entry?.pinned == true && entry?.sha256 == cached.sha256,
+                "get was answered with \(cached.path), pinned; the index holds \(entry.map { "\($0)" } ?? "no entry for it")")
         }
     }
 
@@ -622,16 +749,26 @@ final class Answers: Sendable {
     /// No file is under its final name unless its job is completed with that file's digest
     /// (or, after a `remove` with `delete_file` committed and its unlink not durable, it is the
     /// removed job's complete file: deleted late, never early).
-    static func expectFinalNamesVerified(fs: PowerCutFS, rows: [Int64: Row], work: PowerCutWork? = nil) throws {
+    static func expectFinalNamesVerified(
+        fs: PowerCutFS, rows: [Int64: Row], work: PowerCutWork? = nil, identity: AgeTool.Identity? = nil
+    ) throws {
+        try expectFinalNamesVerified(fs: fs, rows: rows, folder: "dl", work: work, identity: identity)
+        // The cache's copies are jobs' files too (`get`).
+        try expectFinalNamesVerified(fs: fs, rows: rows, folder: "cache/files", work: work, identity: identity)
+    }
+
+    static func expectFinalNamesVerified(
+        fs: PowerCutFS, rows: [Int64: Row], folder: String, work: PowerCutWork?, identity: AgeTool.Identity?
+    ) throws {
         let byPath = Dictionary(rows.values.map { ($0.path, $0) }, uniquingKeysWith: { first, _ in first })
-        let root = fs.backing + "/dl"
+        let root = fs.backing + "/" + folder
         guard let walker = FileManager.default.enumerator(atPath: root) else { return }
         while let relative = walker.nextObject() as? String {
             let full = root + "/" + relative
             var isDir: ObjCBool = false
             guard FileManager.default.fileExists(atPath: full, isDirectory: &isDir), !isDir.boolValue else { continue }
             if relative.hasSuffix(".part") || relative.contains(".dld-staging-") || userFiles[relative] != nil { continue }
-            let row = byPath[fs.mountpoint + "/dl/" + relative]
+            let row = byPath[fs.mountpoint + "/" + folder + "/" + relative]
             if work == .remove && relative == "kept.bin" && row == nil {
                 #expect((try sha256sum(full)) == (try originDigest(groupSize)), "the removed job's kept.bin is not its complete file")
                 continue
@@ -640,9 +777,20 @@ final class Answers: Sendable {
                 row?.state == "completed",
                 "\(relative) is under its final name, its job is \(row.map { "\($0.id) \($0.state)" } ?? "unknown")")
             if let row, row.state == "completed" {
-                #expect(row.sha256 == (try sha256sum(full)), "\(relative) under its final name does not match its job's digest")
+                #expect(row.sha256 == (try plaintextDigest(full, identity: identity)), "\(relative) under its final name does not match its job's digest")
             }
         }
+    }
+
+    /// The SHA-256 of a file, or of its plaintext for an encrypted one (`.age`, decrypted with
+    /// `identity`; nil when it does not decrypt).
+    static func plaintextDigest(_ path: String, identity: AgeTool.Identity?) throws -> String? {
+        guard path.hasSuffix(".age") else { return try sha256sum(path) }
+        guard let identity, let plaintext = try? AgeTool.decrypt(path, identity: identity) else { return nil }
+        let clear = path + ".clear"
+        try plaintext.write(to: URL(fileURLWithPath: clear))
+        defer { unlink(clear) }
+        return try sha256sum(clear)
     }
 
     /// Every command answered before the cut is in effect, and no job is lost.
@@ -705,6 +853,18 @@ final class Answers: Sendable {
                 #expect(paused == 0 || paused == resumeCount, "a resume is one transaction: \(paused) of \(resumeCount) paused")
             }
             if point.claim == .commandLost { #expect(paused == resumeCount, "the cut claims the resume's commit lost; \(paused) paused") }
+        case .get:
+            // The copy `get` answered is still the cache's, pinned: asked again, the cache
+            // answers it at once from the same file.
+            guard let url = answered.getURL else { break }
+            let again = try daemon.call("get", ["url": .string(url)])
+            let path = again["path"]?.stringValue ?? ""
+            #expect((try? sha256sum(path)) == (try originDigest(streamSize)), "the cache's copy \(path) is not the origin's bytes")
+            if let cached = answered.cached {
+                #expect(again["source"] == "hit" && path == cached.path, "get was answered with \(cached.path); now \(again.serializedString())")
+                let listed = try daemon.call("cache_list")["entries"]?.arrayValue ?? []
+                #expect(listed.contains { $0["path"]?.stringValue == cached.path && $0["pinned"] == true }, "the pin is lost: \(listed)")
+            }
         case .pausedEarly:
             let state = jobs.first?["state"]?.stringValue
             if answered.paused { #expect(state == "paused", "the pause was answered and the job is \(state ?? "gone")") }
@@ -729,7 +889,7 @@ final class Answers: Sendable {
     }
 
     /// Every job resumes or completes; every completed job's file is there with its digest.
-    static func expectEveryJobFinishes(_ work: PowerCutWork, daemon: DaemonHarness) throws {
+    static func expectEveryJobFinishes(_ work: PowerCutWork, daemon: DaemonHarness, identity: AgeTool.Identity? = nil) throws {
         switch work {
         case .remove:
             // What the remove did not take completes, with its file (a completed file is deleted
@@ -796,7 +956,7 @@ final class Answers: Sendable {
                 if job["state"] == "paused" { _ = try daemon.call("resume", ["id": .int(id)]) }
             }
             fallthrough
-        case .big, .stream, .streamResume, .small, .smallLink, .smallRename, .group, .groupInto:
+        case .big, .stream, .streamResume, .small, .smallLink, .smallRename, .smallSyncfs, .group, .groupInto, .encrypted, .get:
             let jobs = try allJobs(daemon)
             for job in jobs {
                 guard let id = job["id"]?.int64Value else { continue }
@@ -822,11 +982,11 @@ final class Answers: Sendable {
                 let size =
                     work == .big
                     ? bigSize
-                    : [.stream, .streamResume, .pausedEarly].contains(work)
-                        ? streamSize : [.small, .smallLink, .smallRename].contains(work) ? smallSize : groupSize
+                    : [.stream, .streamResume, .pausedEarly, .encrypted, .get].contains(work)
+                        ? streamSize : [.small, .smallLink, .smallRename, .smallSyncfs].contains(work) ? smallSize : groupSize
                 #expect(done["sha256"]?.stringValue == (try originDigest(size)), "job \(id)'s recorded digest")
                 if FileManager.default.fileExists(atPath: path) {
-                    #expect((try sha256sum(path)) == (try originDigest(size)), "\(path) does not hold the origin's bytes")
+                    #expect((try plaintextDigest(path, identity: identity)) == (try originDigest(size)), "\(path) does not hold the origin's bytes")
                 }
             }
         }
