@@ -223,6 +223,25 @@ extension Engine {
         }
     }
 
+    /// Start-up's `finishHLS`. A joined file that is neither staged nor in place (a daemon
+    /// whose join did not make its name durable before the record, as older ones did not) is
+    /// built again from the staged members first, which were synced as they completed.
+    func finishHLSAfterRestart(_ group: JobGroup, recipe: HLSRecipe, overwrite: Bool) async {
+        let fm = FileManager.default
+        if recipe.layout == .file, !fm.fileExists(atPath: Self.builtPath(group)), !fm.fileExists(atPath: group.dir) {
+            do throws(TransferFailure) {
+                try await Self.build(group, recipe)
+                logger.notice("built the joined HLS file again from its staged segments", metadata: ["group": "\(group.id)"])
+            } catch {
+                logger.warning(
+                    "the joined HLS file is lost and cannot be built again; its segments stay staged",
+                    metadata: ["group": "\(group.id)", "path": "\(group.staging)", "error": "\(error.error.message)"])
+                return
+            }
+        }
+        finishHLS(group, recipe: recipe, overwrite: overwrite)
+    }
+
     /// Records why a group could not be published: it shows `failed` with `error` until resumed.
     func failPublish(_ group: inout JobGroup, _ error: JobError) async throws(DLError) {
         group.error = error

@@ -217,7 +217,7 @@ extension Engine {
                     // Recorded as published, but dld died before the files were moved.
                     let members = try await storage { try await store.members(of: id) }
                     if let recipe = try await recipeRead(group).hls.flatMap(HLSRecipe.decode) {
-                        finishHLS(group, recipe: recipe, overwrite: members.first?.overwrite ?? false)
+                        await finishHLSAfterRestart(group, recipe: recipe, overwrite: members.first?.overwrite ?? false)
                     } else {
                         moveIntoPlace(group, members: members)
                     }
