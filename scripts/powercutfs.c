@@ -373,7 +373,7 @@ static void undo(struct record *r) {
         if (renameat(trash_fd, r->trashed, r->dir1->fd, r->name1) != 0) undo_failed("undo unlink", r->name1);
         break;
     case R_RMDIR:
-        if (mkdirat(r->dir1->fd, r->name1, r->mode) != 0) undo_failed("undo rmdir", r->name1);
+        if (renameat(trash_fd, r->trashed, r->dir1->fd, r->name1) != 0) undo_failed("undo rmdir", r->name1);
         break;
     case R_RENAME:
         if (renameat(r->dir2->fd, r->name2, r->dir1->fd, r->name1) != 0) undo_failed("undo rename", r->name2);
@@ -589,6 +589,12 @@ static int pc_unlink(const char *path) {
     LEAVE("unlink", path, rc);
 }
 
+static int is_empty_dir(int dirfd, const char *name);
+
+// The folder (empty, as rmdir requires) moves to the trash rather than going: its undo brings
+// back the same inode, so that the undos of the unlinks inside it, older, find their folder
+// (a new folder made by mkdir would be another inode, and every open descriptor of the old
+// one would name a deleted folder).
 static int pc_rmdir(const char *path) {
     ENTER("rmdir", path);
     char name[NAME_MAX + 1];
@@ -598,16 +604,28 @@ static int pc_rmdir(const char *path) {
     if (dir) {
         if (fstatat(dir->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             rc = -errno;
-        } else if (unlinkat(dir->fd, name, AT_REMOVEDIR) != 0) {
-            rc = -errno;
+        } else if (!S_ISDIR(st.st_mode)) {
+            rc = -ENOTDIR;
+        } else if (!is_empty_dir(dir->fd, name)) {
+            rc = -ENOTEMPTY;
         } else {
             struct record *r = new_record(R_RMDIR);
-            rc = r ? 0 : -ENOMEM;
-            if (r) {
-                r->dir1 = dir;
-                r->need1 = 1;
-                r->mode = st.st_mode & 07777;
-                snprintf(r->name1, sizeof r->name1, "%s", name);
+            if (!r) {
+                rc = -ENOMEM;
+            } else {
+                trash_name(r->trashed);
+                if (renameat(dir->fd, name, trash_fd, r->trashed) != 0) {
+                    rc = -errno;
+                    r->trashed[0] = 0;
+                    retire(r);
+                    record_count--;
+                } else {
+                    rc = 0;
+                    r->dir1 = dir;
+                    r->need1 = 1;
+                    r->mode = st.st_mode & 07777;
+                    snprintf(r->name1, sizeof r->name1, "%s", name);
+                }
             }
         }
     }

@@ -50,6 +50,10 @@ enum PowerCutWork: String, Sendable, CaseIterable {
     /// `get` with `pin` of a URL not cached: a job downloads it into the cache folder, then
     /// the cache's index records the entry ready and pinned.
     case get
+    /// An HLS playlist of 8 segments, joined into one file when all are in.
+    case hls
+    /// A Metalink file with piece hashes and two mirrors, downloaded in ranges.
+    case metalink
 }
 
 /// Where a cut point claims to fall relative to its workload's command: before the command's
@@ -105,7 +109,7 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
     /// A command's commit: lost if cut before its sync, durable after.
     static func commit(_ after: Bool) -> CutClaim? { after ? .commandDurable : .commandLost }
 
-    /// 128 cut points; `short` picks (count, or -count for "before") a few of each workload.
+    /// 142 cut points; `short` picks (count, or -count for "before") a few of each workload.
     static let all: [CutPoint] = [
         // A big download in ranges: its checkpoints' fdatasync, the commits of their offsets, and writes.
         at(.big, "fdatasync", ".part", [1, 3], short: [-1, 3]),
@@ -141,6 +145,16 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         // the index's commits (the new generation first, the entry ready and pinned last).
         at(.get, "rename", "/cache/files/", [1]),
         at(.get, "fdatasync", "index.sqlite-wal", [1, 3]),
+        // HLS: the joined file built in the staging folder and synced, then renamed out.
+        // (A staging folder removed after the commit: start-up finishes what was left.)
+        at(.hls, "write", ".dld-hls-output", [4]),
+        at(.hls, "fsync", ".dld-hls-output", [1]),
+        at(.hls, "rename", "/dl/film.ts", [1]),
+        at(.hls, "unlink", "dld-staging", [3], mode: .names),
+        // Metalink: the checkpoints of a download in ranges checked piece by piece.
+        at(.metalink, "fdatasync", ".part", [1, 3]),
+        at(.metalink, "fdatasync", "jobs.sqlite-wal", [3]),
+        at(.metalink, "rename", "/dl/", [1]),
         // A group: members staged, then the folder renamed into place and its parent synced.
         at(.group, "rename", "dld-staging", [2, 6], short: [6]),
         at(.group, "rename", "/chapter", [1], short: [-1, 1]),
@@ -248,6 +262,8 @@ final class Answers: Sendable {
     static let groupCount = 8
     static let streamSize = 8_000_000
     static let dropCount = 20
+    static let hlsSegments = 8
+    static let hlsSegmentSize = 256 << 10
     /// Files of the user's in the download folder throughout: no cut and no start-up may
     /// touch them (durability rule 5), a `.part` of another program's included.
     static let userFiles = [
@@ -285,6 +301,11 @@ final class Answers: Sendable {
             // The workload's setup, before the cut point is armed.
             let base = origin.baseURL
             let answers = Answers()
+            if point.work == .hls {
+                let segments = (0..<Self.hlsSegments).map { n in "#EXTINF:2.0,\n\(base)/bytes/\(Self.hlsSegmentSize)?rate=1000000&n=\(n)\n" }
+                origin.setDocument(
+                    "film.m3u8", "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:0\n" + segments.joined() + "#EXT-X-ENDLIST\n")
+            }
             if point.work == .encrypted {
                 let identity = try AgeTool.keygen(in: fs.root)
                 answers.state.withLock { $0.identity = identity }
@@ -503,6 +524,21 @@ final class Answers: Sendable {
             let path = got["path"]?.stringValue ?? ""
             answers.state.withLock { $0.cached = (path, got["sha256"]?.stringValue ?? "") }
             answered()
+        case .hls:
+            let result = try daemon.call("enqueue", ["url": .string("\(base)/doc/film.m3u8"), "name": "film.ts"])
+            let ids = (result["results"]?.arrayValue ?? []).compactMap { $0["id"]?.int64Value }
+            answers.state.withLock { $0.ids += ids }
+            answered()
+            let deadline = Date().addingTimeInterval(60)
+            while try daemon.call("status", ["group": "film.ts"])["group"]?["state"] != "completed" && Date() < deadline { usleep(50_000) }
+        case .metalink:
+            let mirrors = [1, 2].map { ("\(base)/bytes/\(streamSize)?rate=2000000&n=\($0)", 1) }
+            let xml = MetalinkTests.document([try MetalinkTests.file("linked.bin", size: streamSize, urls: mirrors)])
+            let result = try daemon.call("enqueue", ["metalink": .string(xml)])
+            let id = result["job"]?["id"]?.int64Value ?? 0
+            answers.state.withLock { $0.ids.append(id) }
+            answered()
+            try daemon.waitForState(id, ["completed"], timeout: 60)
         case .small, .smallLink, .smallRename, .smallSyncfs:
             // With syncfs, all the files at once for about a second: they finish together, so
             // that they are published in batches of many (one file alone gets its `fdatasync`).
@@ -769,6 +805,17 @@ final class Answers: Sendable {
             guard FileManager.default.fileExists(atPath: full, isDirectory: &isDir), !isDir.boolValue else { continue }
             if relative.hasSuffix(".part") || relative.contains(".dld-staging-") || userFiles[relative] != nil { continue }
             let row = byPath[fs.mountpoint + "/" + folder + "/" + relative]
+            // The joined file of an HLS group (its members' path): there only once the group
+            // is recorded completed, with the segments in order.
+            if work == .hls && relative == "film.ts" {
+                let copy = fs.root + "/copy/jobs.sqlite"
+                let closed = try runProgram("/usr/bin/sqlite3", [copy, "SELECT coalesce(closed, 'open') FROM groups WHERE name = 'film.ts';"])
+                #expect(
+                    closed.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "completed",
+                    "film.ts is under its name while its group is \(closed.stdout.trimmingCharacters(in: .whitespacesAndNewlines))")
+                #expect((try sha256sum(full)) == (try joinedDigest()), "film.ts under its name is not the segments joined")
+                continue
+            }
             if work == .remove && relative == "kept.bin" && row == nil {
                 #expect((try sha256sum(full)) == (try originDigest(groupSize)), "the removed job's kept.bin is not its complete file")
                 continue
@@ -956,7 +1003,17 @@ final class Answers: Sendable {
                 if job["state"] == "paused" { _ = try daemon.call("resume", ["id": .int(id)]) }
             }
             fallthrough
-        case .big, .stream, .streamResume, .small, .smallLink, .smallRename, .smallSyncfs, .group, .groupInto, .encrypted, .get:
+        case .hls:
+            // The members are joined into one file: it is there, the segments in order.
+            let deadline = Date().addingTimeInterval(60)
+            var group = try daemon.call("status", ["group": "film.ts"])
+            while group["group"]?["state"] != "completed" && group["group"]?["state"] != "failed" && Date() < deadline {
+                usleep(20_000)
+                group = try daemon.call("status", ["group": "film.ts"])
+            }
+            #expect(group["group"]?["state"] == "completed", "\(group.serializedString())")
+            #expect((try? sha256sum(daemon.downloadDir + "/film.ts")) == (try joinedDigest()), "film.ts is not the segments joined")
+        case .big, .stream, .streamResume, .small, .smallLink, .smallRename, .smallSyncfs, .group, .groupInto, .encrypted, .get, .metalink:
             let jobs = try allJobs(daemon)
             for job in jobs {
                 guard let id = job["id"]?.int64Value else { continue }
@@ -982,7 +1039,7 @@ final class Answers: Sendable {
                 let size =
                     work == .big
                     ? bigSize
-                    : [.stream, .streamResume, .pausedEarly, .encrypted, .get].contains(work)
+                    : [.stream, .streamResume, .pausedEarly, .encrypted, .get, .metalink].contains(work)
                         ? streamSize : [.small, .smallLink, .smallRename, .smallSyncfs].contains(work) ? smallSize : groupSize
                 #expect(done["sha256"]?.stringValue == (try originDigest(size)), "job \(id)'s recorded digest")
                 if FileManager.default.fileExists(atPath: path) {
@@ -1004,6 +1061,14 @@ final class Answers: Sendable {
     }
 
     static let digests = Mutex<[Int: String]>([:])
+
+    /// The SHA-256 of the HLS workload's segments joined (each the origin's first bytes).
+    static func joinedDigest() throws -> String {
+        let path = NSTemporaryDirectory() + "/dld-joined-\(getpid())"
+        try Data(Array(repeating: TestOrigin.bytes(count: hlsSegmentSize), count: hlsSegments).joined()).write(to: URL(fileURLWithPath: path))
+        defer { unlink(path) }
+        return try sha256sum(path)
+    }
 
     /// The SHA-256 of the origin's first `size` bytes.
     static func originDigest(_ size: Int) throws -> String {
