@@ -60,26 +60,19 @@ int syncfs(int fd) {
     return real(fd);
 }
 
-int fstatfs(int fd, struct statfs *info) {
-    int (*real)(int, struct statfs *) = (int (*)(int, struct statfs *))dlsym(RTLD_NEXT, "fstatfs");
-    if (!real) {
-        errno = ENOSYS;
-        return -1;
+// The real call's answer, with ext4's type for a descriptor on the mount.
+#define AS_EXT4(name, type)                                                          \
+    int name(int fd, type *info) {                                                   \
+        int (*real)(int, type *) = (int (*)(int, type *))dlsym(RTLD_NEXT, #name);    \
+        if (!real) {                                                                 \
+            errno = ENOSYS;                                                          \
+            return -1;                                                               \
+        }                                                                            \
+        int rc = real(fd, info);                                                     \
+        const char *root;                                                            \
+        if (rc == 0 && on_mount(fd, &root)) info->f_type = EXT4_SUPER_MAGIC;          \
+        return rc;                                                                   \
     }
-    int rc = real(fd, info);
-    const char *root;
-    if (rc == 0 && on_mount(fd, &root)) info->f_type = EXT4_SUPER_MAGIC;
-    return rc;
-}
 
-int fstatfs64(int fd, struct statfs64 *info) {
-    int (*real)(int, struct statfs64 *) = (int (*)(int, struct statfs64 *))dlsym(RTLD_NEXT, "fstatfs64");
-    if (!real) {
-        errno = ENOSYS;
-        return -1;
-    }
-    int rc = real(fd, info);
-    const char *root;
-    if (rc == 0 && on_mount(fd, &root)) info->f_type = EXT4_SUPER_MAGIC;
-    return rc;
-}
+AS_EXT4(fstatfs, struct statfs)
+AS_EXT4(fstatfs64, struct statfs64)

@@ -54,6 +54,9 @@ enum PowerCutWork: String, Sendable, CaseIterable {
     case hls
     /// A Metalink file with piece hashes and two mirrors, downloaded in ranges.
     case metalink
+    /// `remove` without `delete_file` of a completed job and of a download with committed
+    /// offsets: the completed file is the user's and stays.
+    case removeKeep = "remove-keep"
 }
 
 /// Where a cut point claims to fall relative to its workload's command: before the command's
@@ -109,7 +112,7 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
     /// A command's commit: lost if cut before its sync, durable after.
     static func commit(_ after: Bool) -> CutClaim? { after ? .commandDurable : .commandLost }
 
-    /// 142 cut points; `short` picks (count, or -count for "before") a few of each workload.
+    /// 145 cut points; `short` picks (count, or -count for "before") a few of each workload.
     static let all: [CutPoint] = [
         // A big download in ranges: its checkpoints' fdatasync, the commits of their offsets, and writes.
         at(.big, "fdatasync", ".part", [1, 3], short: [-1, 3]),
@@ -173,6 +176,8 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         // A remove with delete_file: its commit comes before both unlinks (the completed file's
         // and the partial one's), under a journal commit that makes the unlinks durable.
         at(.remove, "unlink", "/dl/", [1, 2], mode: .names, claim: { _ in .commandDurable }),
+        // A remove without delete_file: its commit comes before the partial file's unlink.
+        at(.removeKeep, "unlink", ".part", [1], mode: .names, claim: { _ in .commandDurable }),
         // A group into a folder that exists: its files renamed in one by one, then synced.
         at(.groupInto, "rename", "/volume/", [1, 5], short: []),
         at(.groupInto, "fsyncdir", "/volume", [1], short: []),
@@ -188,7 +193,7 @@ struct CutPoint: Sendable, CustomTestStringConvertible {
         at(.resume, "fdatasync", "jobs.sqlite-wal", [1], minUnsynced: 64 << 10, claim: commit),
         // The moment a command is answered: what it changed must be durable by then. (Not
         // `queue`: a paused queue is not kept across a restart, by design.)
-        [PowerCutWork.big, .small, .enqueue, .pause, .cancel, .remove, .resume, .change, .setSpeed, .get].map {
+        [PowerCutWork.big, .small, .enqueue, .pause, .cancel, .remove, .removeKeep, .resume, .change, .setSpeed, .get].map {
             CutPoint(work: $0, kinds: "answer", pattern: nil, count: 1, after: true, short: $0 == .enqueue || $0 == .pause)
         },
     ].flatMap { $0 }
@@ -349,7 +354,7 @@ final class Answers: Sendable {
                 answers.state.withLock { $0.ids.append(id) }
                 try daemon.waitForJob(id, timeout: 30) { ($0["received"]?.int64Value ?? 0) >= 1_000_000 }
             }
-            if point.work == .remove {
+            if point.work == .remove || point.work == .removeKeep {
                 // A completed file (the user's now) and a download with committed offsets.
                 let done = try daemon.enqueue(["url": .string("\(base)/bytes/\(Self.groupSize)"), "name": "kept.bin"])
                 try daemon.waitForState(done, ["completed"], timeout: 30)
@@ -358,6 +363,12 @@ final class Answers: Sendable {
                 ])
                 try daemon.waitForJob(partial, timeout: 30) { ($0["received"]?.int64Value ?? 0) >= 1_000_000 }
                 answers.state.withLock { $0.targets = [done, partial] }
+            }
+            if point.work == .smallSyncfs {
+                // dld syncs a batch with syncfs only while the system holds little unwritten
+                // data (`Publisher.wholeFilesystem`): a build just before (a mutant's) can hold
+                // more, and dld would sync each file instead.
+                sync()
             }
             if point.kinds == "answer" {
                 // The moment dld writes the workload's reply (the first reply from now on): what
@@ -503,9 +514,9 @@ final class Answers: Sendable {
             try Self.syncFolder(folder)
             let deadline = Date().addingTimeInterval(60)
             while (try allJobs(daemon).filter { $0["state"] == "completed" }.count) < dropCount && Date() < deadline { usleep(50_000) }
-        case .remove:
+        case .remove, .removeKeep:
             let ids = answers.state.withLock { $0.targets }
-            _ = try daemon.call("remove", ["ids": .array(ids.map { .int($0) }), "delete_file": true])
+            _ = try daemon.call("remove", ["ids": .array(ids.map { .int($0) }), "delete_file": .bool(work == .remove)])
             answers.state.withLock { $0.removed = true }
             answered()
         case .encrypted:
@@ -610,17 +621,21 @@ final class Answers: Sendable {
         var segments: String
     }
 
+    /// Copies a SQLite database and its WAL (as the cut left them; `-shm` is rebuilt) from the
+    /// backing folder into a fresh folder `copy`, so that reading it changes nothing.
+    static func copyDatabase(_ relative: String, of fs: PowerCutFS, into copy: String) throws {
+        try? FileManager.default.removeItem(atPath: copy)
+        try FileManager.default.createDirectory(atPath: copy, withIntermediateDirectories: true)
+        let name = (relative as NSString).lastPathComponent
+        for suffix in ["", "-wal"] where FileManager.default.fileExists(atPath: fs.backing + "/" + relative + suffix) {
+            try FileManager.default.copyItem(atPath: fs.backing + "/" + relative + suffix, toPath: copy + "/" + name + suffix)
+        }
+    }
+
     /// Copies the job table out of the backing folder, checks its integrity and reads its rows.
     static func offlineRows(fs: PowerCutFS) throws -> [Int64: Row] {
         let copy = fs.root + "/copy"
-        try? FileManager.default.removeItem(atPath: copy)
-        try FileManager.default.createDirectory(atPath: copy, withIntermediateDirectories: true)
-        for suffix in ["", "-wal"] {
-            let source = fs.backing + "/state/jobs.sqlite" + suffix
-            if FileManager.default.fileExists(atPath: source) {
-                try FileManager.default.copyItem(atPath: source, toPath: copy + "/jobs.sqlite" + suffix)
-            }
-        }
+        try copyDatabase("state/jobs.sqlite", of: fs, into: copy)
         guard FileManager.default.fileExists(atPath: copy + "/jobs.sqlite") else { return [:] }
         let check = try runProgram("/usr/bin/sqlite3", [copy + "/jobs.sqlite", "PRAGMA integrity_check;"])
         #expect(check.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "ok", "integrity_check: \(check.stdout) \(check.stderr)")
@@ -706,14 +721,7 @@ final class Answers: Sendable {
     /// digest; an answered `get` with `pin` is there, ready and pinned, with the file it named.
     static func expectCacheIndex(fs: PowerCutFS, answers: Answers) throws {
         let copy = fs.root + "/cache-copy"
-        try? FileManager.default.removeItem(atPath: copy)
-        try FileManager.default.createDirectory(atPath: copy, withIntermediateDirectories: true)
-        for suffix in ["", "-wal"] {
-            let source = fs.backing + "/cache/index.sqlite" + suffix
-            if FileManager.default.fileExists(atPath: source) {
-                try FileManager.default.copyItem(atPath: source, toPath: copy + "/index.sqlite" + suffix)
-            }
-        }
+        try copyDatabase("cache/index.sqlite", of: fs, into: copy)
         let cached = answers.state.withLock { $0.cached }
         guard FileManager.default.fileExists(atPath: copy + "/index.sqlite") else {
             #expect(cached == nil, "get was answered with \(cached?.path ?? "-"); the cache's index is gone")
@@ -816,7 +824,7 @@ final class Answers: Sendable {
                 #expect((try sha256sum(full)) == (try joinedDigest()), "film.ts under its name is not the segments joined")
                 continue
             }
-            if work == .remove && relative == "kept.bin" && row == nil {
+            if (work == .remove || work == .removeKeep) && relative == "kept.bin" && row == nil {
                 #expect((try sha256sum(full)) == (try originDigest(groupSize)), "the removed job's kept.bin is not its complete file")
                 continue
             }
@@ -844,7 +852,11 @@ final class Answers: Sendable {
     static func expectAnswersInEffect(_ point: CutPoint, answers: Answers, rows: [Int64: Row], daemon: DaemonHarness) throws {
         let work = point.work
         let answered = answers.state.withLock { $0 }
-        if work == .remove {
+        if work == .remove || work == .removeKeep {
+            if work == .removeKeep {
+                // Removed or not, the completed file stays: it is the user's.
+                #expect((try? sha256sum(daemon.downloadDir + "/kept.bin")) == (try originDigest(groupSize)), "a remove without delete_file took kept.bin")
+            }
             let left = Set(try allJobs(daemon).compactMap { $0["id"]?.int64Value })
             #expect(Set(rows.keys) == left, "dld lists the jobs of the table")
             let removed = answered.targets.filter { !left.contains($0) }
@@ -938,7 +950,7 @@ final class Answers: Sendable {
     /// Every job resumes or completes; every completed job's file is there with its digest.
     static func expectEveryJobFinishes(_ work: PowerCutWork, daemon: DaemonHarness, identity: AgeTool.Identity? = nil) throws {
         switch work {
-        case .remove:
+        case .remove, .removeKeep:
             // What the remove did not take completes, with its file (a completed file is deleted
             // only with its record).
             for job in try allJobs(daemon) {
