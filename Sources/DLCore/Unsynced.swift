@@ -103,8 +103,9 @@ public enum ResumePoint {
         case notAhead
         /// The partial file is shorter than the record says (or gone): the bytes are not there.
         case fileShorter
-        /// The record cannot be used: ranges that do not read back, or no validator to resume
-        /// with (such a resume starts over anyway).
+        /// The record cannot be used: ranges that do not read back, no byte ranges, or neither
+        /// a validator nor the size that a resume without one checks (such a resume starts
+        /// over anyway).
         case unusable
     }
 
@@ -114,13 +115,17 @@ public enum ResumePoint {
     }
 
     /// Trusts `unsynced` only when it was written in this boot (`bootID`, the current one),
-    /// is ahead of the `synced` bytes, can be resumed (a validator, ranges), and the partial
-    /// file (`fileLength`, nil when there is none) is at least as long as it says.
+    /// is ahead of the `synced` bytes, can be resumed (byte ranges, and a validator or a known
+    /// size: without a validator the resume compares the bytes before it with the server's,
+    /// `OverlapResume`, as from a committed offset), and the partial file (`fileLength`, nil
+    /// when there is none) is at least as long as it says.
     public static func choose(synced: Int64, unsynced: UnsyncedProgress?, bootID: String?, fileLength: Int64?) -> Choice {
         guard let unsynced else { return .synced(.none) }
         guard let bootID, !bootID.isEmpty, unsynced.bootID == bootID else { return .synced(.otherBoot) }
         guard unsynced.received > synced else { return .synced(.notAhead) }
-        guard unsynced.validators.acceptsRanges, unsynced.validators.ifRange != nil, let required = unsynced.requiredLength else {
+        guard unsynced.validators.acceptsRanges, unsynced.validators.ifRange != nil || unsynced.size != nil,
+            let required = unsynced.requiredLength
+        else {
             return .synced(.unusable)
         }
         guard let fileLength, fileLength >= required else { return .synced(.fileShorter) }

@@ -50,10 +50,13 @@ import Testing
         #expect(ResumePoint.choose(synced: 0, unsynced: nil, bootID: boot, fileLength: 64 << 20) == .synced(.none))
     }
 
-    /// Without a validator (If-Range) or byte ranges the bytes cannot be continued anyway.
-    @Test func recordWithoutValidatorIsUnusable() {
+    /// Without a validator (If-Range) the bytes are continued with the overlap check, which
+    /// needs the size; without byte ranges they cannot be continued at all.
+    @Test func recordWithoutValidatorNeedsItsSize() {
         let noValidator = record(30 << 20, validators: Validators(acceptsRanges: true))
-        #expect(ResumePoint.choose(synced: 0, unsynced: noValidator, bootID: boot, fileLength: 64 << 20) == .synced(.unusable))
+        #expect(ResumePoint.choose(synced: 0, unsynced: noValidator, bootID: boot, fileLength: 64 << 20) == .unsynced(noValidator))
+        let noValidatorNoSize = record(30 << 20, size: nil, validators: Validators(acceptsRanges: true))
+        #expect(ResumePoint.choose(synced: 0, unsynced: noValidatorNoSize, bootID: boot, fileLength: 64 << 20) == .synced(.unusable))
         let noRanges = record(30 << 20, validators: Validators(etag: "\"v1\"", acceptsRanges: false))
         #expect(ResumePoint.choose(synced: 0, unsynced: noRanges, bootID: boot, fileLength: 64 << 20) == .synced(.unusable))
     }

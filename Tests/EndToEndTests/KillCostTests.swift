@@ -35,15 +35,19 @@ import Testing
     /// One stream, killed four times, each after 2 MiB more (under 2 s at 1.5 MB/s, so the
     /// old behaviour committed nothing and started over from 0 every time, 8 MiB more in all):
     /// every restart continues close to where it was killed, the file is exact with the
-    /// right SHA-256, and the origin served the file plus at most 1 MiB a kill.
-    @Test func killedStreamRefetchesLittle() async throws {
+    /// right SHA-256, and the origin served the file plus at most 1 MiB a kill. The same from
+    /// a server that sends neither ETag nor Last-Modified (`novalidators`): its resume checks
+    /// the 64 KiB before the offset instead of sending If-Range. (Before, its unsynced
+    /// progress was not used: each kill fetched again everything since the last checkpoint,
+    /// the 1.2× of a 40 % kill seen on a real server.)
+    @Test(arguments: ["", "&novalidators"]) func killedStreamRefetchesLittle(_ validators: String) async throws {
         try await withOrigin { origin in
             let daemon = try DaemonHarness(config: quickRetries + "\nsegments = 1\n")
             try daemon.start()
             defer { daemon.stop() }
             let size: Int64 = 12 << 20
             let step: Int64 = 2 << 20
-            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?rate=1500000"), "name": "stream.bin"])
+            let id = try daemon.enqueue(["url": .string("\(origin.baseURL)/bytes/\(size)?rate=1500000\(validators)"), "name": "stream.bin"])
             let (done, resumedAt) = try killCycles(daemon, job: id, step: step, kills: 4)
             #expect(done["state"] == "completed", "\(done.serializedString())")
             let path = daemon.downloadDir + "/stream.bin"
