@@ -1009,12 +1009,6 @@ final class Answers: Sendable {
                 let done = try daemon.waitForState(id, ["completed", "failed"], timeout: 60)
                 #expect(done["state"] == "completed", "\(done.serializedString())")
             }
-        case .pausedEarly:
-            for job in try allJobs(daemon) {
-                guard let id = job["id"]?.int64Value else { continue }
-                if job["state"] == "paused" { _ = try daemon.call("resume", ["id": .int(id)]) }
-            }
-            fallthrough
         case .hls:
             // The members are joined into one file: it is there, the segments in order.
             let deadline = Date().addingTimeInterval(60)
@@ -1025,6 +1019,12 @@ final class Answers: Sendable {
             }
             #expect(group["group"]?["state"] == "completed", "\(group.serializedString())")
             #expect((try? sha256sum(daemon.downloadDir + "/film.ts")) == (try joinedDigest()), "film.ts is not the segments joined")
+        case .pausedEarly:
+            for job in try allJobs(daemon) {
+                guard let id = job["id"]?.int64Value else { continue }
+                if job["state"] == "paused" { _ = try daemon.call("resume", ["id": .int(id)]) }
+            }
+            fallthrough
         case .big, .stream, .streamResume, .small, .smallLink, .smallRename, .smallSyncfs, .group, .groupInto, .encrypted, .get, .metalink:
             let jobs = try allJobs(daemon)
             for job in jobs {
