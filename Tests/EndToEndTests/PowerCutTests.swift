@@ -291,7 +291,8 @@ final class Answers: Sendable {
             // With syncfs, no checkpoint syncs the paced files meanwhile: the batch's syncfs is
             // what makes their data durable.
             let config =
-                (point.work == .smallSyncfs ? Self.config.replacingOccurrences(of: "checkpoint_interval = 0.1", with: "checkpoint_interval = 60") : Self.config)
+                (point.work == .smallSyncfs
+                    ? Self.config.replacingOccurrences(of: "checkpoint_interval = 0.1", with: "checkpoint_interval = 60") : Self.config)
                 + (point.work == .drop ? "\nwatch_dir = \"\(fs.mountpoint)/watch\"\n" : "")
                 + "\ncache_dir = \"\(fs.mountpoint)/cache\"\n" + (point.work == .smallSyncfs ? "max_per_host = \(Self.smallCount)\n" : "")
             // dld's `syncfs` of the mount honoured, for the workload that proves that path.
@@ -307,9 +308,12 @@ final class Answers: Sendable {
             let base = origin.baseURL
             let answers = Answers()
             if point.work == .hls {
-                let segments = (0..<Self.hlsSegments).map { n in "#EXTINF:2.0,\n\(base)/bytes/\(Self.hlsSegmentSize)?rate=1000000&n=\(n)\n" }
+                let segment = "\(base)/bytes/\(Self.hlsSegmentSize)?rate=1000000"
+                let segments = (0..<Self.hlsSegments).map { n in "#EXTINF:2.0,\n\(segment)&n=\(n)\n" }
                 origin.setDocument(
-                    "film.m3u8", "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:0\n" + segments.joined() + "#EXT-X-ENDLIST\n")
+                    "film.m3u8",
+                    "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:0\n" + segments.joined() + "#EXT-X-ENDLIST\n"
+                )
             }
             if point.work == .encrypted {
                 let identity = try AgeTool.keygen(in: fs.root)
@@ -709,7 +713,9 @@ final class Answers: Sendable {
         guard let data = FileManager.default.contents(atPath: partial), !data.isEmpty else { return }
         let header = Data("age-encryption.org/v1\n".utf8)
         let start = data.prefix(header.count)
-        #expect(start == header.prefix(start.count) || start.allSatisfy { $0 == 0 }, "job \(row.id)'s encrypted partial file starts with \(Array(start))")
+        #expect(
+            start == header.prefix(start.count) || start.allSatisfy { $0 == 0 },
+            "job \(row.id)'s encrypted partial file starts with \(Array(start))")
         for offset in [0, 1 << 20, 3 << 20] where offset + 4096 <= streamSize {
             let probe = Data(TestOrigin.bytes(from: Int64(offset), count: 64))
             #expect(data.range(of: probe) == nil, "job \(row.id)'s encrypted partial file holds the plaintext of byte \(offset)")
@@ -742,8 +748,12 @@ final class Answers: Sendable {
         for (path, entry) in entries where entry.ready {
             let file = fs.backing + path.dropFirst(fs.mountpoint.count)
             let size = (try? FileManager.default.attributesOfItem(atPath: file))?[.size] as? Int64
-            #expect(size == entry.bytes, "the cache holds \(path) ready with \(entry.bytes) bytes; the file has \(size.map(String.init) ?? "gone")")
-            if size == entry.bytes { #expect((try sha256sum(file)) == entry.sha256, "the cache's \(path) does not match its entry's digest") }
+            #expect(
+                size == entry.bytes,
+                "the cache holds \(path) ready with \(entry.bytes) bytes; the file has \(size.map(String.init) ?? "gone")")
+            if size == entry.bytes {
+                #expect((try sha256sum(file)) == entry.sha256, "the cache's \(path) does not match its entry's digest")
+            }
         }
         if let cached {
             let entry = entries[cached.path]
@@ -817,7 +827,8 @@ final class Answers: Sendable {
             // is recorded completed, with the segments in order.
             if work == .hls && relative == "film.ts" {
                 let copy = fs.root + "/copy/jobs.sqlite"
-                let closed = try runProgram("/usr/bin/sqlite3", [copy, "SELECT coalesce(closed, 'open') FROM groups WHERE name = 'film.ts';"])
+                let closed = try runProgram(
+                    "/usr/bin/sqlite3", [copy, "SELECT coalesce(closed, 'open') FROM groups WHERE name = 'film.ts';"])
                 #expect(
                     closed.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "completed",
                     "film.ts is under its name while its group is \(closed.stdout.trimmingCharacters(in: .whitespacesAndNewlines))")
@@ -832,7 +843,9 @@ final class Answers: Sendable {
                 row?.state == "completed",
                 "\(relative) is under its final name, its job is \(row.map { "\($0.id) \($0.state)" } ?? "unknown")")
             if let row, row.state == "completed" {
-                #expect(row.sha256 == (try plaintextDigest(full, identity: identity)), "\(relative) under its final name does not match its job's digest")
+                #expect(
+                    row.sha256 == (try plaintextDigest(full, identity: identity)),
+                    "\(relative) under its final name does not match its job's digest")
             }
         }
     }
@@ -855,7 +868,9 @@ final class Answers: Sendable {
         if work == .remove || work == .removeKeep {
             if work == .removeKeep {
                 // Removed or not, the completed file stays: it is the user's.
-                #expect((try? sha256sum(daemon.downloadDir + "/kept.bin")) == (try originDigest(groupSize)), "a remove without delete_file took kept.bin")
+                #expect(
+                    (try? sha256sum(daemon.downloadDir + "/kept.bin")) == (try originDigest(groupSize)),
+                    "a remove without delete_file took kept.bin")
             }
             let left = Set(try allJobs(daemon).compactMap { $0["id"]?.int64Value })
             #expect(Set(rows.keys) == left, "dld lists the jobs of the table")
@@ -920,7 +935,9 @@ final class Answers: Sendable {
             let path = again["path"]?.stringValue ?? ""
             #expect((try? sha256sum(path)) == (try originDigest(streamSize)), "the cache's copy \(path) is not the origin's bytes")
             if let cached = answered.cached {
-                #expect(again["source"] == "hit" && path == cached.path, "get was answered with \(cached.path); now \(again.serializedString())")
+                #expect(
+                    again["source"] == "hit" && path == cached.path, "get was answered with \(cached.path); now \(again.serializedString())"
+                )
                 let listed = try daemon.call("cache_list")["entries"]?.arrayValue ?? []
                 #expect(listed.contains { $0["path"]?.stringValue == cached.path && $0["pinned"] == true }, "the pin is lost: \(listed)")
             }
@@ -1055,7 +1072,9 @@ final class Answers: Sendable {
                         ? streamSize : [.small, .smallLink, .smallRename, .smallSyncfs].contains(work) ? smallSize : groupSize
                 #expect(done["sha256"]?.stringValue == (try originDigest(size)), "job \(id)'s recorded digest")
                 if FileManager.default.fileExists(atPath: path) {
-                    #expect((try plaintextDigest(path, identity: identity)) == (try originDigest(size)), "\(path) does not hold the origin's bytes")
+                    #expect(
+                        (try plaintextDigest(path, identity: identity)) == (try originDigest(size)),
+                        "\(path) does not hold the origin's bytes")
                 }
             }
         }
@@ -1077,7 +1096,8 @@ final class Answers: Sendable {
     /// The SHA-256 of the HLS workload's segments joined (each the origin's first bytes).
     static func joinedDigest() throws -> String {
         let path = NSTemporaryDirectory() + "/dld-joined-\(getpid())"
-        try Data(Array(repeating: TestOrigin.bytes(count: hlsSegmentSize), count: hlsSegments).joined()).write(to: URL(fileURLWithPath: path))
+        try Data(Array(repeating: TestOrigin.bytes(count: hlsSegmentSize), count: hlsSegments).joined()).write(
+            to: URL(fileURLWithPath: path))
         defer { unlink(path) }
         return try sha256sum(path)
     }
