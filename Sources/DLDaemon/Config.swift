@@ -1,4 +1,5 @@
 import DLCore
+import DLEngine
 import DLRPC
 import DLStorePostgres
 import DLTransfer
@@ -11,7 +12,7 @@ public struct DaemonConfig: Sendable, Equatable {
     public var socket: String
     public var stateDir: String
     public var downloadDir: String
-    public var maxActive: Int = 3
+    public var maxActive: Int = EngineConfiguration.Default.maxActive
     public var logLevel: Logger.Level = .info
     public var maxAttempts: Int = 10
     public var retryBase: Double = 2
@@ -24,10 +25,10 @@ public struct DaemonConfig: Sendable, Equatable {
     public var giveUpAfter: Double = 86_400
     public var checkpointInterval: Double = 2
     public var diskRecheck: Double = 30
-    public var groupParallel: Int = 4
+    public var groupParallel: Int = EngineConfiguration.Default.groupParallel
     /// Transfers to one host (and port) at once over HTTP/1.1 (connections), as browsers
     /// limit theirs.
-    public var maxPerHost: Int = 6
+    public var maxPerHost: Int = EngineConfiguration.Default.maxPerHost
     /// Transfers to one host at once when it answers over HTTP/2 (streams of one connection).
     public var maxStreamsPerHost: Int = HostLimits.defaultMaxStreams
     /// Transfers bound by round trips (small files, first bytes) at once beside the
@@ -43,9 +44,9 @@ public struct DaemonConfig: Sendable, Equatable {
     public var keepFailed: Double = RetentionPolicy.defaultKeepFailed
     /// Ranges one job fetches at once when its server takes ranges (segmented downloads); they
     /// count against `max_per_host`. 1 turns segmented downloads off.
-    public var segments: Int = 4
+    public var segments: Int = EngineConfiguration.Default.segments
     /// Files with less than this many bytes left to fetch are one stream.
-    public var segmentMinSize: Int64 = 4 << 20
+    public var segmentMinSize: Int64 = EngineConfiguration.Default.segmentMinSize
     /// Whether jobs that do not say (`metered` at enqueue) may download while NetworkManager
     /// says the connection is metered.
     public var metered = true
@@ -55,7 +56,7 @@ public struct DaemonConfig: Sendable, Equatable {
     public var hookTimeout: Int = 30
     /// Folders downloads may be written into; nil: the download folder and $HOME.
     public var allowedRoots: [String]?
-    public var maxQueued: Int = 1_000_000
+    public var maxQueued: Int = EngineConfiguration.Default.maxQueued
     /// Seconds a connection may stay silent between requests (an event stream is not silent).
     public var idleTimeout: Int = 300
     /// `~/.netrc` by default; "" turns it off.
@@ -70,7 +71,7 @@ public struct DaemonConfig: Sendable, Equatable {
     public var workerName: String = "dld"
     /// Seconds a worker's claim on a running job holds without being renewed: a worker that
     /// dies loses its jobs to the others after this long. Renewed every third of it.
-    public var lease: Double = 30
+    public var lease: Double = EngineConfiguration.Default.lease
     /// TLS trust added to the system store (or to `SSL_CERT_FILE`/`SSL_CERT_DIR`): a PEM
     /// bundle and a folder of PEM certificates.
     public var caFile: String?

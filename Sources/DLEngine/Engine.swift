@@ -6,6 +6,18 @@ import Logging
 
 /// Engine settings.
 public struct EngineConfiguration: Sendable {
+    /// The defaults of the engine's settings that the config table has keys for: the one
+    /// source of each, which `DaemonConfig` starts from too.
+    public enum Default {
+        public static let maxActive = 3
+        public static let groupParallel = 4
+        public static let maxPerHost = 6
+        public static let segments = 4
+        public static let segmentMinSize: Int64 = 4 << 20
+        public static let maxQueued = 1_000_000
+        public static let lease: TimeInterval = 30
+    }
+
     public var downloadDir: String
     /// Transfers that move bulk data at once; 1 means strictly one transfer at a time
     /// (`Lanes`).
@@ -19,17 +31,17 @@ public struct EngineConfiguration: Sendable {
     /// Start with the queue stopped (the boot-loop guard): commands work, nothing starts.
     public var queuePausedReason: String?
     /// Members of one group downloading at once, inside the group's single slot.
-    public var groupParallel = 4
+    public var groupParallel = Default.groupParallel
     /// Where downloads may be written (resolved folders); nil allows anywhere.
     public var pathPolicy: PathPolicy?
     /// Unfinished jobs at most; an enqueue beyond it is refused with `queue_full`.
-    public var maxQueued = 1_000_000
+    public var maxQueued = Default.maxQueued
     /// Credentials by host (`~/.netrc`), read when a transfer starts; never stored.
     public var netrcPath: String?
     /// Transfers to one host (host and port) at once, across jobs and group members: over
     /// HTTP/1.1, connections; a host that answered over HTTP/2 takes `maxStreamsPerHost`
     /// streams of one connection instead.
-    public var maxPerHost = 6
+    public var maxPerHost = Default.maxPerHost
     public var maxStreamsPerHost = HostLimits.defaultMaxStreams
     /// The lanes of `maxActive` and `maxLight`.
     public var lanes: Lanes { Lanes(maxActive: maxActive, maxLight: maxLight) }
@@ -41,15 +53,15 @@ public struct EngineConfiguration: Sendable {
     /// This daemon's worker id: the jobs it claims carry it.
     public var worker = "local/dld"
     /// Seconds a claim holds without renewal (a shared table's workers renew every third).
-    public var lease: TimeInterval = 30
+    public var lease: TimeInterval = Default.lease
     /// How long finished records are kept.
     public var retention = RetentionPolicy()
     /// `max_speed` and `speed_schedule` of the config file (a `set_speed` on top is the engine's).
     public var speed = GlobalSpeedPolicy()
     /// Ranges a job fetches at once (segmented downloads), unless the job says; 1 turns them off.
-    public var segments = 4
+    public var segments = Default.segments
     /// Files with less than this left to fetch are one stream.
-    public var segmentMinSize: Int64 = 4 << 20
+    public var segmentMinSize: Int64 = Default.segmentMinSize
     /// Whether jobs that do not say may download on a metered connection (config `metered`).
     public var meteredByDefault = true
     /// The country (ISO 3166 code, lowercase) whose Metalink mirrors go first among those of
@@ -60,10 +72,10 @@ public struct EngineConfiguration: Sendable {
     public var bootID: String?
 
     public init(
-        downloadDir: String, maxActive: Int = 3, backoff: BackoffPolicy = BackoffPolicy(),
+        downloadDir: String, maxActive: Int = Default.maxActive, backoff: BackoffPolicy = BackoffPolicy(),
         diskSpace: DiskSpacePolicy = DiskSpacePolicy(), checkpoints: CheckpointPolicy = CheckpointPolicy(),
-        queuePausedReason: String? = nil, groupParallel: Int = 4, pathPolicy: PathPolicy? = nil,
-        maxQueued: Int = 1_000_000, netrcPath: String? = nil
+        queuePausedReason: String? = nil, groupParallel: Int = Default.groupParallel, pathPolicy: PathPolicy? = nil,
+        maxQueued: Int = Default.maxQueued, netrcPath: String? = nil
     ) {
         self.groupParallel = groupParallel
         self.pathPolicy = pathPolicy
