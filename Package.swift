@@ -158,9 +158,25 @@ let package = Package(
             ]
         ),
         .testTarget(
+            // The wire: JSON-RPC messages and their params, OpenRPC, Metalink's reader.
             name: "DLRPCTests",
+            dependencies: ["DLRPC", "DLCore", "DLTestSupport"]
+        ),
+        .testTarget(
+            // The engine alone, on an in-process store: scheduling and recovery.
+            name: "DLEngineTests",
             dependencies: [
-                "DLRPC", "DLDaemon", "DLEngine", "DLCore", "DLJobTable", "DLStore", "DLTransfer", "DLTestSupport",
+                "DLEngine", "DLCore", "DLJobTable", "DLStore", "DLTransfer", "DLTestSupport",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            // The daemon's services in process: dispatcher, config, HTTP access, metrics, the
+            // engine's loops as the daemon runs them, and the fuzz seeds of the request parser
+            // (the JSON writer is checked against Foundation on them).
+            name: "DLDaemonTests",
+            dependencies: [
+                "DLDaemon", "DLEngine", "DLRPC", "DLCore", "DLJobTable", "DLStore", "DLTransfer", "DLTestSupport",
                 .product(name: "NIOEmbedded", package: "swift-nio"), .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make sanitize`: the unit and store tests (DLCoreTests, DLRPCTests, DLStoreTests,
-# DLTransferTests; not EndToEndTests, whose daemons are separate processes) under
+# `make sanitize`: the unit and store tests (DLCoreTests, DLRPCTests, DLEngineTests,
+# DLDaemonTests, DLStoreTests, DLTransferTests; not EndToEndTests, whose daemons are separate processes) under
 # AddressSanitizer and ThreadSanitizer, each a full debug build of its own in .build-asan and
 # .build-tsan. `scripts/sanitize.sh thread` runs one of them. Fails if a test fails or a
 # sanitizer reports (ASan stops the run; TSan reports every race and fails at the end).
@@ -13,7 +13,7 @@ sanitizers=("$@")
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan-suppressions.txt:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 # ThreadSanitizer: reports it cannot judge (see the file), nothing of dld's own.
 export TSAN_OPTIONS="suppressions=$PWD/scripts/tsan-suppressions.txt${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
-filter='^(DLCoreTests|DLRPCTests|DLStoreTests|DLTransferTests)\.'
+filter='^(DLCoreTests|DLRPCTests|DLEngineTests|DLDaemonTests|DLStoreTests|DLTransferTests)\.'
 failed=()
 for sanitizer in "${sanitizers[@]}"; do
     case $sanitizer in

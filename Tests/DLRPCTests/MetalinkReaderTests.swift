@@ -32,9 +32,7 @@ import Testing
         </metalink>
         """
 
-    static func doc(_ files: String) -> String {
-        #"<metalink xmlns="urn:ietf:params:xml:ns:metalink">"# + files + "</metalink>"
-    }
+    static func doc(_ files: String) -> String { MetalinkFixture.document(files) }
 
     static func refusal(_ text: String, limits: MetalinkLimits = MetalinkLimits()) -> String? {
         do {

@@ -295,7 +295,7 @@ extension Aria2RPC {
     @Test func addMetalink() async throws {
         try await DispatcherFixture.with { f in
             let aria2 = f.aria2()
-            let document = MetalinkReaderTests.doc(
+            let document = MetalinkFixture.document(
                 #"<file name="a.bin"><url>http://127.0.0.1:9/a.bin</url></file>"#
                     + #"<file name="b.bin"><url>http://127.0.0.1:9/b.bin</url><url>http://127.0.0.1:9/b2.bin</url></file>"#)
             let encoded = JSONValue.string(Data(document.utf8).base64EncodedString())
@@ -312,7 +312,7 @@ extension Aria2RPC {
             #expect(uris.arrayValue?.count == 2)
             #expect(await aria2.errorMessage("aria2.addMetalink", [encoded, ["out": "x"]])?.contains("out") == true)
             #expect(await aria2.errorMessage("aria2.addMetalink", ["not base64 !"]) != nil)
-            let hostile = Data(MetalinkReaderTests.doc(#"<file name="../x"><url>http://h/x</url></file>"#).utf8).base64EncodedString()
+            let hostile = Data(MetalinkFixture.document(#"<file name="../x"><url>http://h/x</url></file>"#).utf8).base64EncodedString()
             #expect(await aria2.errorMessage("aria2.addMetalink", [.string(hostile)]) != nil)
         }
     }
