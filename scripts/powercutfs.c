@@ -264,8 +264,7 @@ struct record {
     struct inode *dir1, *dir2;
     int need1, need2;
     char name1[NAME_MAX + 1], name2[NAME_MAX + 1];
-    char trashed[32];  // a file an unlink or a rename moved to the trash, or ""
-    mode_t mode;
+    char trashed[32];  // a file or folder an unlink, rmdir or rename moved to the trash, or ""
 };
 
 static struct record *records;
@@ -623,7 +622,6 @@ static int pc_rmdir(const char *path) {
                     rc = 0;
                     r->dir1 = dir;
                     r->need1 = 1;
-                    r->mode = st.st_mode & 07777;
                     snprintf(r->name1, sizeof r->name1, "%s", name);
                 }
             }

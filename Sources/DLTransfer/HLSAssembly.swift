@@ -14,8 +14,9 @@ public enum HLSAssembler {
 
     /// Writes the pieces, read from files in `folder`, into `output` (created or truncated,
     /// mode 0644), and syncs it and its folder: the group is recorded completed next, and a
-    /// power cut must not leave that record with a joined file whose name was lost. Errors: `hls_assembly` (a key of the wrong size, a piece that
-    /// does not decrypt, a range beyond its file), `file_error`.
+    /// power cut must not leave that record with a joined file whose name was lost. Errors:
+    /// `hls_assembly` (a key of the wrong size, a piece that does not decrypt, a range beyond
+    /// its file), `file_error`.
     public static func join(_ pieces: [HLSRecipe.Piece], from folder: String, into output: String) throws(TransferFailure) {
         let out = open(output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard out >= 0 else { throw fileFailure("create", output, errno) }

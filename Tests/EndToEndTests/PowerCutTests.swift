@@ -483,10 +483,15 @@ final class Answers: Sendable {
             answers.state.withLock { $0.ids.append(id) }
             answered()
             try daemon.waitForState(id, ["completed"], timeout: 60)
-        case .stream:
-            let id = try daemon.enqueue([
+        case .stream, .encrypted:
+            var job: [String: JSONValue] = [
                 "url": .string("\(base)/bytes/\(streamSize)?rate=4000000"), "name": "stream.bin", "segments": 1,
-            ])
+            ]
+            if work == .encrypted {
+                job["name"] = "secret.bin"
+                job["encrypt_to"] = [.string(answers.state.withLock { $0.identity?.recipient } ?? "")]
+            }
+            let id = try daemon.enqueue(job)
             answers.state.withLock { $0.ids.append(id) }
             answered()
             try daemon.waitForState(id, ["completed"], timeout: 60)
@@ -523,15 +528,6 @@ final class Answers: Sendable {
             _ = try daemon.call("remove", ["ids": .array(ids.map { .int($0) }), "delete_file": .bool(work == .remove)])
             answers.state.withLock { $0.removed = true }
             answered()
-        case .encrypted:
-            let recipient = answers.state.withLock { $0.identity?.recipient } ?? ""
-            let id = try daemon.enqueue([
-                "url": .string("\(base)/bytes/\(streamSize)?rate=4000000"), "name": "secret.bin", "segments": 1,
-                "encrypt_to": [.string(recipient)],
-            ])
-            answers.state.withLock { $0.ids.append(id) }
-            answered()
-            try daemon.waitForState(id, ["completed"], timeout: 60)
         case .get:
             let url = "\(base)/bytes/\(streamSize)?rate=4000000"
             answers.state.withLock { $0.getURL = url }
@@ -855,10 +851,7 @@ final class Answers: Sendable {
     static func plaintextDigest(_ path: String, identity: AgeTool.Identity?) throws -> String? {
         guard path.hasSuffix(".age") else { return try sha256sum(path) }
         guard let identity, let plaintext = try? AgeTool.decrypt(path, identity: identity) else { return nil }
-        let clear = path + ".clear"
-        try plaintext.write(to: URL(fileURLWithPath: clear))
-        defer { unlink(clear) }
-        return try sha256sum(clear)
+        return try MetalinkTests.hex(.sha256, [UInt8](plaintext)[...])
     }
 
     /// Every command answered before the cut is in effect, and no job is lost.
@@ -1095,11 +1088,8 @@ final class Answers: Sendable {
 
     /// The SHA-256 of the HLS workload's segments joined (each the origin's first bytes).
     static func joinedDigest() throws -> String {
-        let path = NSTemporaryDirectory() + "/dld-joined-\(getpid())"
-        try Data(Array(repeating: TestOrigin.bytes(count: hlsSegmentSize), count: hlsSegments).joined()).write(
-            to: URL(fileURLWithPath: path))
-        defer { unlink(path) }
-        return try sha256sum(path)
+        let joined = [UInt8](Array(repeating: TestOrigin.bytes(count: hlsSegmentSize), count: hlsSegments).joined())
+        return try MetalinkTests.hex(.sha256, joined[...])
     }
 
     /// The SHA-256 of the origin's first `size` bytes.
