@@ -51,6 +51,29 @@ struct LineDecoder: ByteToMessageDecoder {
     }
 }
 
+/// A connection the listening socket accepted, until a task serves it. One the server never
+/// takes (accepted while it closes, when serving ends or start-up fails after the bind) is
+/// closed when dropped: NIO traps on an async channel dropped with its writer unfinished
+/// (apple/swift-nio#3481), and which connections are in flight at a close is a race.
+public final class AcceptedConnection: Sendable {
+    private let channel: NIOAsyncChannel<ByteBuffer, ByteBuffer>
+    private let taken = Atomic(false)
+
+    init(_ channel: NIOAsyncChannel<ByteBuffer, ByteBuffer>) { self.channel = channel }
+
+    /// The connection, for the task that serves it (and closes it with `executeThenClose`).
+    func take() -> NIOAsyncChannel<ByteBuffer, ByteBuffer> {
+        taken.store(true, ordering: .relaxed)
+        return channel
+    }
+
+    deinit {
+        guard !taken.load(ordering: .relaxed) else { return }
+        let channel = self.channel
+        Task { try? await channel.executeThenClose { _, _ in } }
+    }
+}
+
 /// The control socket: a Unix stream socket, one task per connection, requests on a connection
 /// answered in order. Only the daemon's own uid is served.
 public final class ControlServer: Sendable {
@@ -61,6 +84,9 @@ public final class ControlServer: Sendable {
         public var idleTimeout: TimeAmount = .seconds(300)
         public init() {}
     }
+
+    /// The bound socket, its connections not yet served.
+    public typealias Listening = NIOAsyncChannel<AcceptedConnection, Never>
 
     let path: String
     let dispatcher: Dispatcher
@@ -89,7 +115,7 @@ public final class ControlServer: Sendable {
     /// socket file left by a dead daemon is replaced. With `adopting`, the listening socket
     /// systemd passed (socket activation) is served instead, as it is: its path and mode are
     /// the socket unit's. Every check of a connection (peer uid, limits) is the same.
-    public func bind(adopting adopted: Int32? = nil) async throws -> NIOAsyncChannel<NIOAsyncChannel<ByteBuffer, ByteBuffer>, Never> {
+    public func bind(adopting adopted: Int32? = nil) async throws -> Listening {
         if let adopted {
             return try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .childChannelOption(.allowRemoteHalfClosure, value: true)
@@ -119,7 +145,7 @@ public final class ControlServer: Sendable {
     }
 
     /// Each connection: the idle timeout, the line framing with its limit, an async channel.
-    private var childInitializer: @Sendable (any Channel) -> EventLoopFuture<NIOAsyncChannel<ByteBuffer, ByteBuffer>> {
+    private var childInitializer: @Sendable (any Channel) -> EventLoopFuture<AcceptedConnection> {
         return { [self] channel in
             let limits = self.limits
             let maxLine = limits.maxLineBytes
@@ -130,18 +156,20 @@ public final class ControlServer: Sendable {
                 try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(LineDecoder(maxLength: maxLine)))
                 // Finishing the writer half-closes the connection after what was written, so
                 // a cut-off event stream still delivers its last notice.
-                return try NIOAsyncChannel<ByteBuffer, ByteBuffer>(
-                    wrappingChannelSynchronously: channel,
-                    configuration: .init(isOutboundHalfClosureEnabled: true))
+                return AcceptedConnection(
+                    try NIOAsyncChannel<ByteBuffer, ByteBuffer>(
+                        wrappingChannelSynchronously: channel,
+                        configuration: .init(isOutboundHalfClosureEnabled: true)))
             }
         }
     }
 
     /// Serves until the server channel is closed, then closes the connections.
-    public func serve(_ server: NIOAsyncChannel<NIOAsyncChannel<ByteBuffer, ByteBuffer>, Never>) async throws {
+    public func serve(_ server: Listening) async throws {
         try await withThrowingDiscardingTaskGroup { group in
             try await server.executeThenClose { inbound in
-                for try await connection in inbound {
+                for try await accepted in inbound {
+                    let connection = accepted.take()
                     group.addTask { await self.handle(connection) }
                 }
             }

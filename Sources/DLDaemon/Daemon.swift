@@ -458,20 +458,17 @@ struct DaemonService: Service, CustomStringConvertible {
 
     static let statusInterval: Duration = .seconds(5)
 
-    /// "2 running, 10 queued, 1 waiting, 3.4 MB/s" (and why the queue is paused, if it is).
     /// Closes the control socket's channel when start-up fails after it was bound. Connections
-    /// it accepted already (a client waiting for dld to come up) are each closed through
-    /// `executeThenClose`: a connection's channel dropped without it traps in NIO (its writer
-    /// was never finished; apple/swift-nio#3481).
-    private func abandon(_ channel: NIOAsyncChannel<NIOAsyncChannel<ByteBuffer, ByteBuffer>, Never>) async {
+    /// it accepted already (a client waiting for dld to come up) close as they are dropped
+    /// (`AcceptedConnection`).
+    private func abandon(_ channel: ControlServer.Listening) async {
         try? await channel.channel.close()
         try? await channel.executeThenClose { inbound in
-            for try await connection in inbound {
-                try? await connection.executeThenClose { _, _ in }
-            }
+            for try await _ in inbound {}
         }
     }
 
+    /// "2 running, 10 queued, 1 waiting, 3.4 MB/s" (and why the queue is paused, if it is).
     static func statusLine(_ stats: Engine.Stats) -> String {
         var parts = ["\(stats.active) running", "\(stats.counts[.queued] ?? 0) queued"]
         if let waiting = stats.counts[.waiting], waiting > 0 { parts.append("\(waiting) waiting") }
