@@ -106,6 +106,8 @@ public final class Metrics: Sendable {
 
     /// The metrics in the text exposition format (version 0.0.4), after reading what is read
     /// at scrape time. A job table that cannot be read leaves the jobs' gauges as they were.
+    /// The gauges are read before the counters are emitted: a job that finishes in between is
+    /// counted in this scrape and in `dld_jobs` from the next one.
     public func render() async -> String {
         if let stats = try? await engine.stats() {
             for state in JobState.allCases { jobs[state]?.set(to: Double(stats.counts[state, default: 0])) }

@@ -190,9 +190,14 @@ import Testing
             var missing = EnqueueSpec(url: origin.baseURL + "/status/404")
             missing.name = "missing.bin"
             _ = try await f.engine.enqueue([spec, missing])
+            // The gauges too: a scrape reads the table before the counters, and a job whose
+            // commit falls between them is counted but not yet in `dld_jobs` (once in CI, on
+            // two starved cores).
             let after = try await f.scrape { text in
                 (text.value("dld_jobs_completed_total") ?? 0) >= 1
                     && (text.value("dld_job_failures_total", ["code": "http_status"]) ?? 0) >= 1
+                    && (text.value("dld_jobs", ["state": "completed"]) ?? 0) >= 1
+                    && (text.value("dld_jobs", ["state": "failed"]) ?? 0) >= 1
             }
             #expect(after.value("dld_jobs_completed_total") == (before.value("dld_jobs_completed_total") ?? -1) + 1)
             #expect(
@@ -243,7 +248,11 @@ import Testing
             // The speed while it runs is not asserted here: in the full suite on two cores the
             // gauge read 0 at every scrape of a 12 s transfer in two runs of three (not
             // understood yet; see the closing note of this change). Its return to 0 is.
-            let done = try await f.scrape { ($0.value("dld_jobs_completed_total") ?? 0) >= 1 }
+            // The gauges too, read before the counters in a scrape (`countersMoveWithTransfers`).
+            let done = try await f.scrape {
+                ($0.value("dld_jobs_completed_total") ?? 0) >= 1 && $0.value("dld_active_transfers") == 0
+                    && $0.value("dld_download_speed_bytes_per_second") == 0
+            }
             #expect(done.value("dld_active_transfers") == 0)
             #expect(done.value("dld_download_speed_bytes_per_second") == 0)
             #expect(done.value("dld_downloaded_bytes_total") == Double(size))
