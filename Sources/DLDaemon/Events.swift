@@ -27,17 +27,73 @@ public final class EventHub: Sendable {
         }
     }
 
-    /// What a subscriber receives.
+    /// What a subscriber receives: what one commit (or one progress tick) has for it, so that
+    /// a burst of events costs its consumer one wake-up and one write, not one per event.
     public enum Item: Sendable {
-        case stored(StoredEvent)
-        case progress(JSONValue)
+        /// A commit's events that the subscriber wants, in commit order; never empty.
+        case stored([StoredEvent])
+        /// Live progress of running jobs, one message each; never empty.
+        case progress([JSONValue])
+
+        /// The messages it holds, as `bufferLimit` counts them.
+        var count: Int {
+            switch self {
+            case .stored(let events): events.count
+            case .progress(let messages): messages.count
+            }
+        }
+    }
+
+    /// A subscriber's messages not yet taken care of: those buffered, and those of the item its
+    /// consumer holds (it is done with one when it asks for the next).
+    final class Backlog: Sendable {
+        private let count = Mutex(0)
+
+        /// Takes up to `wanted` places under `limit`; returns how many it took.
+        func take(_ wanted: Int, limit: Int) -> Int {
+            count.withLock { count in
+                let taken = max(0, min(wanted, limit - count))
+                count += taken
+                return taken
+            }
+        }
+
+        func release(_ done: Int) {
+            guard done > 0 else { return }
+            count.withLock { $0 -= done }
+        }
+    }
+
+    /// The live messages of one subscription, in order.
+    public struct Stream: AsyncSequence, Sendable {
+        let items: AsyncStream<Item>
+        let backlog: Backlog
+
+        public struct AsyncIterator: AsyncIteratorProtocol {
+            var base: AsyncStream<Item>.AsyncIterator
+            let backlog: Backlog
+            var held = 0
+
+            public mutating func next() async -> Item? {
+                backlog.release(held)
+                let item = await base.next()
+                held = item?.count ?? 0
+                return item
+            }
+        }
+
+        public func makeAsyncIterator() -> AsyncIterator {
+            AsyncIterator(base: items.makeAsyncIterator(), backlog: backlog)
+        }
     }
 
     private struct Subscriber {
         let filter: Filter
         let continuation: AsyncStream<Item>.Continuation
+        let backlog: Backlog
     }
 
+    /// At most this many messages wait for a subscriber (held by its consumer included).
     public static let bufferLimit = 10_000
     private let subscribers = Mutex<[UInt64: Subscriber]>([:])
     private let overflowed = Mutex<Set<UInt64>>([])
@@ -45,14 +101,16 @@ public final class EventHub: Sendable {
 
     public init() {}
 
-    public func subscribe(_ filter: Filter) -> (token: UInt64, stream: AsyncStream<Item>) {
+    public func subscribe(_ filter: Filter) -> (token: UInt64, stream: Stream) {
         let token = counter.withLock { value -> UInt64 in
             value += 1
             return value
         }
-        let (stream, continuation) = AsyncStream<Item>.makeStream(bufferingPolicy: .bufferingOldest(Self.bufferLimit))
-        subscribers.withLock { $0[token] = Subscriber(filter: filter, continuation: continuation) }
-        return (token, stream)
+        // Bounded by the backlog, in messages rather than items.
+        let (stream, continuation) = AsyncStream<Item>.makeStream(bufferingPolicy: .unbounded)
+        let backlog = Backlog()
+        subscribers.withLock { $0[token] = Subscriber(filter: filter, continuation: continuation, backlog: backlog) }
+        return (token, Stream(items: stream, backlog: backlog))
     }
 
     public func unsubscribe(_ token: UInt64) {
@@ -67,15 +125,19 @@ public final class EventHub: Sendable {
 
     public var subscriberCount: Int { subscribers.withLock { $0.count } }
 
+    /// A commit's events, one item for each subscriber that wants some. A subscriber that
+    /// would go past `bufferLimit` gets the events that fit, then is cut off.
     public func publish(_ events: [StoredEvent]) {
+        guard !events.isEmpty else { return }
         let current = subscribers.withLock { $0 }
         for (token, subscriber) in current {
-            for event in events where subscriber.filter.matches(job: event.jobID, group: event.groupID) {
-                if case .dropped = subscriber.continuation.yield(.stored(event)) {
-                    overflowed.withLock { _ = $0.insert(token) }
-                    unsubscribe(token)
-                    break
-                }
+            let wanted = events.filter { subscriber.filter.matches(job: $0.jobID, group: $0.groupID) }
+            guard !wanted.isEmpty else { continue }
+            let fits = subscriber.backlog.take(wanted.count, limit: Self.bufferLimit)
+            if fits > 0 { subscriber.continuation.yield(.stored(fits == wanted.count ? wanted : Array(wanted.prefix(fits)))) }
+            if fits < wanted.count {
+                overflowed.withLock { _ = $0.insert(token) }
+                unsubscribe(token)
             }
         }
     }
@@ -84,16 +146,26 @@ public final class EventHub: Sendable {
     public func publishProgress(_ jobs: [Job], _ snapshots: [TransferProgress.Snapshot]) {
         let current = subscribers.withLock { $0 }
         guard !current.isEmpty else { return }
-        for (job, snapshot) in zip(jobs, snapshots) {
-            let params: JSONValue = [
-                "id": .int(job.id), "group": job.groupID.map { .int($0) } ?? .null,
-                "received": .int(snapshot.received), "size": snapshot.size.map { .int($0) } ?? .null,
-                "speed": .int(Int64(snapshot.speed.rounded())),
-            ]
-            for (_, subscriber) in current where subscriber.filter.matches(job: job.id, group: job.groupID) {
-                // Progress is coalesced anyway: when a buffer is full it is simply not added.
-                _ = subscriber.continuation.yield(.progress(params))
+        let messages: [(job: Job, params: JSONValue)] = zip(jobs, snapshots).map { job, snapshot in
+            (
+                job,
+                [
+                    "id": .int(job.id), "group": job.groupID.map { .int($0) } ?? .null,
+                    "received": .int(snapshot.received), "size": snapshot.size.map { .int($0) } ?? .null,
+                    "speed": .int(Int64(snapshot.speed.rounded())),
+                ]
+            )
+        }
+        for (_, subscriber) in current {
+            let wanted = messages.filter { subscriber.filter.matches(job: $0.job.id, group: $0.job.groupID) }.map(\.params)
+            guard !wanted.isEmpty else { continue }
+            // Progress is coalesced anyway: a tick that does not fit is simply not added.
+            let fits = subscriber.backlog.take(wanted.count, limit: Self.bufferLimit)
+            guard fits == wanted.count else {
+                subscriber.backlog.release(fits)
+                continue
             }
+            subscriber.continuation.yield(.progress(wanted))
         }
     }
 }
@@ -102,38 +174,45 @@ extension Dispatcher {
     /// An event stream, the same on the socket and on a WebSocket: the answer with the current
     /// sequence number, then the missed events after `since` from the table, then live events,
     /// each as one JSON-RPC message given to `write`, until the task is cancelled (the client
-    /// went) or the subscriber fell too far behind. Returns whether it fell behind (the last
-    /// message said so; the caller then ends the connection).
-    func stream(_ subscription: Subscription, from hub: EventHub, write: (Data) async throws -> Void) async throws -> Bool {
+    /// went) or the subscriber fell too far behind. `write` gets the messages of a commit (or
+    /// of a part of the replay) at once, to write them with one flush. Returns whether it fell
+    /// behind (the last message said so; the caller then ends the connection).
+    func stream(_ subscription: Subscription, from hub: EventHub, write: ([Data]) async throws -> Void) async throws -> Bool {
         // Subscribe before reading the table, so that nothing falls between replay and live.
         let (token, live) = hub.subscribe(subscription.filter)
         defer { hub.unsubscribe(token) }
         let last = try await engine.lastEventSeq()
-        try await write(RPCResponse(id: subscription.id, result: .success(["seq": .int(last)])).json.serialized())
+        try await write([RPCResponse(id: subscription.id, result: .success(["seq": .int(last)])).json.serialized()])
         if let since = subscription.since, since < last {
-            for event in try await engine.events(after: since) where event.seq <= last {
-                guard subscription.filter.matches(job: event.jobID, group: event.groupID) else { continue }
-                try await write(Self.notification(event))
+            let missed = try await engine.events(after: since).filter {
+                $0.seq <= last && subscription.filter.matches(job: $0.jobID, group: $0.groupID)
+            }
+            for start in stride(from: 0, to: missed.count, by: Self.replayChunk) {
+                try await write(missed[start..<min(start + Self.replayChunk, missed.count)].map(Self.notification))
             }
         }
         var delivered = last
         for await item in live {
             switch item {
-            case .stored(let event):
-                guard event.seq > delivered else { continue }
-                delivered = event.seq
-                try await write(Self.notification(event))
-            case .progress(let params):
-                try await write(RPCRequest(method: "job.progress", params: params.objectValue ?? [:]).json.serialized())
+            case .stored(let events):
+                let fresh = events.filter { $0.seq > delivered }
+                guard let newest = fresh.last else { continue }
+                delivered = newest.seq
+                try await write(fresh.map(Self.notification))
+            case .progress(let messages):
+                try await write(messages.map { RPCRequest(method: "job.progress", params: $0.objectValue ?? [:]).json.serialized() })
             }
         }
         guard hub.didOverflow(token) else { return false }
         // Cut off rather than silently missing an event: say so, then end the stream.
         let note = RPCRequest(
             method: "events.overflow", params: ["message": "this subscriber fell too far behind; subscribe again with since"])
-        try? await write(note.json.serialized())
+        try? await write([note.json.serialized()])
         return true
     }
+
+    /// Replayed events are written this many at a time.
+    static let replayChunk = 256
 
     private static func notification(_ event: StoredEvent) -> Data {
         RPCRequest(method: event.kind.rawValue, params: JobJSON.encodeEvent(event).objectValue ?? [:]).json.serialized()

@@ -358,8 +358,11 @@ public actor URLCache {
             guard let job = try await engine.settledJob(id) else { return nil }
             if [.completed, .failed, .canceled].contains(job.state) { return job }
             for await item in stream {
-                guard case .stored(let event) = item, event.jobID == id else { continue }
-                if event.kind == .jobRemoved || ["completed", "failed", "canceled"].contains(event.state) { break }
+                guard case .stored(let events) = item else { continue }
+                let settled = events.contains { event in
+                    event.jobID == id && (event.kind == .jobRemoved || ["completed", "failed", "canceled"].contains(event.state))
+                }
+                if settled { break }
             }
             if Task.isCancelled || stopped { throw DLError(.shuttingDown, "dld is shutting down") }
         }

@@ -48,16 +48,17 @@ extension WebSocketHandler {
         pushing = Task { await WebSocketHandler.forwardAria2(live, token: token, hub: hub, to: channel) }
     }
 
-    private static func forwardAria2(_ live: AsyncStream<EventHub.Item>, token: UInt64, hub: EventHub, to channel: any Channel) async {
+    private static func forwardAria2(_ live: EventHub.Stream, token: UInt64, hub: EventHub, to channel: any Channel) async {
         defer { hub.unsubscribe(token) }
         for await item in live {
-            guard case .stored(let event) = item, event.kind == .jobState, let id = event.jobID,
-                let method = aria2Notification(state: event.state)
-            else { continue }
-            let message: JSONValue = ["jsonrpc": "2.0", "method": .string(method), "params": [["gid": .string(Aria2GID.gid(id))]]]
-            let frame = WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(bytes: message.serialized()))
+            guard case .stored(let events) = item else { continue }
+            let messages = events.compactMap { event -> Data? in
+                guard event.kind == .jobState, let id = event.jobID, let method = aria2Notification(state: event.state) else { return nil }
+                let message: JSONValue = ["jsonrpc": "2.0", "method": .string(method), "params": [["gid": .string(Aria2GID.gid(id))]]]
+                return message.serialized()
+            }
             do {
-                try await channel.writeAndFlush(frame).get()
+                try await writeFrames(messages, to: channel)
             } catch {
                 return
             }

@@ -109,9 +109,8 @@ final class WebSocketHandler: ChannelInboundHandler {
     ) async {
         let overflowed: Bool
         do {
-            overflowed = try await dispatcher.stream(subscription, from: hub) { data in
-                let frame = WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(bytes: data))
-                try await channel.writeAndFlush(frame).get()
+            overflowed = try await dispatcher.stream(subscription, from: hub) { messages in
+                try await writeFrames(messages, to: channel)
             }
         } catch {
             // The connection went, or the table could not be read: the client resubscribes.
@@ -119,6 +118,15 @@ final class WebSocketHandler: ChannelInboundHandler {
             return
         }
         if overflowed { closeForFallingBehind(channel) }
+    }
+
+    /// Messages as text frames, flushed once; returns when the last is written.
+    static func writeFrames(_ messages: [Data], to channel: any Channel) async throws {
+        guard let last = messages.last else { return }
+        for data in messages.dropLast() {
+            channel.write(WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(bytes: data)), promise: nil)
+        }
+        try await channel.writeAndFlush(WebSocketFrame(fin: true, opcode: .text, data: ByteBuffer(bytes: last))).get()
     }
 
     /// A subscriber the hub cut off for falling behind: closed with 1008.
