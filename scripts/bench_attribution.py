@@ -17,7 +17,7 @@ Usage: scripts/bench_attribution.py BIN_DIR steps|switches [FILES]
 import bisect, collections, os, re, shutil, signal, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_cpu, bench_many  # noqa: E402
+import bench_cpu, bench_many, benchlib  # noqa: E402
 from benchlib import Daemon  # noqa: E402
 
 OWN = re.compile(r"\$s\d*(DLEngine|DLStore|DLTransfer|DLDaemon|DLJobTable|DLCore)")
@@ -81,6 +81,8 @@ def main():
     if len(sys.argv) < 3 or sys.argv[2] not in ("steps", "switches"):
         sys.exit(__doc__)
     bin_dir, what = sys.argv[1], sys.argv[2]
+    # The daemon too (benchlib starts DLD_BIN_DIR's, else .build/release's).
+    benchlib.BIN = os.path.abspath(bin_dir)
     files = int(sys.argv[3]) if len(sys.argv) > 3 else 2000
     dld = os.path.join(bin_dir, "dld")
     if os.geteuid() != 0 or shutil.which("perf") is None or not bench_cpu.probes_ready(dld):

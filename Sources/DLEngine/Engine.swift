@@ -305,6 +305,9 @@ public actor Engine {
             handOff.started = scheduling.takeStartedEarly().map(\.id)
             // A few ends may come between two turns (`SchedulingLimits.readyRows`).
             handOff.ready = scheduling.limits.readyRows
+            handOff.readyAfter = scheduling.readyTopUp(claimingFree: handOff.free).map {
+                ReadyCursor(priority: $0.priority, id: $0.id, version: $0.version, rows: $0.rows)
+            }
             handOff.readyMembers = scheduling.limits.readyMemberRows
             claim = handOff
         }
@@ -329,7 +332,8 @@ public actor Engine {
         await stopLost(outcome.startedLost.sorted())
         if readsReady {
             // Jobs started from the old list while the turn ran are still queued in its read.
-            scheduling.turnRead(ready: outcome.ready, members: outcome.readyMembers)
+            scheduling.turnRead(
+                ready: outcome.ready, members: outcome.readyMembers, continued: outcome.readyContinued, version: outcome.readyVersion)
         }
         if !outcome.lost.isEmpty {
             logger.notice("jobs taken over while their transfers ended here: not recorded", metadata: ["jobs": "\(outcome.lost.sorted())"])

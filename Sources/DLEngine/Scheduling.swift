@@ -126,6 +126,10 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
     public private(set) var ready: [Job] = []
     /// The same for the members of each group that holds a slot.
     public private(set) var readyMembers: [GroupID: [Job]] = [:]
+    /// The last standalone job the ready reads took, and the store's count of queue changes
+    /// then: the next read takes only the jobs after it while that count holds
+    /// (`readyTopUp`). Nil once the list is dropped.
+    public private(set) var readyEnd: (priority: Int, id: JobID, version: UInt64)?
     /// Jobs started from the ready lists whose claims are not committed yet.
     public private(set) var startedEarly: [Job] = []
     /// Changes of this turn, committed together.
@@ -170,13 +174,27 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
     /// Forgets the ready lists: the queue may change otherwise.
     public mutating func dropReady() {
         ready = []
+        readyEnd = nil
         readyMembers = [:]
     }
 
     /// Forgets the ready members of `group`, or the standalone ready jobs (a claim of its own
     /// comes).
     public mutating func dropReady(group: GroupID?) {
-        if let group { readyMembers[group] = nil } else { ready = [] }
+        if let group { readyMembers[group] = nil } else { dropStandaloneReady() }
+    }
+
+    private mutating func dropStandaloneReady() {
+        ready = []
+        readyEnd = nil
+    }
+
+    /// What the next read of ready jobs may skip: the end of the last one, and how many jobs
+    /// after it fill the list again. Nil: the whole list is read again (none was read, it was
+    /// dropped, or the turn also claims free slots, whose jobs come from the list's head).
+    public func readyTopUp(claimingFree free: Int) -> (priority: Int, id: JobID, version: UInt64, rows: Int)? {
+        guard free == 0, let end = readyEnd else { return nil }
+        return (end.priority, end.id, end.version, max(0, limits.readyRows - ready.count))
     }
 
     /// The jobs started early, whose claims the caller commits now.
@@ -214,15 +232,24 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
 
     /// A turn's commit read the next queued jobs: jobs started while it ran are still among
     /// them, and are left out.
-    public mutating func turnRead(ready: [Job], members: [GroupID: [Job]]) {
-        self.ready = ready.filter { running[$0.id] == nil }
+    /// `continued`: the jobs are the ones after the last read (`readyTopUp`), appended to the
+    /// list. `version`: the store's count of queue changes at the read (nil: not counted, and
+    /// every read is a whole one).
+    public mutating func turnRead(ready rows: [Job], members: [GroupID: [Job]], continued: Bool = false, version: UInt64? = nil) {
+        let fresh = rows.filter { running[$0.id] == nil }
+        ready = continued ? ready + fresh : fresh
+        if let version, let last = rows.last {
+            readyEnd = (last.priority, last.id, version)
+        } else if !continued || version == nil {
+            readyEnd = nil
+        }
         readyMembers = members.mapValues { $0.filter { running[$0.id] == nil } }
     }
 
     /// A turn's commit is about to claim for `free` slots: the ready list is no longer valid
     /// (the claim counts those slots free, none may be handed off meanwhile).
     public mutating func claiming(free: Int) {
-        if free > 0 { ready = [] }
+        if free > 0 { dropStandaloneReady() }
     }
 
     /// A claim for `free` slots was committed; `found` tells whether it found anything to
@@ -283,7 +310,7 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
         let total = limits.lanes.strict ? forStandalone : forStandalone + forGroups
         guard total > 0 else { return nil }
         if !ready.isEmpty, let last = fruitlessClaimAt, now.timeIntervalSince(last) < Self.blockedClaimPause { return nil }
-        ready = []
+        dropStandaloneReady()
         return total
     }
 

@@ -30,6 +30,11 @@ public struct TurnClaim: Sendable {
     public var lightOnly: Int64? = nil
     public var started: [JobID] = []
     public var ready = 0
+    /// Where the last read of `ready` jobs ended: while no write has queued, unqueued or
+    /// reordered a row since (`ReadyCursor.version`), only the next `rows` after it are read
+    /// (`TurnOutcome.readyContinued`); otherwise the first `ready` again. A store that does
+    /// not count such writes always reads them again.
+    public var readyAfter: ReadyCursor? = nil
     public var readyMembers = 0
 
     public init(
@@ -42,6 +47,23 @@ public struct TurnClaim: Sendable {
         self.worker = worker
         self.leaseUntil = leaseUntil
         self.now = now
+    }
+}
+
+/// The last standalone job a turn read as ready, in the queue's order (priority, then id), and
+/// the store's count of writes that changed the queue otherwise when it was read.
+public struct ReadyCursor: Sendable, Equatable {
+    public var priority: Int
+    public var id: JobID
+    public var version: UInt64
+    /// How many jobs to read after it.
+    public var rows: Int
+
+    public init(priority: Int, id: JobID, version: UInt64, rows: Int = 0) {
+        self.priority = priority
+        self.id = id
+        self.version = version
+        self.rows = rows
     }
 }
 
@@ -67,6 +89,12 @@ public struct TurnOutcome: Sendable {
     /// `TurnClaim.readyMembers` each; none on a shared table): started as `ready` jobs are, as
     /// places in their group free up.
     public var readyMembers: [GroupID: [Job]] = [:]
+    /// `ready` continues the last read (the jobs after `TurnClaim.readyAfter`) rather than
+    /// replacing it.
+    public var readyContinued = false
+    /// The store's count of writes that changed the queue otherwise than by claims, when
+    /// `ready` was read (nil: the store does not count them).
+    public var readyVersion: UInt64? = nil
     /// Jobs of `TurnClaim.started` that were no longer queued: not claimed; their transfers
     /// must stop.
     public var startedLost: Set<JobID> = []

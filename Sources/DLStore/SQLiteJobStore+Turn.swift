@@ -42,6 +42,7 @@ extension SQLiteJobStore {
             return TurnOutcome()
         }
         let wanted = sink.wanted
+        let queueVersion = self.queueVersion
         let outcome = try await pool.writeWithoutTransaction { db in
             let body = {
                 try Self.inTransaction(db) { () throws -> TurnOutcome in
@@ -75,19 +76,33 @@ extension SQLiteJobStore {
                     guard let claim else { return outcome }
                     var waitingGroups: [(entry: QueueEntry, groupID: GroupID)]? = nil
                     if claim.free > 0 {
-                        let standalone = try Row.fetchAll(
-                            db.cachedStatement(
-                                sql: """
-                                    SELECT id, priority FROM jobs INDEXED BY jobs_standalone_queue
-                                    WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
-                                    """),
-                            arguments: [claim.free]
-                        ).map { QueueEntry(id: $0["id"], priority: $0["priority"]) }
                         let groups = try Self.queuedGroups(excluding: claim.excludingGroups, in: db)
                         waitingGroups = groups
-                        let share = SchedulerPolicy.share(
-                            free: claim.free, standaloneLimit: claim.standaloneLimit, groupLimit: claim.groupLimit,
-                            standalone: standalone, groups: groups.map { (entry: $0.entry, group: $0.groupID) })
+                        let share: (standalone: Int, groups: [GroupID])
+                        if groups.isEmpty {
+                            // No group to interleave: the standalone jobs take what they are,
+                            // up to their limit, counted in one step rather than read row by row.
+                            let count = try Int.fetchOne(
+                                db.cachedStatement(
+                                    sql: """
+                                        SELECT COUNT(*) FROM (SELECT 1 FROM jobs INDEXED BY jobs_standalone_queue
+                                        WHERE state = 'queued' AND group_id IS NULL LIMIT ?)
+                                        """),
+                                arguments: [min(claim.free, claim.standaloneLimit ?? claim.free)])
+                            share = (count ?? 0, [])
+                        } else {
+                            let standalone = try Row.fetchAll(
+                                db.cachedStatement(
+                                    sql: """
+                                        SELECT id, priority FROM jobs INDEXED BY jobs_standalone_queue
+                                        WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
+                                        """),
+                                arguments: [claim.free]
+                            ).map { QueueEntry(id: $0["id"], priority: $0["priority"]) }
+                            share = SchedulerPolicy.share(
+                                free: claim.free, standaloneLimit: claim.standaloneLimit, groupLimit: claim.groupLimit,
+                                standalone: standalone, groups: groups.map { (entry: $0.entry, group: $0.groupID) })
+                        }
                         outcome.standaloneSlots = share.standalone
                         outcome.groups = share.groups
                         let limit = min(share.standalone, claim.limit)
@@ -106,13 +121,31 @@ extension SQLiteJobStore {
                     if claim.ready > 0 {
                         let groups = try waitingGroups ?? Self.queuedGroups(excluding: claim.excludingGroups, in: db)
                         if groups.allSatisfy({ outcome.groups.contains($0.groupID) }) {
-                            outcome.ready = try Self.jobs(
-                                db.cachedStatement(
-                                    sql: """
-                                        SELECT \(JobColumn.list) FROM jobs INDEXED BY jobs_standalone_queue
-                                        WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
-                                        """),
-                                arguments: [claim.ready])
+                            let version = queueVersion.value
+                            outcome.readyVersion = version
+                            if let after = claim.readyAfter, after.version == version {
+                                // Nothing but claims changed the queue since the last read:
+                                // its rows are still the first, and only the next are read.
+                                outcome.readyContinued = true
+                                if after.rows > 0 {
+                                    outcome.ready = try Self.jobs(
+                                        db.cachedStatement(
+                                            sql: """
+                                                SELECT \(JobColumn.list) FROM jobs INDEXED BY jobs_standalone_queue
+                                                WHERE state = 'queued' AND group_id IS NULL AND (priority < ?1 OR (priority = ?1 AND id > ?2))
+                                                ORDER BY priority DESC, id LIMIT ?3
+                                                """),
+                                        arguments: [after.priority, after.id, after.rows])
+                                }
+                            } else {
+                                outcome.ready = try Self.jobs(
+                                    db.cachedStatement(
+                                        sql: """
+                                            SELECT \(JobColumn.list) FROM jobs INDEXED BY jobs_standalone_queue
+                                            WHERE state = 'queued' AND group_id IS NULL ORDER BY priority DESC, id LIMIT ?
+                                            """),
+                                    arguments: [claim.ready])
+                            }
                         }
                     }
                     if claim.readyMembers > 0 {

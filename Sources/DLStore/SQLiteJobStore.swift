@@ -3,6 +3,7 @@ import DLJobTable
 import Foundation
 import GRDB
 import GRDBSQLite
+import Synchronization
 
 /// The job table in SQLite, the embedded default backend of `JobTable`. One `DatabasePool` per
 /// file (WAL); every write goes through GRDB's single serialized writer, and every state change
@@ -37,6 +38,42 @@ public final class SQLiteJobStore: JobTable {
             }
         }
         try Self.migrator.migrate(pool)
+        try Self.countQueueChanges(in: pool, into: queueVersion)
+    }
+
+    /// Writes that queued, unqueued or reordered a standalone job, counted on the writer by
+    /// temporary triggers (they live in its connection, not in the file): a claim's move from
+    /// `queued` to `running` is not one, so a turn whose count did not move reads only the
+    /// jobs after its last ready row (`TurnClaim.readyAfter`). A write rolled back still
+    /// counts: the next read is then a whole one, which is never wrong.
+    let queueVersion = QueueVersion()
+
+    final class QueueVersion: Sendable {
+        private let count = Mutex<UInt64>(0)
+        var value: UInt64 { count.withLock { $0 } }
+        func bump() { count.withLock { $0 &+= 1 } }
+    }
+
+    private static func countQueueChanges(in pool: DatabasePool, into version: QueueVersion) throws {
+        try pool.writeWithoutTransaction { db in
+            db.add(
+                function: DatabaseFunction("dld_queue_changed", argumentCount: 0, pure: false) { _ in
+                    version.bump()
+                    return nil
+                })
+            let standalone = "group_id IS NULL"
+            try db.execute(
+                sql: """
+                    CREATE TEMP TRIGGER IF NOT EXISTS dld_queue_insert AFTER INSERT ON main.jobs
+                    WHEN NEW.state = 'queued' AND NEW.\(standalone) BEGIN SELECT dld_queue_changed(); END;
+                    CREATE TEMP TRIGGER IF NOT EXISTS dld_queue_delete AFTER DELETE ON main.jobs
+                    WHEN OLD.state = 'queued' AND OLD.\(standalone) BEGIN SELECT dld_queue_changed(); END;
+                    CREATE TEMP TRIGGER IF NOT EXISTS dld_queue_update AFTER UPDATE ON main.jobs
+                    WHEN ((OLD.state = 'queued' AND OLD.\(standalone)) OR (NEW.state = 'queued' AND NEW.\(standalone)))
+                        AND NOT (OLD.state = 'queued' AND NEW.state = 'running')
+                    BEGIN SELECT dld_queue_changed(); END;
+                    """)
+        }
     }
 
     public func databaseBytes() async throws -> Int64 {

@@ -51,6 +51,36 @@ extension Book {
 /// The scheduling state machine (`Scheduling`): each invariant of its documentation, with a
 /// test clock and no store, socket or transfer.
 @Suite struct SchedulingTests {
+    /// A turn's read of ready jobs that continues the last one (`readyTopUp`) adds to the list;
+    /// a list dropped, or a turn that claims free slots (from the queue's head), asks for a
+    /// whole read again, as does a store that does not count queue changes.
+    @Test func aContinuedReadAddsToTheReadyList() throws {
+        let clock = SchedulingClock()
+        var book = Book(maxActive: 3, maxLight: 0)
+        #expect(book.readyTopUp(claimingFree: 0) == nil, "nothing read yet")
+        book.turnRead(ready: (1...4).map { queuedJob($0) }, members: [:], version: 7)
+        var top = try #require(book.readyTopUp(claimingFree: 0))
+        let rows = book.limits.readyRows
+        #expect(top.id == 4 && top.version == 7 && top.rows == rows - 4, "what fills the list")
+        #expect(book.handOff(at: clock)?.id == 1)
+        top = try #require(book.readyTopUp(claimingFree: 0))
+        #expect(top.id == 4 && top.rows == rows - 3)
+        #expect(book.readyTopUp(claimingFree: 2) == nil, "a claim takes the head")
+        book.turnRead(ready: [queuedJob(5)], members: [:], continued: true, version: 7)
+        #expect(book.ready.map(\.id) == [2, 3, 4, 5])
+        #expect(book.readyTopUp(claimingFree: 0)?.id == 5)
+        // Nothing more after the last: the end stays.
+        book.turnRead(ready: [], members: [:], continued: true, version: 7)
+        #expect(book.ready.map(\.id) == [2, 3, 4, 5] && book.readyTopUp(claimingFree: 0)?.id == 5)
+        book.dropReady()
+        #expect(book.readyTopUp(claimingFree: 0) == nil)
+        book.turnRead(ready: [queuedJob(6)], members: [:], version: 8)
+        book.claiming(free: 1)
+        #expect(book.ready.isEmpty && book.readyTopUp(claimingFree: 0) == nil)
+        book.turnRead(ready: [queuedJob(7)], members: [:])
+        #expect(book.ready.map(\.id) == [7] && book.readyTopUp(claimingFree: 0) == nil, "no count, no continuation")
+    }
+
     /// Invariant 1: a section of the queue that is not a turn gets the claims of every job
     /// started early before it may change the queue, and the ready lists are gone: no slot
     /// that frees up afterwards starts a job from a list read before that section.

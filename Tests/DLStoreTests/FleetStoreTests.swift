@@ -117,6 +117,72 @@ import Testing
         }
     }
 
+    /// A turn given the end of the last ready read (`readyAfter`) reads only the jobs after it
+    /// while nothing but claims changed the queue, and the whole list again after any other
+    /// change: a job queued ahead of it, one paused, a parked outcome queued again, a new
+    /// priority. A claim for free slots reads its share in one step (no group waits here).
+    @Test func aTurnContinuesItsReadyListUntilTheQueueChanges() async throws {
+        try await withStore(.sqlite) { store, _ in
+            let jobs = try await store.insert((1...12).map { new($0) }, now: t0).map(\.job)
+            func claim(free: Int = 0, started: [JobID] = [], ready: Int = 4, after: ReadyCursor? = nil) -> TurnClaim {
+                var claim = TurnClaim(
+                    free: free, limit: free, excludingGroups: [], excludingHosts: [], worker: "w", leaseUntil: t0.addingTimeInterval(60),
+                    now: t0.addingTimeInterval(1))
+                claim.started = started
+                claim.ready = ready
+                claim.readyAfter = after
+                return claim
+            }
+            func cursor(_ outcome: TurnOutcome, rows: Int) throws -> ReadyCursor {
+                let last = try #require(outcome.ready.last)
+                return ReadyCursor(priority: last.priority, id: last.id, version: try #require(outcome.readyVersion), rows: rows)
+            }
+            let ids = jobs.map(\.id)
+            let first = try await store.turn(saves: [], owned: [], owner: "w", claim: claim())
+            #expect(first.ready.map(\.id) == Array(ids[0..<4]))
+            #expect(!first.readyContinued)
+
+            // Two of them started from the list and claimed: only the next two are read.
+            let second = try await store.turn(
+                saves: [], owned: [], owner: "w", claim: claim(started: [ids[0], ids[1]], after: try cursor(first, rows: 2)))
+            #expect(second.readyContinued)
+            #expect(second.ready.map(\.id) == Array(ids[4..<6]))
+            #expect(second.readyVersion == first.readyVersion, "claims do not count as changes")
+
+            // A claim for free slots: job 3 and 4 (the head) are claimed, the list is read whole.
+            let third = try await store.turn(saves: [], owned: [], owner: "w", claim: claim(free: 2))
+            #expect(third.claimed.map(\.id) == [ids[2], ids[3]])
+            #expect(third.standaloneSlots == 2)
+            #expect(third.ready.map(\.id) == Array(ids[4..<8]))
+            #expect(
+                try await store.turn(saves: [], owned: [], owner: "w", claim: claim(free: 40)).standaloneSlots == 8, "all that is queued")
+
+            // A job queued ahead: read whole again, the new one first.
+            let base = try await store.turn(saves: [], owned: [], owner: "w", claim: claim())
+            #expect(base.ready.isEmpty)
+            let urgent = try await store.insert([new(99, priority: 9)] + (13...14).map { new($0) }, now: t0).map(\.job)
+            let fourth = try await store.turn(saves: [], owned: [], owner: "w", claim: claim())
+            #expect(fourth.ready.map(\.id) == urgent.map(\.id))
+            let unchanged = try await store.turn(saves: [], owned: [], owner: "w", claim: claim(after: try cursor(fourth, rows: 4)))
+            #expect(unchanged.readyContinued && unchanged.ready.isEmpty, "nothing after the last")
+
+            // A queued job paused: a change.
+            _ = try await store.apply(.pause, to: .ids([urgent[1].id]), now: t0)
+            let fifth = try await store.turn(saves: [], owned: [], owner: "w", claim: claim(after: try cursor(fourth, rows: 4)))
+            #expect(!fifth.readyContinued)
+            #expect(fifth.ready.map(\.id) == [urgent[0].id, urgent[2].id])
+
+            // A turn's own row queued again (a parked transfer): a change too.
+            var parked = try await store.claim(limit: 1, worker: "w", leaseUntil: t0.addingTimeInterval(60), excludingHosts: [], now: t0)
+            #expect(parked.map(\.id) == [urgent[0].id])
+            parked[0].state = .queued
+            let sixth = try await store.turn(
+                saves: parked, owned: [parked[0].id], owner: "w", claim: claim(after: try cursor(fifth, rows: 4)))
+            #expect(!sixth.readyContinued)
+            #expect(sixth.ready.map(\.id) == [urgent[0].id, urgent[2].id])
+        }
+    }
+
     /// The jobs completed since a moment, newest first, at most the limit: what a worker looks
     /// at for files that a dead worker recorded but did not link.
     @Test(arguments: Backend.allCases)
