@@ -187,9 +187,7 @@ extension Dispatcher {
             let missed = try await engine.events(after: since).filter {
                 $0.seq <= last && subscription.filter.matches(job: $0.jobID, group: $0.groupID)
             }
-            for start in stride(from: 0, to: missed.count, by: Self.replayChunk) {
-                try await write(missed[start..<min(start + Self.replayChunk, missed.count)].map(Self.notification))
-            }
+            try await writeInChunks(missed, as: Self.notification, to: write)
         }
         var delivered = last
         for await item in live {
@@ -198,9 +196,10 @@ extension Dispatcher {
                 let fresh = events.filter { $0.seq > delivered }
                 guard let newest = fresh.last else { continue }
                 delivered = newest.seq
-                try await write(fresh.map(Self.notification))
+                try await writeInChunks(fresh, as: Self.notification, to: write)
             case .progress(let messages):
-                try await write(messages.map { RPCRequest(method: "job.progress", params: $0.objectValue ?? [:]).json.serialized() })
+                try await writeInChunks(
+                    messages, as: { RPCRequest(method: "job.progress", params: $0.objectValue ?? [:]).json.serialized() }, to: write)
             }
         }
         guard hub.didOverflow(token) else { return false }
@@ -211,8 +210,18 @@ extension Dispatcher {
         return true
     }
 
-    /// Replayed events are written this many at a time.
-    static let replayChunk = 256
+    /// Messages are serialized and written this many at a time: a page of 1000 events is not
+    /// held as 1000 serialized messages at once.
+    static let writeChunk = 64
+
+    /// `items` serialized by `message` and handed to `write`, `writeChunk` at a time.
+    private func writeInChunks<Item>(
+        _ items: [Item], as message: (Item) -> Data, to write: ([Data]) async throws -> Void
+    ) async throws {
+        for start in stride(from: 0, to: items.count, by: Self.writeChunk) {
+            try await write(items[start..<min(start + Self.writeChunk, items.count)].map(message))
+        }
+    }
 
     private static func notification(_ event: StoredEvent) -> Data {
         RPCRequest(method: event.kind.rawValue, params: JobJSON.encodeEvent(event).objectValue ?? [:]).json.serialized()
