@@ -305,7 +305,7 @@ public actor Engine {
             handOff.started = scheduling.takeStartedEarly().map(\.id)
             // A few ends may come between two turns (`SchedulingLimits.readyRows`).
             handOff.ready = scheduling.limits.readyRows
-            handOff.readyAfter = scheduling.readyTopUp(claimingFree: handOff.free).map {
+            handOff.readyAfter = scheduling.readyTopUp().map {
                 ReadyCursor(priority: $0.priority, id: $0.id, version: $0.version, rows: $0.rows)
             }
             handOff.readyMembers = scheduling.limits.readyMemberRows
@@ -333,7 +333,8 @@ public actor Engine {
         if readsReady {
             // Jobs started from the old list while the turn ran are still queued in its read.
             scheduling.turnRead(
-                ready: outcome.ready, members: outcome.readyMembers, continued: outcome.readyContinued, version: outcome.readyVersion)
+                ready: outcome.ready, members: outcome.readyMembers, continued: outcome.readyContinued, version: outcome.readyVersion,
+                claimed: Set(outcome.claimed.map(\.id)))
         }
         if !outcome.lost.isEmpty {
             logger.notice("jobs taken over while their transfers ended here: not recorded", metadata: ["jobs": "\(outcome.lost.sorted())"])

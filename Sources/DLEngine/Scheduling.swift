@@ -130,6 +130,10 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
     /// then: the next read takes only the jobs after it while that count holds
     /// (`readyTopUp`). Nil once the list is dropped.
     public private(set) var readyEnd: (priority: Int, id: JobID, version: UInt64)?
+    /// The standalone ready jobs while a claim for free slots is on its way: none may start
+    /// from them meanwhile (the claim counts those slots free), and the turn's read gives them
+    /// back, but those it claimed, if it continues them (`turnRead`).
+    private var heldReady: [Job]?
     /// Jobs started from the ready lists whose claims are not committed yet.
     public private(set) var startedEarly: [Job] = []
     /// Changes of this turn, committed together.
@@ -173,8 +177,7 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
 
     /// Forgets the ready lists: the queue may change otherwise.
     public mutating func dropReady() {
-        ready = []
-        readyEnd = nil
+        dropStandaloneReady()
         readyMembers = [:]
     }
 
@@ -186,15 +189,23 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
 
     private mutating func dropStandaloneReady() {
         ready = []
+        heldReady = nil
         readyEnd = nil
     }
 
+    /// A claim for free slots comes: the standalone ready jobs are held aside until its turn's
+    /// read (`heldReady`).
+    private mutating func holdReady() {
+        heldReady = (heldReady ?? []) + ready
+        ready = []
+    }
+
     /// What the next read of ready jobs may skip: the end of the last one, and how many jobs
-    /// after it fill the list again. Nil: the whole list is read again (none was read, it was
-    /// dropped, or the turn also claims free slots, whose jobs come from the list's head).
-    public func readyTopUp(claimingFree free: Int) -> (priority: Int, id: JobID, version: UInt64, rows: Int)? {
-        guard free == 0, let end = readyEnd else { return nil }
-        return (end.priority, end.id, end.version, max(0, limits.readyRows - ready.count))
+    /// after it fill the list again (the store adds those its claim takes). Nil: the whole
+    /// list is read again (none was read, or it was dropped).
+    public func readyTopUp() -> (priority: Int, id: JobID, version: UInt64, rows: Int)? {
+        guard let end = readyEnd else { return nil }
+        return (end.priority, end.id, end.version, max(0, limits.readyRows - ready.count - (heldReady?.count ?? 0)))
     }
 
     /// The jobs started early, whose claims the caller commits now.
@@ -233,11 +244,16 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
     /// A turn's commit read the next queued jobs: jobs started while it ran are still among
     /// them, and are left out.
     /// `continued`: the jobs are the ones after the last read (`readyTopUp`), appended to the
-    /// list. `version`: the store's count of queue changes at the read (nil: not counted, and
-    /// every read is a whole one).
-    public mutating func turnRead(ready rows: [Job], members: [GroupID: [Job]], continued: Bool = false, version: UInt64? = nil) {
+    /// list, with the jobs held for its claim but those it claimed (`claimed`). `version`: the
+    /// store's count of queue changes at the read (nil: not counted, and every read is a whole
+    /// one).
+    public mutating func turnRead(
+        ready rows: [Job], members: [GroupID: [Job]], continued: Bool = false, version: UInt64? = nil, claimed: Set<JobID> = []
+    ) {
         let fresh = rows.filter { running[$0.id] == nil }
-        ready = continued ? ready + fresh : fresh
+        let kept = ((heldReady ?? []) + ready).filter { !claimed.contains($0.id) && running[$0.id] == nil }
+        heldReady = nil
+        ready = continued ? kept + fresh : fresh
         if let version, let last = rows.last {
             readyEnd = (last.priority, last.id, version)
         } else if !continued || version == nil {
@@ -246,10 +262,10 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
         readyMembers = members.mapValues { $0.filter { running[$0.id] == nil } }
     }
 
-    /// A turn's commit is about to claim for `free` slots: the ready list is no longer valid
-    /// (the claim counts those slots free, none may be handed off meanwhile).
+    /// A turn's commit is about to claim for `free` slots: the ready list is held aside (the
+    /// claim counts those slots free, none may be handed off meanwhile).
     public mutating func claiming(free: Int) {
-        if free > 0 { dropStandaloneReady() }
+        if free > 0 { holdReady() }
     }
 
     /// A claim for `free` slots was committed; `found` tells whether it found anything to
@@ -310,7 +326,7 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
         let total = limits.lanes.strict ? forStandalone : forStandalone + forGroups
         guard total > 0 else { return nil }
         if !ready.isEmpty, let last = fruitlessClaimAt, now.timeIntervalSince(last) < Self.blockedClaimPause { return nil }
-        dropStandaloneReady()
+        holdReady()
         return total
     }
 

@@ -30,10 +30,11 @@ public struct TurnClaim: Sendable {
     public var lightOnly: Int64? = nil
     public var started: [JobID] = []
     public var ready = 0
-    /// Where the last read of `ready` jobs ended: while no write has queued, unqueued or
-    /// reordered a row since (`ReadyCursor.version`), only the next `rows` after it are read
-    /// (`TurnOutcome.readyContinued`); otherwise the first `ready` again. A store that does
-    /// not count such writes always reads them again.
+    /// Where the last read of `ready` jobs ended: while no write but claims has queued,
+    /// unqueued or reordered a row since (`ReadyCursor.version`), only the next `rows` after
+    /// it are read, and as many more as this turn's claim took (`TurnOutcome.readyContinued`);
+    /// otherwise the first `ready` again. A store that does not count such writes always reads
+    /// them again.
     public var readyAfter: ReadyCursor? = nil
     public var readyMembers = 0
 

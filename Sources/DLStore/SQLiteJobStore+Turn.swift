@@ -125,9 +125,12 @@ extension SQLiteJobStore {
                             outcome.readyVersion = version
                             if let after = claim.readyAfter, after.version == version {
                                 // Nothing but claims changed the queue since the last read:
-                                // its rows are still the first, and only the next are read.
+                                // its rows, but those claimed, are still the first, and only
+                                // the next are read.
                                 outcome.readyContinued = true
-                                if after.rows > 0 {
+                                // What the claim above took from the list is read anew.
+                                let rows = after.rows + outcome.claimed.count
+                                if rows > 0 {
                                     outcome.ready = try Self.jobs(
                                         db.cachedStatement(
                                             sql: """
@@ -135,7 +138,7 @@ extension SQLiteJobStore {
                                                 WHERE state = 'queued' AND group_id IS NULL AND (priority < ?1 OR (priority = ?1 AND id > ?2))
                                                 ORDER BY priority DESC, id LIMIT ?3
                                                 """),
-                                        arguments: [after.priority, after.id, after.rows])
+                                        arguments: [after.priority, after.id, rows])
                                 }
                             } else {
                                 outcome.ready = try Self.jobs(
@@ -214,7 +217,7 @@ extension SQLiteJobStore {
             arguments: [now.timeIntervalSince1970, worker, leaseUntil.timeIntervalSince1970, RowSelection.jsonArray(ids)])
         try Self.recordStates(of: ids.sorted(), at: now, in: db)
         let statement = try db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE id = ?")
-        let jobs = try ids.compactMap { try Self.jobs(statement, arguments: [$0]).first }
+        let jobs = try ids.compactMap { try Self.job(statement, arguments: [$0]) }
         return (jobs, (before, try Self.lastSeq(db)))
     }
 

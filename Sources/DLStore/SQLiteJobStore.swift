@@ -420,7 +420,7 @@ public final class SQLiteJobStore: JobTable {
 
     public func fetch(_ id: JobID) async throws -> Job? {
         try await pool.read { db in
-            try Self.jobs(db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE id = ?"), arguments: [id]).first
+            try Self.job(db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE id = ?"), arguments: [id])
         }
     }
 
@@ -428,7 +428,7 @@ public final class SQLiteJobStore: JobTable {
     public func fetch(_ ids: [JobID]) async throws -> [Job] {
         try await pool.read { db in
             try ids.compactMap { id in
-                try Self.jobs(db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE id = ?"), arguments: [id]).first
+                try Self.job(db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE id = ?"), arguments: [id])
             }
         }
     }
@@ -563,6 +563,28 @@ public final class SQLiteJobStore: JobTable {
         }
     }
 
+    /// The first row of a statement that lists `columns`, in one step: for a lookup by a
+    /// unique key (a job's id, its client key), which has one row at most.
+    static func first<Columns: TableColumns>(_ columns: Columns.Type, _ statement: Statement, arguments: StatementArguments) throws
+        -> Columns.Value?
+    {
+        try statement.setArguments(arguments)
+        let handle = statement.sqliteStatement
+        defer { sqlite3_reset(handle) }
+        switch sqlite3_step(handle) {
+        case SQLITE_DONE: return nil
+        case SQLITE_ROW: return try Columns.value(from: Cells(handle: handle))
+        case let code:
+            let message = sqlite3_db_handle(handle).map { String(cString: sqlite3_errmsg($0)) }
+            throw DatabaseError(resultCode: ResultCode(rawValue: code), message: message, sql: statement.sql)
+        }
+    }
+
+    /// The job a `SELECT \(JobColumn.list) … WHERE id = ?` (or another unique key) finds.
+    static func job(_ statement: Statement, arguments: StatementArguments) throws -> Job? {
+        try first(JobColumn.self, statement, arguments: arguments)
+    }
+
     /// The rows of a statement that lists `columns`, as `each` reads them.
     static func rows<Columns: TableColumns>(_ columns: Columns.Type, _ statement: Statement, arguments: StatementArguments = []) throws
         -> [Columns.Value]
@@ -585,7 +607,7 @@ extension SQLiteJobStore {
             var found: [String: Job] = [:]
             let statement = try db.cachedStatement(sql: "SELECT \(JobColumn.list) FROM jobs WHERE key = ?")
             for key in keys {
-                if let job = try Self.jobs(statement, arguments: [key]).first { found[key] = job }
+                if let job = try Self.job(statement, arguments: [key]) { found[key] = job }
             }
             return found
         }

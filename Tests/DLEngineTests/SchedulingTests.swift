@@ -51,34 +51,43 @@ extension Book {
 /// The scheduling state machine (`Scheduling`): each invariant of its documentation, with a
 /// test clock and no store, socket or transfer.
 @Suite struct SchedulingTests {
-    /// A turn's read of ready jobs that continues the last one (`readyTopUp`) adds to the list;
-    /// a list dropped, or a turn that claims free slots (from the queue's head), asks for a
-    /// whole read again, as does a store that does not count queue changes.
+    /// A turn's read of ready jobs that continues the last one (`readyTopUp`) adds to the list.
+    /// A claim for free slots holds the list aside (nothing starts from it meanwhile) and its
+    /// turn gives it back without the jobs the claim took; a dropped list, or a store that does
+    /// not count queue changes, asks for a whole read again.
     @Test func aContinuedReadAddsToTheReadyList() throws {
         let clock = SchedulingClock()
         var book = Book(maxActive: 3, maxLight: 0)
-        #expect(book.readyTopUp(claimingFree: 0) == nil, "nothing read yet")
+        #expect(book.readyTopUp() == nil, "nothing read yet")
         book.turnRead(ready: (1...4).map { queuedJob($0) }, members: [:], version: 7)
-        var top = try #require(book.readyTopUp(claimingFree: 0))
         let rows = book.limits.readyRows
+        var top = try #require(book.readyTopUp())
         #expect(top.id == 4 && top.version == 7 && top.rows == rows - 4, "what fills the list")
         #expect(book.handOff(at: clock)?.id == 1)
-        top = try #require(book.readyTopUp(claimingFree: 0))
+        top = try #require(book.readyTopUp())
         #expect(top.id == 4 && top.rows == rows - 3)
-        #expect(book.readyTopUp(claimingFree: 2) == nil, "a claim takes the head")
         book.turnRead(ready: [queuedJob(5)], members: [:], continued: true, version: 7)
         #expect(book.ready.map(\.id) == [2, 3, 4, 5])
-        #expect(book.readyTopUp(claimingFree: 0)?.id == 5)
+        #expect(book.readyTopUp()?.id == 5)
         // Nothing more after the last: the end stays.
         book.turnRead(ready: [], members: [:], continued: true, version: 7)
-        #expect(book.ready.map(\.id) == [2, 3, 4, 5] && book.readyTopUp(claimingFree: 0)?.id == 5)
-        book.dropReady()
-        #expect(book.readyTopUp(claimingFree: 0) == nil)
-        book.turnRead(ready: [queuedJob(6)], members: [:], version: 8)
+        #expect(book.ready.map(\.id) == [2, 3, 4, 5] && book.readyTopUp()?.id == 5)
+
+        // A claim for free slots: held, none handed off; the turn claimed 2 and 3.
+        book.claiming(free: 2)
+        #expect(book.ready.isEmpty && book.handOff(at: clock) == nil)
+        #expect(book.readyTopUp()?.rows == rows - 4, "the held jobs count")
+        book.turnRead(ready: [queuedJob(6), queuedJob(7)], members: [:], continued: true, version: 7, claimed: [2, 3])
+        #expect(book.ready.map(\.id) == [4, 5, 6, 7])
+        // A whole read instead: the held jobs are gone with the old list.
         book.claiming(free: 1)
-        #expect(book.ready.isEmpty && book.readyTopUp(claimingFree: 0) == nil)
-        book.turnRead(ready: [queuedJob(7)], members: [:])
-        #expect(book.ready.map(\.id) == [7] && book.readyTopUp(claimingFree: 0) == nil, "no count, no continuation")
+        book.turnRead(ready: [queuedJob(9)], members: [:], version: 8, claimed: [4])
+        #expect(book.ready.map(\.id) == [9] && book.readyTopUp()?.version == 8)
+
+        book.dropReady()
+        #expect(book.readyTopUp() == nil)
+        book.turnRead(ready: [queuedJob(10)], members: [:])
+        #expect(book.ready.map(\.id) == [10] && book.readyTopUp() == nil, "no count, no continuation")
     }
 
     /// Invariant 1: a section of the queue that is not a turn gets the claims of every job

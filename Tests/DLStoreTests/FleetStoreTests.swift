@@ -149,11 +149,14 @@ import Testing
             #expect(second.ready.map(\.id) == Array(ids[4..<6]))
             #expect(second.readyVersion == first.readyVersion, "claims do not count as changes")
 
-            // A claim for free slots: job 3 and 4 (the head) are claimed, the list is read whole.
-            let third = try await store.turn(saves: [], owned: [], owner: "w", claim: claim(free: 2))
+            // A claim for free slots takes jobs 3 and 4 (the list's head): the list continues,
+            // with as many more as the claim took.
+            let third = try await store.turn(saves: [], owned: [], owner: "w", claim: claim(free: 2, after: try cursor(second, rows: 0)))
             #expect(third.claimed.map(\.id) == [ids[2], ids[3]])
             #expect(third.standaloneSlots == 2)
-            #expect(third.ready.map(\.id) == Array(ids[4..<8]))
+            #expect(third.readyContinued)
+            #expect(third.ready.map(\.id) == Array(ids[6..<8]))
+            #expect(third.readyVersion == first.readyVersion)
             #expect(
                 try await store.turn(saves: [], owned: [], owner: "w", claim: claim(free: 40)).standaloneSlots == 8, "all that is queued")
 
