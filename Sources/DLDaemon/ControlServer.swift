@@ -247,24 +247,20 @@ public final class ControlServer: Sendable {
 
     /// The connection as an event stream (`Dispatcher.stream`), each message a line.
     private func stream(_ subscription: Dispatcher.Subscription, to outbound: NIOAsyncChannelOutboundWriter<ByteBuffer>) async throws {
-        // A commit's messages in buffers of `linesPerWrite` lines: the writer takes a buffer
-        // while the socket is writable, so a slow reader holds up at most one buffer beyond
-        // the hub's limit, which counts the messages still in the writer's hand.
+        // The messages of one write (at most `Dispatcher.writeChunk`) in one buffer: the writer
+        // takes it while the socket is writable, so a slow reader holds up at most one chunk
+        // beyond the hub's limit, which counts the messages still in the writer's hand.
         let overflowed = try await dispatcher.stream(subscription, from: hub) { messages in
-            for start in stride(from: 0, to: messages.count, by: Self.linesPerWrite) {
-                var buffer = ByteBuffer()
-                for data in messages[start..<min(start + Self.linesPerWrite, messages.count)] {
-                    buffer.writeBytes(data)
-                    buffer.writeInteger(UInt8(ascii: "\n"))
-                }
-                try await outbound.write(buffer)
+            var buffer = ByteBuffer()
+            for data in messages {
+                buffer.writeBytes(data)
+                buffer.writeInteger(UInt8(ascii: "\n"))
             }
+            try await outbound.write(buffer)
         }
         // Cut off after the overflow notice: the client resubscribes with `since`.
         if overflowed { outbound.finish() }
     }
-
-    static let linesPerWrite = 64
 
     /// SO_PEERCRED: the uid of the process at the other end, checked against ours.
     private func peerIsOwner(_ channel: any Channel) async -> Bool {

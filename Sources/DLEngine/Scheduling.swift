@@ -251,9 +251,12 @@ public struct Scheduling<Transfer: TransferLoad, Notice> {
         ready rows: [Job], members: [GroupID: [Job]], continued: Bool = false, version: UInt64? = nil, claimed: Set<JobID> = []
     ) {
         let fresh = rows.filter { running[$0.id] == nil }
-        let kept = ((heldReady ?? []) + ready).filter { !claimed.contains($0.id) && running[$0.id] == nil }
+        if continued {
+            ready = ((heldReady ?? []) + ready).filter { !claimed.contains($0.id) && running[$0.id] == nil } + fresh
+        } else {
+            ready = fresh
+        }
         heldReady = nil
-        ready = continued ? kept + fresh : fresh
         if let version, let last = rows.last {
             readyEnd = (last.priority, last.id, version)
         } else if !continued || version == nil {

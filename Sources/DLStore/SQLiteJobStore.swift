@@ -556,9 +556,7 @@ public final class SQLiteJobStore: JobTable {
             switch sqlite3_step(handle) {
             case SQLITE_DONE: return
             case SQLITE_ROW: try body(try Columns.value(from: Cells(handle: handle)))
-            case let code:
-                let message = sqlite3_db_handle(handle).map { String(cString: sqlite3_errmsg($0)) }
-                throw DatabaseError(resultCode: ResultCode(rawValue: code), message: message, sql: statement.sql)
+            case let code: throw stepError(code, statement)
             }
         }
     }
@@ -574,10 +572,14 @@ public final class SQLiteJobStore: JobTable {
         switch sqlite3_step(handle) {
         case SQLITE_DONE: return nil
         case SQLITE_ROW: return try Columns.value(from: Cells(handle: handle))
-        case let code:
-            let message = sqlite3_db_handle(handle).map { String(cString: sqlite3_errmsg($0)) }
-            throw DatabaseError(resultCode: ResultCode(rawValue: code), message: message, sql: statement.sql)
+        case let code: throw stepError(code, statement)
         }
+    }
+
+    /// What a failed `sqlite3_step` of `statement` says.
+    private static func stepError(_ code: Int32, _ statement: Statement) -> DatabaseError {
+        let message = sqlite3_db_handle(statement.sqliteStatement).map { String(cString: sqlite3_errmsg($0)) }
+        return DatabaseError(resultCode: ResultCode(rawValue: code), message: message, sql: statement.sql)
     }
 
     /// The job a `SELECT \(JobColumn.list) … WHERE id = ?` (or another unique key) finds.
